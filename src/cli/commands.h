@@ -1,0 +1,21 @@
+// Subcommand registration: each cmd_*.cpp adds its CLI11 subcommand and returns the exit code of
+// its run through a callback set at parse time.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace dsv41::cli {
+
+using Runner = std::function<int()>;
+
+// Each registers a subcommand on `app` and stores its runner in `*run` when selected.
+void add_make_tiny(CLI::App& app, Runner* run);
+void add_inspect(CLI::App& app, Runner* run);
+
+// Exit codes shared by all subcommands.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitUsage = 1;    // bad command line
+inline constexpr int kExitInvalid = 2;  // the input (checkpoint, file) is invalid
+
+}  // namespace dsv41::cli

@@ -1,0 +1,35 @@
+// dsv41 entry point: subcommand dispatch (design.md §4) and --version.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/log.h"
+
+#ifndef DSV41_VERSION
+#define DSV41_VERSION "0.0.0"
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsv41: DeepSeek-V4.1-Flash inference engine and OpenAI-compatible server (CPU)",
+               "dsv41"};
+  app.require_subcommand(0, 1);
+  bool version = false;
+  app.add_flag("--version", version, "Print the version and exit");
+  dsv41::cli::Runner run;
+  dsv41::cli::add_make_tiny(app, &run);
+  dsv41::cli::add_inspect(app, &run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : dsv41::cli::kExitUsage;
+  }
+  if (version) {
+    std::printf("dsv41 %s\n", DSV41_VERSION);
+    return 0;
+  }
+  if (!run) {
+    std::fputs(app.help().c_str(), stdout);
+    return dsv41::cli::kExitUsage;
+  }
+  return run();
+}

@@ -1,0 +1,274 @@
+// make-tiny: value generation per tensor kind, sharding and the atomic-enough write order (shards,
+// then tokenizer files, then config.json and the index last, so a partial directory never opens).
+#include "model/tiny_checkpoint.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "core/dtypes.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "model/inventory.h"
+#include "model/layer_plan.h"
+
+namespace dsv41 {
+namespace fs = std::filesystem;
+namespace {
+
+enum class FillKind { kE4M3Codes, kE8M0, kE2M1Packed, kBF16Uniform, kF32Uniform };
+
+struct Fill {
+  FillKind kind;
+  double lo = 0, hi = 0;  // uniform range (BF16/F32)
+  int center = 0;         // E8M0: centre exponent; bytes are 127 + center + {-1, 0, +1}
+};
+
+// RMS of a uniformly random non-NaN E4M3 code and of a random E2M1 nibble.
+double e4m3_code_rms() {
+  double s = 0;
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const float v = e4m3_to_float(uint8_t(b));
+    if (std::isnan(v)) continue;
+    s += double(v) * v, ++n;
+  }
+  return std::sqrt(s / n);
+}
+double e2m1_code_rms() {
+  double s = 0;
+  for (int n = 0; n < 16; ++n) s += double(e2m1_to_float(uint8_t(n))) * e2m1_to_float(uint8_t(n));
+  return std::sqrt(s / 16);
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+Fill uniform_std(DType dt, double stddev) {
+  const double a = stddev * std::sqrt(3.0);
+  return Fill{dt == DType::kF32 ? FillKind::kF32Uniform : FillKind::kBF16Uniform, -a, a, 0};
+}
+
+// How to fill tensor `t` so the dequantized model keeps O(1) activations (see tiny_checkpoint.h).
+Fill choose_fill(const ExpectedTensor& t,
+                 const std::unordered_map<std::string, const ExpectedTensor*>& by_name) {
+  const std::string& n = t.name;
+  if (t.dtype == DType::kF8_E4M3) return Fill{FillKind::kE4M3Codes};
+  if (t.dtype == DType::kI8) return Fill{FillKind::kE2M1Packed};
+  if (t.dtype == DType::kF8_E8M0) {
+    const std::string base = n.substr(0, n.size() - std::string("scale").size());
+    auto it = by_name.find(base + "weight");
+    DSV41_CHECK_MSG(it != by_name.end(), n.c_str());
+    const ExpectedTensor& w = *it->second;
+    double target, code_rms;
+    if (ends_with(n, "engram.embed.scale")) {
+      target = 1.0, code_rms = e4m3_code_rms();  // table rows: unit-scale values
+    } else if (w.dtype == DType::kI8) {
+      target = 1.0 / std::sqrt(double(w.shape[1] * 2)), code_rms = e2m1_code_rms();
+    } else {
+      target = 1.0 / std::sqrt(double(w.shape[1])), code_rms = e4m3_code_rms();
+    }
+    return Fill{FillKind::kE8M0, 0, 0, int(std::lround(std::log2(target / code_rms)))};
+  }
+  if (ends_with(n, "norm.weight")) return Fill{FillKind::kBF16Uniform, 0.9, 1.1};
+  if (ends_with(n, "_fn")) return uniform_std(t.dtype, 1.0 / std::sqrt(double(t.shape[1])));
+  if (ends_with(n, "_base")) return Fill{FillKind::kF32Uniform, -0.5, 0.5};
+  if (ends_with(n, "_scale")) return Fill{FillKind::kF32Uniform, 0.5, 1.5};
+  if (ends_with(n, "attn_sink")) return Fill{FillKind::kF32Uniform, -1.0, 1.0};
+  if (ends_with(n, "gate.bias") || ends_with(n, "gate.bias_vl"))
+    return Fill{FillKind::kF32Uniform, -0.1, 0.1};
+  if (ends_with(n, "q_weight") || ends_with(n, "k_weight"))
+    return Fill{FillKind::kBF16Uniform, 0.5, 1.5};
+  if (n == "embed.weight" || n.rfind("image_", 0) == 0 || ends_with(n, "markov_head.embed.weight"))
+    return uniform_std(t.dtype, 1.0);
+  if (t.shape.size() == 2) return uniform_std(t.dtype, 1.0 / std::sqrt(double(t.shape[1])));
+  return uniform_std(t.dtype, 1.0);
+}
+
+uint64_t name_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull ^ (seed * 0x9E3779B97F4A7C15ull);
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Fills bytes [0, out.size()) in chunks of kChunk bytes, chunk k drawn from Rng(seed + k): the
+// result does not depend on how chunks are spread over threads.
+constexpr std::size_t kChunk = 1 << 20;
+
+void fill_chunk(const Fill& f, uint64_t seed, std::span<uint8_t> out) {
+  Rng rng(seed);
+  switch (f.kind) {
+    case FillKind::kE4M3Codes:
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        uint8_t b = uint8_t(rng.next_u64());
+        if ((b & 0x7F) == 0x7F) b ^= 0x01;  // NaN codes -> ±448
+        out[i] = b;
+      }
+      break;
+    case FillKind::kE2M1Packed:  // every byte is two valid nibbles (-0 included, as real
+                                 // checkpoints may hold)
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = uint8_t(rng.next_u64());
+      break;
+    case FillKind::kE8M0:
+      for (std::size_t i = 0; i < out.size(); ++i)
+        out[i] = uint8_t(127 + f.center + int(rng.below(3)) - 1);
+      break;
+    case FillKind::kBF16Uniform:
+      for (std::size_t i = 0; i + 1 < out.size(); i += 2) {
+        const uint16_t b = float_to_bf16(float(rng.uniform(f.lo, f.hi)));
+        std::memcpy(out.data() + i, &b, 2);
+      }
+      break;
+    case FillKind::kF32Uniform:
+      for (std::size_t i = 0; i + 3 < out.size(); i += 4) {
+        const float v = float(rng.uniform(f.lo, f.hi));
+        std::memcpy(out.data() + i, &v, 4);
+      }
+      break;
+  }
+}
+
+void fill_tensor(ThreadPool& pool, const Fill& f, uint64_t seed, std::span<uint8_t> out) {
+  const std::size_t chunks = (out.size() + kChunk - 1) / kChunk;
+  pool.parallel_for(chunks, [&](std::size_t b, std::size_t e, std::size_t) {
+    for (std::size_t k = b; k < e; ++k) {
+      const std::size_t off = k * kChunk;
+      fill_chunk(f, seed + k, out.subspan(off, std::min(kChunk, out.size() - off)));
+    }
+  });
+}
+
+Status write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Status::error(path + ": cannot create");
+  out << text;
+  out.close();
+  if (!out) return Status::error(path + ": write failed");
+  return Status::ok();
+}
+
+// Shard budget: several shards even for tiny checkpoints, so multi-shard loading is always
+// exercised.
+uint64_t shard_budget(uint64_t total) {
+  return std::min<uint64_t>(total / 4 + 1, 2ull << 30);
+}
+
+std::string shard_name(std::size_t i, std::size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+Status prepare_out_dir(const MakeTinyOptions& opt) {
+  std::error_code ec;
+  if (fs::exists(opt.out_dir, ec)) {
+    if (!fs::is_directory(opt.out_dir, ec))
+      return Status::error("--out: " + opt.out_dir + " exists and is not a directory");
+    if (!fs::is_empty(opt.out_dir, ec) && !opt.force)
+      return Status::error("--out: " + opt.out_dir + " is not empty (use --force to overwrite)");
+    for (const auto& e : fs::directory_iterator(opt.out_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name == "config.json" || name == kIndexFileName || ends_with(name, ".safetensors") ||
+          ends_with(name, ".safetensors.tmp") || name == "tokenizer.json" ||
+          name == "tokenizer_config.json")
+        fs::remove(e.path(), ec);
+    }
+  }
+  fs::create_directories(opt.out_dir, ec);
+  if (ec) return Status::error("--out: cannot create " + opt.out_dir + ": " + ec.message());
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
+  GeneratedTokenizer gen;
+  std::string tok_json;
+  if (opt.tokenizer_path.empty()) {
+    gen = make_tiny_tokenizer();
+    tok_json = gen.tokenizer_json;
+  } else {
+    std::ifstream in(opt.tokenizer_path, std::ios::binary);
+    if (!in) return Status::error("--tokenizer: cannot open " + opt.tokenizer_path);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    tok_json = ss.str();
+    const fs::path cfg = fs::path(opt.tokenizer_path).parent_path() / "tokenizer_config.json";
+    if (fs::exists(cfg)) {
+      std::ifstream ci(cfg, std::ios::binary);
+      std::ostringstream cs;
+      cs << ci.rdbuf();
+      gen.tokenizer_config_json = cs.str();
+    } else {
+      gen.tokenizer_config_json = make_tiny_tokenizer().tokenizer_config_json;
+    }
+  }
+  auto table = parse_tokenizer_json(
+      tok_json, opt.tokenizer_path.empty() ? "generated tokenizer.json" : opt.tokenizer_path);
+  if (!table) return table.status();
+  auto cfg = preset_config(opt.preset, table.value());
+  if (!cfg) return cfg.status();
+  auto plan = build_layer_plan(cfg.value());
+  if (!plan) return plan.status().with_context("preset '" + opt.preset + "': ");
+  DSV41_RETURN_IF_ERROR(prepare_out_dir(opt));
+
+  const auto tensors = expected_text_tensors(cfg.value(), plan.value());
+  std::unordered_map<std::string, const ExpectedTensor*> by_name;
+  for (const auto& t : tensors) by_name[t.name] = &t;
+  uint64_t total = 0;
+  for (const auto& t : tensors) total += t.nbytes();
+  // Consecutive tensors (inventory order: globals, then layer by layer) packed into shards.
+  std::vector<std::vector<std::size_t>> shards(1);
+  uint64_t in_shard = 0;
+  const uint64_t budget = shard_budget(total);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (in_shard > 0 && in_shard + tensors[i].nbytes() > budget)
+      shards.emplace_back(), in_shard = 0;
+    shards.back().push_back(i);
+    in_shard += tensors[i].nbytes();
+  }
+  log::info("make-tiny: preset '{}', seed {}, {} tensors, {:.1f} MB in {} shards -> {}", opt.preset,
+            opt.seed, tensors.size(), double(total) / 1e6, shards.size(), opt.out_dir);
+  ThreadPool pool(opt.threads);
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t done = 0;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const std::string name = shard_name(s, shards.size());
+    std::vector<TensorSpec> specs;
+    for (std::size_t i : shards[s]) {
+      specs.push_back({tensors[i].name, tensors[i].dtype, tensors[i].shape});
+      weight_map.emplace_back(tensors[i].name, name);
+    }
+    auto fill = [&](std::size_t k, std::span<uint8_t> out) {
+      const ExpectedTensor& t = tensors[shards[s][k]];
+      fill_tensor(pool, choose_fill(t, by_name), name_seed(opt.seed, t.name), out);
+      done += out.size();
+    };
+    DSV41_RETURN_IF_ERROR(write_safetensors((fs::path(opt.out_dir) / name).string(), specs, fill,
+                                            {{"format", "pt"}}));
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double rate = double(done) / std::max(secs, 1e-9);
+    log::info("make-tiny: shard {}/{} written ({:.1f}/{:.1f} MB, {:.0f} MB/s, ETA {:.0f} s)", s + 1,
+              shards.size(), double(done) / 1e6, double(total) / 1e6, rate / 1e6,
+              double(total - done) / std::max(rate, 1.0));
+  }
+  DSV41_RETURN_IF_ERROR(write_text((fs::path(opt.out_dir) / "tokenizer.json").string(), tok_json));
+  DSV41_RETURN_IF_ERROR(write_text((fs::path(opt.out_dir) / "tokenizer_config.json").string(),
+                                   gen.tokenizer_config_json));
+  DSV41_RETURN_IF_ERROR(write_text((fs::path(opt.out_dir) / "config.json").string(),
+                                   config_to_json(cfg.value()).dump(2) + "\n"));
+  DSV41_RETURN_IF_ERROR(write_index_json(opt.out_dir, weight_map, total));
+  return MakeTinyResult{tensors.size(), total, shards.size()};
+}
+
+}  // namespace dsv41
