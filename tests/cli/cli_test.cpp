@@ -1,0 +1,197 @@
+// End-to-end CLI contract tests (design.md §4): make-tiny presets pass inspect; inspect exits 2
+// naming the tensor or file when a tensor is removed, a shape changed or a shard truncated, fast
+// and without reading tensor data; usage errors exit 1.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "io/test_util.h"
+
+namespace dsv41 {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+struct CliRun {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+  double seconds = 0;
+};
+
+CliRun run(const std::string& args) {
+  TempDir tmp;
+  const std::string cmd =
+      std::string(DSV41_BINARY) + " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int st = std::system(cmd.c_str());
+  CliRun r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = testing::read_file(tmp.file("out"));
+  r.err = testing::read_file(tmp.file("err"));
+  return r;
+}
+
+TEST(Cli, VersionAndUsage) {
+  CliRun v = run("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_EQ(v.out.rfind("dsv41 ", 0), 0u) << v.out;
+  CliRun none = run("");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.out.find("make-tiny"), std::string::npos);
+  CliRun missing = run("make-tiny");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("--out"), std::string::npos) << missing.err;
+  CliRun bogus = run("frobnicate");
+  EXPECT_EQ(bogus.code, 1);
+}
+
+TEST(Cli, PresetsPassInspect) {
+  for (const char* preset : {"tiny", "demo", "small"}) {
+    TempDir dir;
+    CliRun m =
+        run(std::string("make-tiny --preset ") + preset + " --seed 3 --out " + dir.path() + "/ck");
+    ASSERT_EQ(m.code, 0) << preset << ": " << m.err;
+    auto summary = nlohmann::json::parse(m.out);
+    EXPECT_EQ(summary["preset"], preset);
+    CliRun i = run("inspect --json --model " + dir.path() + "/ck");
+    ASSERT_EQ(i.code, 0) << preset << ": " << i.err;
+    auto j = nlohmann::json::parse(i.out);
+    EXPECT_TRUE(j["ok"].get<bool>());
+    EXPECT_EQ(j["layout"], "official");
+    EXPECT_EQ(j["inventory"]["matched"], summary["tensors"]);
+    EXPECT_EQ(j["inventory"]["checkpoint_bytes"], summary["bytes"]);
+    EXPECT_GE(j["plan"].size(), 8u);
+    CliRun text = run("inspect --model " + dir.path() + "/ck");
+    EXPECT_EQ(text.code, 0);
+    EXPECT_NE(text.out.find("Reindex"), std::string::npos);
+    EXPECT_NE(text.out.find("ok: checkpoint is valid"), std::string::npos);
+  }
+}
+
+// Copies the tiny checkpoint and rewrites one shard through `edit` (index kept consistent unless
+// the edit is meant to break it).
+class Tampered : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CliRun m = run("make-tiny --preset tiny --out " + src_.path() + "/ck");
+    ASSERT_EQ(m.code, 0) << m.err;
+    fs::copy(src_.path() + "/ck", dst_.path() + "/ck");
+  }
+  std::string ck() const { return dst_.path() + "/ck"; }
+
+  // Rewrites shard `s` with `drop` removed and `reshape` given a changed first dimension.
+  void rewrite_shard(std::size_t s, const std::string& drop, const std::string& reshape) {
+    auto c = Checkpoint::open(src_.path() + "/ck");
+    ASSERT_TRUE(c.is_ok());
+    const auto& shard = c->shards()[s];
+    std::vector<TensorSpec> specs;
+    std::vector<std::span<const uint8_t>> data;
+    for (const auto& t : shard.tensors()) {
+      if (t.name == drop) continue;
+      specs.push_back({t.name, t.dtype, t.shape});
+      if (t.name == reshape) specs.back().shape[0] *= 2;
+      data.push_back(shard.bytes(t));
+    }
+    const std::string path = ck() + "/" + fs::path(shard.path()).filename().string();
+    ASSERT_TRUE(write_safetensors(path, specs, [&](std::size_t i, std::span<uint8_t> o) {
+                  std::memcpy(o.data(), data[i].data(), std::min(o.size(), data[i].size()));
+                }).is_ok());
+    // Keep the index consistent with the shards so only the inventory check can object.
+    std::vector<std::pair<std::string, std::string>> wm;
+    uint64_t total = 0;
+    auto c2 = Checkpoint::open(src_.path() + "/ck");
+    for (std::size_t k = 0; k < c2->shards().size(); ++k) {
+      const std::string file = fs::path(c2->shards()[k].path()).filename().string();
+      if (k == s) {
+        for (const auto& sp : specs) wm.emplace_back(sp.name, file), total += sp.nbytes();
+      } else {
+        for (const auto& t : c2->shards()[k].tensors())
+          wm.emplace_back(t.name, file), total += t.nbytes();
+      }
+    }
+    ASSERT_TRUE(write_index_json(ck(), wm, total).is_ok());
+  }
+
+  TempDir src_, dst_;
+};
+
+TEST_F(Tampered, RemovedTensorIsNamed) {
+  rewrite_shard(2, "layers.3.attn.wkv.scale", "");
+  CliRun i = run("inspect --model " + ck());
+  EXPECT_EQ(i.code, 2);
+  EXPECT_NE(i.err.find("missing tensor 'layers.3.attn.wkv.scale'"), std::string::npos) << i.err;
+  EXPECT_LT(i.seconds, 1.0);
+  CliRun j = run("inspect --json --model " + ck());
+  EXPECT_EQ(j.code, 2);
+  auto doc = nlohmann::json::parse(j.out);
+  EXPECT_FALSE(doc["ok"].get<bool>());
+  EXPECT_EQ(doc["inventory"]["missing"][0], "layers.3.attn.wkv.scale");
+}
+
+TEST_F(Tampered, ChangedShapeIsNamed) {
+  rewrite_shard(1, "", "layers.1.engram.q_weight");
+  CliRun i = run("inspect --model " + ck());
+  EXPECT_EQ(i.code, 2);
+  EXPECT_NE(i.err.find("wrong shape: layers.1.engram.q_weight: expected [4, 64], found [8, 64]"),
+            std::string::npos)
+      << i.err;
+  EXPECT_LT(i.seconds, 1.0);
+}
+
+TEST_F(Tampered, TruncatedShardIsNamed) {
+  const std::string shard = ck() + "/model-00003-of-00005.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  CliRun i = run("inspect --model " + ck());
+  EXPECT_EQ(i.code, 2);
+  EXPECT_NE(i.err.find("model-00003-of-00005.safetensors"), std::string::npos) << i.err;
+  EXPECT_NE(i.err.find("file truncated?"), std::string::npos) << i.err;
+  EXPECT_LT(i.seconds, 1.0);
+}
+
+TEST_F(Tampered, MissingShardConfigAndBadConfigAreNamed) {
+  fs::remove(ck() + "/model-00005-of-00005.safetensors");
+  CliRun i = run("inspect --model " + ck());
+  EXPECT_EQ(i.code, 2);
+  EXPECT_NE(i.err.find("model-00005-of-00005.safetensors"), std::string::npos) << i.err;
+  std::string cfg = testing::read_file(ck() + "/config.json");
+  cfg.replace(cfg.find("\"hidden_size\": 64"), 17, "\"hidden_size\": 65");
+  testing::write_file(ck() + "/config.json", cfg);
+  CliRun c = run("inspect --model " + ck());
+  EXPECT_EQ(c.code, 2);
+  EXPECT_NE(c.err.find("text_config.hidden_size"), std::string::npos) << c.err;
+  fs::remove(ck() + "/config.json");
+  CliRun n = run("inspect --model " + ck());
+  EXPECT_EQ(n.code, 2);
+  EXPECT_NE(n.err.find("config.json: cannot open"), std::string::npos) << n.err;
+}
+
+TEST(Cli, MakeTinyErrors) {
+  TempDir dir;
+  CliRun p = run("make-tiny --preset enormous --out " + dir.path() + "/x");
+  EXPECT_EQ(p.code, 2);
+  EXPECT_NE(p.err.find("unknown preset 'enormous'"), std::string::npos) << p.err;
+  testing::write_file(dir.file("keep.txt"), "user data");
+  CliRun ne = run("make-tiny --out " + dir.path());
+  EXPECT_EQ(ne.code, 2);
+  EXPECT_NE(ne.err.find("not empty"), std::string::npos);
+  CliRun force = run("make-tiny --force --out " + dir.path());
+  EXPECT_EQ(force.code, 0) << force.err;
+  EXPECT_EQ(testing::read_file(dir.file("keep.txt")),
+            "user data");  // --force only replaces checkpoint files
+  CliRun tok = run("make-tiny --tokenizer /nonexistent/tokenizer.json --out " + dir.path() + "/y");
+  EXPECT_EQ(tok.code, 2);
+  EXPECT_NE(tok.err.find("/nonexistent/tokenizer.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv41
