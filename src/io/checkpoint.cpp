@@ -6,7 +6,11 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <unordered_map>
+
+#include "core/thread_pool.h"
 
 namespace dsv41 {
 namespace fs = std::filesystem;
@@ -30,50 +34,138 @@ Result<std::string> read_small_file(const std::string& path, std::size_t limit) 
   return ss.str();
 }
 
+// Streaming parse of model.safetensors.index.json: collects weight_map (tensor -> shard file, each
+// a plain file name) and metadata.total_size; everything else is skipped. Linear, no DOM: the
+// released index has 96,085 entries.
+class IndexParser : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  IndexParser(const std::string& file, std::unordered_map<std::string, std::string>* map)
+      : file_(file), map_(map) {}
+  const std::string& error() const { return error_; }
+  bool saw_weight_map() const { return saw_weight_map_; }
+  const std::optional<uint64_t>& total() const { return total_; }
+
+  bool null() override { return value("null"); }
+  bool boolean(bool) override { return value("a boolean"); }
+  bool number_integer(number_integer_t) override { return value("a negative integer"); }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (depth_ == 2 && section_ == kMetadata && key_ == "total_size") {
+      total_ = v;
+      return true;
+    }
+    return value("a number");
+  }
+  bool number_float(number_float_t, const string_t&) override { return value("a number"); }
+  bool binary(binary_t&) override { return value("binary"); }
+  bool string(string_t& v) override {
+    if (depth_ == 2 && section_ == kWeightMap) {
+      if (!plain_file_name(v))
+        return fail(file_ + ": tensor '" + key_ + "' names shard '" + v +
+                    "', which is not a plain file name in the checkpoint directory");
+      if (!map_->emplace(key_, v).second)
+        return fail(file_ + ": tensor '" + key_ + "' is listed twice");
+      return true;
+    }
+    return value("a string");
+  }
+  bool start_object(std::size_t) override {
+    if (depth_ == 1) {
+      section_ = key_ == "weight_map" ? kWeightMap : key_ == "metadata" ? kMetadata : kOther;
+      saw_weight_map_ |= section_ == kWeightMap;
+    } else if (!enter_container()) {
+      return false;
+    }
+    ++depth_;
+    return true;
+  }
+  bool end_object() override {
+    if (--depth_ == 1) section_ = kOther;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (depth_ == 0) return fail(file_ + ": not a JSON object");
+    if (!enter_container()) return false;
+    ++depth_;
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& k) override {
+    key_ = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return fail(file_ + ": not a JSON object");
+  }
+
+ private:
+  enum Section { kOther, kWeightMap, kMetadata };
+  bool enter_container() {
+    if (depth_ == 1 && key_ == "weight_map") return fail(file_ + ": missing object 'weight_map'");
+    if (depth_ == 2 && section_ == kWeightMap)
+      return fail(file_ + ": weight_map entry for tensor '" + key_ + "' is not a string");
+    if (depth_ == 2 && section_ == kMetadata && key_ == "total_size")
+      return fail(file_ + ": metadata.total_size is not a non-negative integer");
+    return true;
+  }
+  bool value(const char* kind) {
+    if (depth_ == 0) return fail(file_ + ": not a JSON object");
+    if (depth_ == 1 && key_ == "weight_map") return fail(file_ + ": missing object 'weight_map'");
+    if (depth_ == 2 && section_ == kWeightMap)
+      return fail(file_ + ": weight_map entry for tensor '" + key_ + "' is not a string (got " +
+                  kind + ")");
+    if (depth_ == 2 && section_ == kMetadata && key_ == "total_size")
+      return fail(file_ + ": metadata.total_size is not a non-negative integer");
+    return true;
+  }
+  bool fail(std::string m) {
+    if (error_.empty()) error_ = std::move(m);
+    return false;
+  }
+  const std::string& file_;
+  std::unordered_map<std::string, std::string>* map_;
+  int depth_ = 0;
+  Section section_ = kOther;
+  std::string key_, error_;
+  bool saw_weight_map_ = false;
+  std::optional<uint64_t> total_;
+};
+
 }  // namespace
 
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint c;
   c.dir_ = dir;
   const std::string index_path = (fs::path(dir) / kIndexFileName).string();
-  std::map<std::string, std::string> weight_map;  // tensor -> shard
+  std::unordered_map<std::string, std::string> weight_map;  // tensor -> shard
   std::vector<std::string> shard_names;
   bool have_total = false;
   uint64_t total = 0;
   if (fs::exists(index_path)) {
     auto text = read_small_file(index_path, 256u << 20);
     if (!text) return text.status();
-    auto j = nlohmann::json::parse(text.value(), nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-      return Status::error(index_path + ": not a JSON object");
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    IndexParser parser(index_path, &weight_map);
+    if (!nlohmann::json::sax_parse(text.value(), &parser))
+      return Status::error(parser.error().empty() ? index_path + ": not a JSON object"
+                                                  : parser.error());
+    if (!parser.saw_weight_map())
       return Status::error(index_path + ": missing object 'weight_map'");
-    if (j.contains("metadata") && j["metadata"].is_object() &&
-        j["metadata"].contains("total_size")) {
-      const auto& ts = j["metadata"]["total_size"];
-      if (!ts.is_number_unsigned())
-        return Status::error(index_path + ": metadata.total_size is not a non-negative integer");
-      have_total = true;
-      total = ts.get<uint64_t>();
-    }
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it->is_string())
-        return Status::error(index_path + ": weight_map entry for tensor '" + it.key() +
-                             "' is not a string");
-      const std::string shard = it->get<std::string>();
-      if (!plain_file_name(shard))
-        return Status::error(index_path + ": tensor '" + it.key() + "' names shard '" + shard +
-                             "', which is not a plain file name in the checkpoint directory");
-      weight_map[it.key()] = shard;
-      if (std::find(shard_names.begin(), shard_names.end(), shard) == shard_names.end())
-        shard_names.push_back(shard);
-    }
+    have_total = parser.total().has_value();
+    total = parser.total().value_or(0);
     if (weight_map.empty()) return Status::error(index_path + ": weight_map is empty");
-    std::sort(shard_names.begin(), shard_names.end());
+    // One existence check per shard (not per tensor); the error names the shard's first tensor.
+    std::map<std::string, std::string> first_tensor;
     for (const auto& [name, shard] : weight_map) {
+      auto [it, fresh] = first_tensor.emplace(shard, name);
+      if (!fresh && name < it->second) it->second = name;
+    }
+    for (const auto& [shard, name] : first_tensor) {
       if (!fs::exists(fs::path(dir) / shard))
         return Status::error(index_path + ": tensor '" + name + "' is in shard '" + shard +
                              "', which does not exist in " + dir);
+      shard_names.push_back(shard);
     }
   } else if (fs::exists(fs::path(dir) / kSingleShardName)) {
     shard_names.push_back(kSingleShardName);
@@ -81,11 +173,17 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     return Status::error(dir + ": neither " + std::string(kIndexFileName) + " nor " +
                          kSingleShardName + " found");
   }
+  // Shard headers are independent: parse them in parallel (the released checkpoint has 48).
+  std::vector<std::optional<Result<SafetensorsFile>>> opened(shard_names.size());
+  ThreadPool pool(std::min<std::size_t>(shard_names.size(), std::thread::hardware_concurrency()));
+  pool.parallel_for(shard_names.size(), [&](std::size_t b, std::size_t e, std::size_t) {
+    for (std::size_t i = b; i < e; ++i)
+      opened[i].emplace(SafetensorsFile::open((fs::path(dir) / shard_names[i]).string()));
+  });
   c.shards_.reserve(shard_names.size());
-  for (const auto& s : shard_names) {
-    auto f = SafetensorsFile::open((fs::path(dir) / s).string());
-    if (!f) return f.status();
-    c.shards_.push_back(std::move(f.value()));
+  for (auto& f : opened) {
+    if (!f->is_ok()) return f->status();
+    c.shards_.push_back(std::move(f->value()));
   }
   for (std::size_t si = 0; si < c.shards_.size(); ++si) {
     const auto& shard = c.shards_[si];
@@ -133,9 +231,9 @@ std::span<const uint8_t> Checkpoint::bytes(const std::string& name) const {
 Status write_index_json(const std::string& dir,
                         const std::vector<std::pair<std::string, std::string>>& weight_map,
                         uint64_t total_size) {
-  nlohmann::ordered_json j;
+  nlohmann::json j;
   j["metadata"] = {{"total_size", total_size}};
-  nlohmann::ordered_json wm = nlohmann::ordered_json::object();
+  nlohmann::json wm = nlohmann::json::object();
   auto sorted = weight_map;
   std::sort(sorted.begin(), sorted.end());
   for (const auto& [name, shard] : sorted) wm[name] = shard;

@@ -106,9 +106,13 @@ GeneratedTokenizer make_tiny_tokenizer() {
   std::vector<std::string> merges;
   std::set<std::string> have(id_to_token.begin(), id_to_token.end());
   for (const char* w : kWords) {
-    std::string cap = w;
+    const std::string lower = w;
+    std::string cap = lower;
     cap[0] = char(cap[0] - 'a' + 'A');
-    for (const std::string& word : {std::string(w), " " + std::string(w), cap, " " + cap}) {
+    std::string spaced_lower(1, ' '), spaced_cap(1, ' ');
+    spaced_lower += lower;
+    spaced_cap += cap;
+    for (const std::string& word : {lower, spaced_lower, cap, spaced_cap}) {
       std::string cur = byte_to_symbol(uint8_t(word[0]));
       for (std::size_t i = 1; i < word.size(); ++i) {
         const std::string next = byte_to_symbol(uint8_t(word[i]));

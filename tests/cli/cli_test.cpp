@@ -13,6 +13,9 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "io/test_util.h"
+#include "model/config.h"
+#include "model/inventory.h"
+#include "model/layer_plan.h"
 
 namespace dsv41 {
 namespace {
@@ -191,6 +194,68 @@ TEST(Cli, MakeTinyErrors) {
   CliRun tok = run("make-tiny --tokenizer /nonexistent/tokenizer.json --out " + dir.path() + "/y");
   EXPECT_EQ(tok.code, 2);
   EXPECT_NE(tok.err.find("/nonexistent/tokenizer.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+// The released layout at full scale (96,085 tensors in 48 shards, 510 GB) as sparse files: inspect
+// must accept it and name a removed tensor quickly, which it can only do without reading tensor
+// data.
+TEST(Cli, InspectReleasedLayoutHeaderOnly) {
+  TempDir dir;
+  const std::string cfg_text =
+      testing::read_file(std::string(DSV41_TEST_DATA) + "/v41_flash_config.json");
+  testing::write_file(dir.file("config.json"), cfg_text);
+  auto cfg = parse_config(nlohmann::json::parse(cfg_text), "config.json");
+  ASSERT_TRUE(cfg.is_ok());
+  auto plan = build_layer_plan(cfg.value());
+  ASSERT_TRUE(plan.is_ok());
+  auto tensors = expected_text_tensors(cfg.value(), plan.value());
+  const auto vision = expected_vision_tensors(cfg.value());
+  tensors.insert(tensors.end(), vision.begin(), vision.end());
+  auto write_all = [&](const std::string& skip) {
+    constexpr std::size_t kShards = 48;
+    std::vector<std::pair<std::string, std::string>> wm;
+    uint64_t total = 0;
+    const std::size_t per = (tensors.size() + kShards - 1) / kShards;
+    for (std::size_t s = 0; s < kShards; ++s) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, kShards);
+      std::vector<TensorSpec> specs;
+      for (std::size_t i = s * per; i < std::min(tensors.size(), (s + 1) * per); ++i) {
+        if (tensors[i].name == skip) continue;
+        specs.push_back({tensors[i].name, tensors[i].dtype, tensors[i].shape});
+        wm.emplace_back(tensors[i].name, name);
+        total += tensors[i].nbytes();
+      }
+      testing::write_sparse_safetensors(dir.file(name), specs);
+    }
+    ASSERT_TRUE(write_index_json(dir.path(), wm, total).is_ok());
+  };
+  write_all("");
+  CliRun ok = run("inspect --json --model " + dir.path());
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  auto j = nlohmann::json::parse(ok.out);
+  EXPECT_EQ(j["inventory"]["checkpoint_tensors"], 96085);
+  EXPECT_EQ(j["inventory"]["checkpoint_bytes"], 510286023000ull);
+  EXPECT_EQ(j["inventory"]["ignored_vision"], 263);
+  EXPECT_EQ(j["inventory"]["shards"], 48);
+  std::printf("inspect of the sparse released layout: %.2f s\n", ok.seconds);
+  EXPECT_LT(ok.seconds, 5.0);  // 510 GB could not be read in this time
+  if (const char* keep = std::getenv("DSV41_KEEP_RELEASED_LAYOUT")) {  // for profiling by hand
+    const std::string cmd = "cp -r --sparse=always " + dir.path() + " " + keep;
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  write_all("layers.17.ffn.experts.200.w3.scale");
+  CliRun bad = run("inspect --model " + dir.path());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("missing tensor 'layers.17.ffn.experts.200.w3.scale'"), std::string::npos)
+      << bad.err;
+  EXPECT_LT(bad.seconds, 5.0);
 }
 
 }  // namespace

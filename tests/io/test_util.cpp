@@ -43,3 +43,32 @@ std::string read_file(const std::string& path) {
 }
 
 }  // namespace dsv41::testing
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+
+namespace dsv41::testing {
+
+void write_sparse_safetensors(const std::string& path, const std::vector<TensorSpec>& specs) {
+  nlohmann::json h = nlohmann::json::object();
+  uint64_t off = 0;
+  for (const auto& s : specs) {
+    h[s.name] = {{"dtype", std::string(dtype_name(s.dtype))},
+                 {"shape", s.shape},
+                 {"data_offsets", {off, off + s.nbytes()}}};
+    off += s.nbytes();
+  }
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string head(8, '\0');
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) head[std::size_t(i)] = char((n >> (8 * i)) & 0xFF);
+  write_file(path, head + header);
+  if (::truncate(path.c_str(), off_t(8 + n + off)) != 0)
+    throw std::runtime_error("truncate failed: " + path);
+}
+
+}  // namespace dsv41::testing

@@ -24,3 +24,16 @@ void write_file(const std::string& path, const std::string& bytes);
 std::string read_file(const std::string& path);
 
 }  // namespace dsv41::testing
+
+#include <vector>
+
+namespace dsv41 {
+struct TensorSpec;
+}
+
+namespace dsv41::testing {
+// Writes a valid safetensors file whose data section is a hole (ftruncate): headers are real,
+// tensor bytes read as zeros and take no disk space. Used to prove header-only inspection at full
+// scale.
+void write_sparse_safetensors(const std::string& path, const std::vector<TensorSpec>& specs);
+}  // namespace dsv41::testing
