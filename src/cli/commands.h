@@ -12,6 +12,7 @@ using Runner = std::function<int()>;
 // Each registers a subcommand on `app` and stores its runner in `*run` when selected.
 void add_make_tiny(CLI::App& app, Runner* run);
 void add_inspect(CLI::App& app, Runner* run);
+void add_logits(CLI::App& app, Runner* run);
 
 // Exit codes shared by all subcommands.
 inline constexpr int kExitOk = 0;

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   dsv41::cli::Runner run;
   dsv41::cli::add_make_tiny(app, &run);
   dsv41::cli::add_inspect(app, &run);
+  dsv41::cli::add_logits(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -62,7 +62,7 @@ void yarn_bounds(double base, const RopeScaling& rs, int rope_dim, int* low, int
            (2 * std::log(base));
   };
   *low = std::max(int(std::floor(corr(rs.beta_fast))), 0);
-  *high = std::min(int(std::ceil(corr(rs.beta_slow))), rope_dim / 2 - 1);
+  *high = std::min(int(std::ceil(corr(rs.beta_slow))), rope_dim - 1);
 }
 
 Result<ModelPlan> build_layer_plan(const ModelConfig& c) {

@@ -1,7 +1,8 @@
 // make-tiny size presets. Each keeps every layer mode of spec §2.3 (SWA-only, Engram, Full ratio 2,
 // Reuse, Full ratio 1 + candidate source, Reindex) and DSpark stages; they differ in widths, depth
-// and expert count:
-//   tiny        unit tests (a few MB, hidden 64)
+// and expert count. Candidate pools always hold at least index_topk + one block of entries, so a
+// Reindex top-k never has to pick outside the pool (ties there would be implementation-defined):
+//   tiny        unit tests (a few MB, hidden 64; a candidate pool of 3 x 2 entries bites past 6)
 //   demo        the demo server model (hidden 256)
 //   small       long-context tests (~250 MB): a candidate pool of 8 x 4 entries bites beyond 32
 //   tokens real-shape  the released per-layer dimensions (5120 hidden, 64 x 512 heads, ...), 8
@@ -51,7 +52,7 @@ void set_layers(TextConfig& t, const std::string& preset, const Dims& d) {
 
 bool preset_dims(const std::string& preset, Dims* d) {
   if (preset == "tiny") {
-    *d = {64, 4, 64, 32, 32, 2, 32, 32, 8, 2, 2, 64, 4, 8, 2, 2, 64, 2, 32, 3, 4, 2, 16, 256};
+    *d = {64, 4, 64, 32, 32, 2, 32, 32, 8, 2, 2, 64, 4, 8, 3, 2, 64, 2, 32, 3, 4, 2, 16, 256};
   } else if (preset == "demo") {
     *d = {256, 8,  128, 64, 128,  4, 128, 128, 16, 4, 4,  64,
           16,  32, 4,   4,  1000, 4, 64,  3,   8,  2, 32, 4096};

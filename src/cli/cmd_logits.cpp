@@ -1,0 +1,223 @@
+// `dsv41 logits`: teacher-forced logits for a token sequence (design.md §4), from the reference
+// forward in fp32 or fp64, in prefill, decode or chunked mode, optionally dumping every layer's
+// residual stream so a divergence can be located.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "model/reference/reference_model.h"
+
+namespace dsv41::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct LogitsArgs {
+  std::string model, tokens, tokens_file, out, path = "reference", mode = "prefill",
+                                               index_keys = "owner";
+  std::string precision = "fp32", dump_dir;
+};
+
+Result<std::vector<int32_t>> parse_tokens(const std::string& text, const std::string& where) {
+  std::vector<int32_t> ids;
+  std::string cur;
+  auto flush = [&]() -> Status {
+    if (cur.empty()) return Status::ok();
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(cur.c_str(), &end, 10);
+    if (*end != '\0' || errno != 0 || v < 0 || v > INT32_MAX)
+      return Status::error(where + ": '" + cur + "' is not a token id");
+    ids.push_back(int32_t(v));
+    cur.clear();
+    return Status::ok();
+  };
+  for (char c : text) {
+    if (c == ',' || std::isspace(static_cast<unsigned char>(c))) {
+      DSV41_RETURN_IF_ERROR(flush());
+    } else {
+      cur += c;
+    }
+  }
+  DSV41_RETURN_IF_ERROR(flush());
+  if (ids.empty()) return Status::error(where + ": no token ids");
+  return ids;
+}
+
+// Chunk sizes of the requested mode over n tokens.
+Result<int64_t> chunk_size(const std::string& mode, int64_t n) {
+  if (mode == "prefill") return n;
+  if (mode == "decode") return int64_t(1);
+  if (mode.rfind("chunked:", 0) == 0) {
+    char* end = nullptr;
+    const long long c = std::strtoll(mode.c_str() + 8, &end, 10);
+    if (*end == '\0' && c > 0) return int64_t(c);
+  }
+  return Status::error("--mode: '" + mode + "' is not prefill, decode or chunked:N (N >= 1)");
+}
+
+template <typename T>
+Status write_floats(const std::string& path, const std::vector<T>& v, bool as_f64) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return Status::error(path + ": cannot create");
+  if (as_f64) {
+    for (T x : v) {
+      const double d = double(x);
+      f.write(reinterpret_cast<const char*>(&d), 8);
+    }
+  } else {
+    for (T x : v) {
+      const float d = float(x);
+      f.write(reinterpret_cast<const char*>(&d), 4);
+    }
+  }
+  f.close();
+  if (!f) return Status::error(path + ": write failed");
+  return Status::ok();
+}
+
+template <typename T>
+int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t chunk) {
+  ReferenceOptions opt;
+  opt.index_keys =
+      a.index_keys == "vendor" ? IndexKeySemantics::kVendor : IndexKeySemantics::kOwner;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = ReferenceModel<T>::load(a.model, opt);
+  if (!model) {
+    log::error("logits: {}", model.status().message());
+    return kExitInvalid;
+  }
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<T> logits;
+  std::vector<std::vector<T>> dump;
+  const auto t1 = std::chrono::steady_clock::now();
+  for (std::size_t b = 0; b < ids.size(); b += std::size_t(chunk)) {
+    std::vector<int32_t> part(ids.begin() + long(b),
+                              ids.begin() + long(std::min(ids.size(), b + std::size_t(chunk))));
+    Status st = (*model)->forward(part, &logits, a.dump_dir.empty() ? nullptr : &dump);
+    if (!st.is_ok()) {
+      log::error("logits: --tokens: {}", st.message());
+      return kExitInvalid;
+    }
+  }
+  const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const bool f64 = a.out.size() >= 4 && a.out.compare(a.out.size() - 4, 4, ".f64") == 0;
+  if (Status st = write_floats(a.out, logits, f64); !st.is_ok()) {
+    log::error("logits: --out: {}", st.message());
+    return kExitInvalid;
+  }
+  if (!a.dump_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(a.dump_dir, ec);
+    const bool d64 = sizeof(T) == 8;
+    for (std::size_t l = 0; l < dump.size(); ++l) {
+      char name[64];
+      std::snprintf(name, sizeof name, "layer_%03zu.%s", l, d64 ? "f64" : "f32");
+      if (Status st = write_floats((fs::path(a.dump_dir) / name).string(), dump[l], d64);
+          !st.is_ok()) {
+        log::error("logits: --dump-layers: {}", st.message());
+        return kExitInvalid;
+      }
+    }
+  }
+  const int64_t V = (*model)->config().text.vocab_size;
+  int64_t argmax = 0;
+  for (int64_t v = 1; v < V; ++v)
+    if (logits[logits.size() - std::size_t(V) + std::size_t(v)] >
+        logits[logits.size() - std::size_t(V) + std::size_t(argmax)])
+      argmax = v;
+  nlohmann::ordered_json j = {{"out", a.out},
+                              {"tokens", ids.size()},
+                              {"vocab", V},
+                              {"dtype", f64 ? "float64" : "float32"},
+                              {"path", a.path},
+                              {"mode", a.mode},
+                              {"precision", a.precision},
+                              {"index_keys", a.index_keys},
+                              {"load_seconds", load_s},
+                              {"run_seconds", run_s},
+                              {"last_argmax", argmax}};
+  if (!a.dump_dir.empty()) j["dump_layers"] = a.dump_dir;
+  std::printf("%s\n", j.dump().c_str());
+  return kExitOk;
+}
+
+int run_logits(const LogitsArgs& a) {
+  std::string text = a.tokens;
+  std::string where = "--tokens";
+  if (!a.tokens_file.empty()) {
+    std::ifstream f(a.tokens_file);
+    if (!f) {
+      log::error("logits: --tokens-file: cannot open {}", a.tokens_file);
+      return kExitInvalid;
+    }
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+    where = "--tokens-file " + a.tokens_file;
+  }
+  auto ids = parse_tokens(text, where);
+  if (!ids) {
+    log::error("logits: {}", ids.status().message());
+    return kExitUsage;
+  }
+  auto chunk = chunk_size(a.mode, int64_t(ids->size()));
+  if (!chunk) {
+    log::error("logits: {}", chunk.status().message());
+    return kExitUsage;
+  }
+  if (a.path != "reference") {
+    log::error("logits: --path {}: only the reference path exists so far", a.path);
+    return kExitUsage;
+  }
+  return a.precision == "fp64" ? run_reference<double>(a, ids.value(), chunk.value())
+                               : run_reference<float>(a, ids.value(), chunk.value());
+}
+
+}  // namespace
+
+void add_logits(CLI::App& app, Runner* run) {
+  auto a = std::make_shared<LogitsArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "logits",
+      "Teacher-forced logits for a token sequence: writes little-endian float32 [T, vocab] "
+      "(float64 when --out ends "
+      "in .f64), row t = next-token logits after tokens[0..t]; prints one JSON summary line.");
+  sub->add_option("--model", a->model, "Checkpoint directory (official layout)")->required();
+  auto* tok = sub->add_option("--tokens", a->tokens, "Token ids, comma separated");
+  auto* file = sub->add_option("--tokens-file", a->tokens_file,
+                               "File of token ids (whitespace or comma separated)");
+  tok->excludes(file);
+  sub->add_option("--out", a->out, "Output file (LOGITS.f32 or LOGITS.f64)")->required();
+  sub->add_option("--path", a->path, "reference | fast")
+      ->check(CLI::IsMember({"reference", "fast"}))
+      ->capture_default_str();
+  sub->add_option("--mode", a->mode, "prefill | decode | chunked:N")->capture_default_str();
+  sub->add_option("--index-keys", a->index_keys,
+                  "owner (spec intent) | vendor (DeepSeek's decode quirk, spec 5.6.7)")
+      ->check(CLI::IsMember({"owner", "vendor"}))
+      ->capture_default_str();
+  sub->add_option("--precision", a->precision, "fp32 | fp64 (arithmetic of the reference)")
+      ->check(CLI::IsMember({"fp32", "fp64"}))
+      ->capture_default_str();
+  sub->add_option(
+      "--dump-layers", a->dump_dir,
+      "Write each layer's output residual stream to DIR/layer_NNN.f32|f64 ([T, hc_mult, hidden])");
+  sub->callback([a, run, tok, file] {
+    *run = [a, tok, file] {
+      if (tok->count() == 0 && file->count() == 0) {
+        log::error("logits: one of --tokens or --tokens-file is required");
+        return kExitUsage;
+      }
+      return run_logits(*a);
+    };
+  });
+}
+
+}  // namespace dsv41::cli

@@ -1,0 +1,534 @@
+// Reference forward implementation (see reference_model.h). Layout of one call: every backbone
+// layer runs over the call's positions in order (Engram first, then per position: mHC mixes,
+// attention, mHC, MoE), keeping per-sequence state — window rows, compressed entries and index keys
+// of KV sources, partial compressor groups, the Engram history — and per-call state — top-k
+// selections of index layers and the candidate pool, per position — as spec §7 lists.
+#include "model/reference/reference_model.h"
+
+#include <filesystem>
+#include <limits>
+#include <map>
+
+#include "io/checkpoint.h"
+#include "model/engram_hash.h"
+#include "model/inventory.h"
+#include "model/reference/reference_weights.h"
+#include "text/tokenizer_file.h"
+
+namespace dsv41 {
+namespace {
+
+using ref::Mat;
+
+template <typename T>
+struct ExpertW {
+  Mat<T> w1, w2, w3;
+};
+
+template <typename T>
+struct LayerW {
+  std::vector<T> attn_norm, ffn_norm, hc_attn_base, hc_ffn_base, hc_attn_scale, hc_ffn_scale;
+  Mat<T> hc_attn_fn, hc_ffn_fn;
+  std::vector<T> attn_sink, q_norm, kv_norm;
+  Mat<T> wq_a, wq_b, wkv, wo_a, wo_b;
+  std::vector<T> c_norm;  // compressor (KV sources)
+  Mat<T> c_wkv, c_wgate;
+  Mat<T> i_wk, i_wq_b, i_wproj;  // indexer
+  std::vector<T> i_k_norm;
+  Mat<T> gate;
+  std::vector<T> gate_bias;
+  std::vector<ExpertW<T>> experts;
+  ExpertW<T> shared;
+  Mat<T> e_wkv;         // Engram
+  std::vector<T> e_qk;  // q_weight * k_weight, [hc, hidden]
+  std::string e_table;  // tensor name of the Engram table (rows read on demand)
+};
+
+template <typename T>
+struct SourceState {
+  std::vector<std::vector<T>> comp;  // compressed entries (after RoPE + FP4 fake-quant)
+  std::vector<std::vector<T>> keys;  // index keys (after RoPE + FP4 fake-quant)
+  std::vector<std::vector<T>> part_kv, part_gate;  // the open group of a ratio > 1 compressor
+};
+
+template <typename T>
+LayerW<T> read_layer(const ref::WeightReader<T>& rd, const TextConfig& t, const LayerPlan& p) {
+  const std::string L = p.tensor_prefix();
+  LayerW<T> w;
+  w.attn_norm = rd.vec(L + "attn_norm.weight");
+  w.ffn_norm = rd.vec(L + "ffn_norm.weight");
+  w.hc_attn_fn = rd.mat(L + "hc_attn_fn");
+  w.hc_ffn_fn = rd.mat(L + "hc_ffn_fn");
+  w.hc_attn_base = rd.vec(L + "hc_attn_base");
+  w.hc_ffn_base = rd.vec(L + "hc_ffn_base");
+  w.hc_attn_scale = rd.vec(L + "hc_attn_scale");
+  w.hc_ffn_scale = rd.vec(L + "hc_ffn_scale");
+  w.attn_sink = rd.vec(L + "attn.attn_sink");
+  w.q_norm = rd.vec(L + "attn.q_norm.weight");
+  w.kv_norm = rd.vec(L + "attn.kv_norm.weight");
+  w.wq_a = rd.mat(L + "attn.wq_a.weight");
+  w.wq_b = rd.mat(L + "attn.wq_b.weight");
+  w.wkv = rd.mat(L + "attn.wkv.weight");
+  w.wo_a = rd.mat(L + "attn.wo_a.weight");
+  w.wo_b = rd.mat(L + "attn.wo_b.weight");
+  if (p.is_kv_source()) {
+    w.c_norm = rd.vec(L + "attn.compressor.norm.weight");
+    w.c_wkv = rd.mat(L + "attn.compressor.wkv.weight");
+    if (p.compressor_gate) w.c_wgate = rd.mat(L + "attn.compressor.wgate.weight");
+    w.i_wk = rd.mat(L + "attn.indexer.wk.weight");
+    w.i_k_norm = rd.vec(L + "attn.indexer.k_norm.weight");
+  }
+  if (p.has_indexer()) {
+    w.i_wq_b = rd.mat(L + "attn.indexer.wq_b.weight");
+    w.i_wproj = rd.mat(L + "attn.indexer.weights_proj.weight");
+  }
+  w.gate = rd.mat(L + "ffn.gate.weight");
+  w.gate_bias = rd.vec(L + "ffn.gate.bias");
+  for (int e = 0; e < p.n_routed_experts; ++e) {
+    const std::string E = L + "ffn.experts." + std::to_string(e) + ".";
+    w.experts.push_back(
+        {rd.mat(E + "w1.weight"), rd.mat(E + "w2.weight"), rd.mat(E + "w3.weight")});
+  }
+  w.shared = {rd.mat(L + "ffn.shared_experts.w1.weight"),
+              rd.mat(L + "ffn.shared_experts.w2.weight"),
+              rd.mat(L + "ffn.shared_experts.w3.weight")};
+  if (p.engram >= 0) {
+    w.e_wkv = rd.mat(L + "engram.wkv.weight");
+    const auto q = rd.vec(L + "engram.q_weight"), k = rd.vec(L + "engram.k_weight");
+    for (std::size_t i = 0; i < q.size(); ++i) w.e_qk.push_back(q[i] * k[i]);
+    w.e_table = L + "engram.embed";
+  }
+  (void)t;
+  return w;
+}
+
+}  // namespace
+
+template <typename T>
+struct ReferenceModel<T>::Impl {
+  Impl(Checkpoint c) : ckpt(std::move(c)) {}
+  Checkpoint ckpt;
+  ModelConfig cfg;
+  ModelPlan plan;
+  ReferenceOptions opt;
+  std::vector<int32_t> cmap;  // token id -> Engram compressed id
+  std::unique_ptr<EngramHasher> hasher;
+  Mat<T> embed, head;
+  std::vector<T> norm;
+  std::vector<LayerW<T>> layers;
+  ref::Rope<T> rope_swa, rope_comp;
+
+  // Sequence state.
+  int64_t pos = 0;
+  std::vector<int32_t> history;
+  std::vector<std::vector<std::vector<T>>> window;  // [layer][position] -> kv row
+  std::map<int, SourceState<T>> sources;
+  int slot = -1;  // vendor semantics: the KV source whose index keys were published last
+  ReferenceStats stats;
+
+  // Per-call state, indexed by position within the call.
+  std::map<int, std::vector<std::vector<int64_t>>> selections;  // index layer -> [t] -> entries
+  std::vector<std::vector<char>> candidates;                    // [t] -> mask over entries
+
+  void engram(const LayerPlan& p, const LayerW<T>& w, int64_t P, T* h);
+  void attention(const LayerPlan& p, const LayerW<T>& w, const T* x, int64_t t, int64_t P,
+                 int64_t end_pos, T* out);
+  void compressor_step(const LayerPlan& p, const LayerW<T>& w, const T* x, int64_t P);
+  void indexer(const LayerPlan& p, const LayerW<T>& w, const T* x, const T* qr, int64_t t,
+               int64_t P, int64_t end_pos);
+  void moe(const LayerPlan& p, const LayerW<T>& w, const T* x, T* out);
+};
+
+template <typename T>
+void ReferenceModel<T>::Impl::engram(const LayerPlan& p, const LayerW<T>& w, int64_t P, T* h) {
+  const TextConfig& t = cfg.text;
+  const int64_t D = t.hidden_size, HC = t.hc_mult, hd = t.engram_head_dim;
+  const std::size_t cols = hasher->columns();
+  std::vector<int64_t> rows(cols);
+  hasher->hash(history, P, std::size_t(p.engram), rows.data());
+  const auto codes = ckpt.bytes(w.e_table + ".weight");
+  const auto scales = ckpt.bytes(w.e_table + ".scale");
+  std::vector<T> emb(cols * std::size_t(hd));
+  for (std::size_t c = 0; c < cols; ++c)
+    for (int64_t i = 0; i < hd; ++i)
+      emb[c * std::size_t(hd) + std::size_t(i)] =
+          T(e4m3_to_float(codes[std::size_t(rows[c] * hd + i)])) *
+          T(e8m0_to_double(scales[std::size_t(rows[c] * (hd / 32) + i / 32)]));
+  std::vector<T> kv(std::size_t(w.e_wkv.rows));
+  ref::matvec(w.e_wkv, emb.data(), kv.data());
+  const T* value = kv.data() + HC * D;
+  const T eps = T(t.rms_norm_eps);
+  for (int64_t j = 0; j < HC; ++j) {
+    T* hj = h + j * D;
+    const T* key = kv.data() + j * D;
+    const T* wj = w.e_qk.data() + j * D;
+    T s = 0;
+    for (int64_t c = 0; c < D; ++c) s += hj[c] * wj[c] * key[c];
+    const T d = s * ref::rms_inv(hj, D, eps) * ref::rms_inv(key, D, eps) / std::sqrt(T(D));
+    const T sgn = d > 0 ? T(1) : d < 0 ? T(-1) : T(0);
+    const T g = ref::sigmoid(sgn * std::sqrt(std::max(std::fabs(d), T(1e-6))));
+    for (int64_t c = 0; c < D; ++c) hj[c] += g * value[c];
+  }
+}
+
+template <typename T>
+void ReferenceModel<T>::Impl::compressor_step(const LayerPlan& p, const LayerW<T>& w, const T* x,
+                                              int64_t P) {
+  const TextConfig& t = cfg.text;
+  const int64_t Dh = t.head_dim, r = p.compress_ratio;
+  SourceState<T>& st = sources[p.index];
+  std::vector<T> latent(static_cast<std::size_t>(Dh));
+  if (r == 1) {
+    ref::matvec(w.c_wkv, x, latent.data());
+  } else {
+    std::vector<T> kv(static_cast<std::size_t>(Dh)), g(static_cast<std::size_t>(Dh));
+    ref::matvec(w.c_wkv, x, kv.data());
+    ref::matvec(w.c_wgate, x, g.data());
+    st.part_kv.push_back(kv);
+    st.part_gate.push_back(g);
+    if ((P + 1) % r != 0) return;
+    // Per-channel softmax over the group's r tokens, then the weighted sum of their projections.
+    for (int64_t c = 0; c < Dh; ++c) {
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t k = 0; k < r; ++k)
+        mx = std::max(mx, st.part_gate[std::size_t(k)][std::size_t(c)]);
+      T den = 0, num = 0;
+      for (int64_t k = 0; k < r; ++k) {
+        const T e = std::exp(st.part_gate[std::size_t(k)][std::size_t(c)] - mx);
+        den += e;
+        num += e * st.part_kv[std::size_t(k)][std::size_t(c)];
+      }
+      latent[std::size_t(c)] = num / den;
+    }
+    st.part_kv.clear();
+    st.part_gate.clear();
+  }
+  ref::rmsnorm(latent.data(), w.c_norm.data(), Dh, T(t.rms_norm_eps), latent.data());
+  const int64_t j = P / r, entry_pos = j * r;
+  // Index key from the pre-RoPE latent; then the latent itself is rotated and FP4-quantized.
+  std::vector<T> key(std::size_t(t.index_head_dim));
+  ref::matvec(w.i_wk, latent.data(), key.data());
+  ref::rmsnorm(key.data(), w.i_k_norm.data(), t.index_head_dim, T(t.rms_norm_eps), key.data());
+  rope_comp.apply(key.data(), t.index_head_dim, entry_pos);
+  ref::fake_fp4_pow2(key.data(), t.index_head_dim);
+  rope_comp.apply(latent.data(), Dh, entry_pos);
+  ref::fake_fp4_e4m3(latent.data(), Dh);
+  DSV41_CHECK(int64_t(st.comp.size()) == j);
+  st.comp.push_back(std::move(latent));
+  st.keys.push_back(std::move(key));
+}
+
+template <typename T>
+void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, const T* x,
+                                      const T* qr, int64_t t, int64_t P, int64_t end_pos) {
+  const TextConfig& tc = cfg.text;
+  const int64_t r = p.compress_ratio, nvis = (P + 1) / r, n_total = end_pos / r;
+  const int64_t nh = tc.index_n_heads, di = tc.index_head_dim;
+  auto& sel = selections[p.index];
+  sel.resize(std::size_t(t + 1));
+  if (nvis == 0) return;  // nothing visible yet: the indexer is skipped
+  const int keys_owner =
+      (opt.index_keys == IndexKeySemantics::kVendor && slot >= 0) ? slot : p.kv_source;
+  const auto& keys = sources[keys_owner].keys;
+  DSV41_CHECK(int64_t(keys.size()) >= nvis);
+  std::vector<T> q(std::size_t(nh * di));
+  ref::matvec(w.i_wq_b, qr, q.data());
+  for (int64_t h = 0; h < nh; ++h) {
+    rope_comp.apply(q.data() + h * di, di, P);
+    ref::fake_fp4_pow2(q.data() + h * di, di);
+  }
+  std::vector<T> wts(static_cast<std::size_t>(nh));
+  ref::matvec(w.i_wproj, x, wts.data());
+  const T wscale = T(1.0 / std::sqrt(double(di)) / std::sqrt(double(nh)));
+  for (auto& v : wts) v *= wscale;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  std::vector<T> s(std::size_t(std::max(n_total, nvis)), ninf);
+  for (int64_t j = 0; j < nvis; ++j) {
+    T acc = 0;
+    for (int64_t h = 0; h < nh; ++h)
+      acc += std::max(ref::dot(q.data() + h * di, keys[std::size_t(j)].data(), di), T(0)) *
+             wts[std::size_t(h)];
+    s[std::size_t(j)] = acc;
+  }
+  if (p.candidate_source) {  // publish the block pool for this query (spec §5.6.3)
+    const int64_t bs = tc.candidate_block_size, nb = (nvis + bs - 1) / bs;
+    std::vector<T> bscore(std::size_t(nb), ninf);
+    for (int64_t j = 0; j < nvis; ++j)
+      bscore[std::size_t(j / bs)] = std::max(bscore[std::size_t(j / bs)], s[std::size_t(j)]);
+    bscore[std::size_t((nvis - 1) / bs)] = std::numeric_limits<T>::infinity();
+    candidates.resize(std::size_t(t + 1));
+    auto& mask = candidates[std::size_t(t)];
+    mask.assign(std::size_t(nvis), 0);
+    for (int64_t b : ref::topk_indices(bscore, tc.candidate_topk_blocks))
+      if (bscore[std::size_t(b)] > ninf)
+        for (int64_t j = b * bs; j < std::min(nvis, (b + 1) * bs); ++j) mask[std::size_t(j)] = 1;
+  }
+  if (p.candidate_filter >= 0) {
+    const auto& mask = candidates[std::size_t(t)];
+    bool filtered = false;
+    for (int64_t j = 0; j < nvis; ++j)
+      if (!mask[std::size_t(j)]) s[std::size_t(j)] = ninf, filtered = true;
+    stats.candidate_filtered += filtered;
+  }
+  // k = min(index_topk, entries in the cache at the end of the call); invisible picks are dropped.
+  s.resize(std::size_t(std::max(n_total, nvis)));
+  auto picked = ref::topk_indices(s, std::min(tc.index_topk, std::max(n_total, nvis)));
+  auto& out = sel[std::size_t(t)];
+  for (int64_t j : picked)
+    if (j < nvis) out.push_back(j);
+  ++stats.indexer_queries;
+  stats.topk_strict_subsets += int64_t(out.size()) < nvis;
+}
+
+template <typename T>
+void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, const T* x,
+                                        int64_t t, int64_t P, int64_t end_pos, T* out) {
+  const TextConfig& tc = cfg.text;
+  const int64_t H = tc.num_attention_heads, Dh = tc.head_dim;
+  const T eps = T(tc.rms_norm_eps);
+  const ref::Rope<T>& rope = p.compress_ratio > 0 ? rope_comp : rope_swa;
+  std::vector<T> qr(std::size_t(tc.q_lora_rank));
+  ref::matvec(w.wq_a, x, qr.data());
+  ref::rmsnorm(qr.data(), w.q_norm.data(), tc.q_lora_rank, eps, qr.data());
+  std::vector<T> q(std::size_t(H * Dh));
+  ref::matvec(w.wq_b, qr.data(), q.data());
+  for (int64_t h = 0; h < H; ++h) rope.apply(q.data() + h * Dh, Dh, P);
+  std::vector<T> kv(static_cast<std::size_t>(Dh));
+  ref::matvec(w.wkv, x, kv.data());
+  ref::rmsnorm(kv.data(), w.kv_norm.data(), Dh, eps, kv.data());
+  rope.apply(kv.data(), Dh, P);
+  ref::fake_fp8_pow2(kv.data(), Dh);
+  auto& win = window[std::size_t(p.index)];
+  DSV41_CHECK(int64_t(win.size()) == P);
+  win.push_back(std::move(kv));
+
+  std::vector<const T*>
+      rows;  // the window (positions P-W+1 .. P), then the selected compressed entries
+  for (int64_t k = std::max<int64_t>(0, P - tc.sliding_window + 1); k <= P; ++k)
+    rows.push_back(win[std::size_t(k)].data());
+  if (p.compress_ratio > 0) {
+    if (p.is_kv_source()) compressor_step(p, w, x, P);
+    if (p.has_indexer()) indexer(p, w, x, qr.data(), t, P, end_pos);
+    const auto& sel = selections[p.index_source][std::size_t(t)];
+    const auto& comp = sources[p.kv_source].comp;
+    for (int64_t j : sel) rows.push_back(comp[std::size_t(j)].data());
+  }
+  const T scale = T(1.0 / std::sqrt(double(Dh)));
+  std::vector<T> o(std::size_t(H * Dh), T(0)), z(rows.size());
+  for (int64_t h = 0; h < H; ++h) {
+    const T* qh = q.data() + h * Dh;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (std::size_t k = 0; k < rows.size(); ++k)
+      mx = std::max(mx, z[k] = ref::dot(qh, rows[k], Dh) * scale);
+    T den = std::exp(w.attn_sink[std::size_t(h)] - mx);
+    for (std::size_t k = 0; k < rows.size(); ++k) den += (z[k] = std::exp(z[k] - mx));
+    T* oh = o.data() + h * Dh;
+    for (std::size_t k = 0; k < rows.size(); ++k)
+      for (int64_t i = 0; i < Dh; ++i) oh[i] += z[k] * rows[k][i];
+    for (int64_t i = 0; i < Dh; ++i) oh[i] /= den;
+    rope.apply(oh, Dh, P, /*inverse=*/true);
+  }
+  // Grouped low-rank output: group g (heads g*H/G ..) through its own [o_lora, H/G*Dh] block of
+  // wo_a.
+  const int64_t G = tc.o_groups, R = tc.o_lora_rank, gin = H * Dh / G;
+  std::vector<T> u(std::size_t(G * R));
+  for (int64_t g = 0; g < G; ++g) {
+    ref::matvec(w.wo_a, o.data() + g * gin, u.data() + g * R, g * R, R);
+  }
+  ref::matvec(w.wo_b, u.data(), out);
+}
+
+template <typename T>
+void ReferenceModel<T>::Impl::moe(const LayerPlan& p, const LayerW<T>& w, const T* x, T* out) {
+  const TextConfig& tc = cfg.text;
+  const int64_t D = tc.hidden_size, E = p.n_routed_experts;
+  std::vector<T> score(static_cast<std::size_t>(E)), biased(static_cast<std::size_t>(E));
+  ref::matvec(w.gate, x, score.data());
+  for (int64_t e = 0; e < E; ++e) {
+    score[std::size_t(e)] = std::sqrt(ref::softplus(score[std::size_t(e)] / T(tc.gate_temp)));
+    biased[std::size_t(e)] = score[std::size_t(e)] + w.gate_bias[std::size_t(e)];
+  }
+  const auto sel = ref::topk_indices(biased, p.experts_per_tok);
+  T sum = 0;
+  for (int64_t e : sel) sum += score[std::size_t(e)];
+  std::vector<T> y(std::size_t(D), T(0));
+  const T lim = T(tc.swiglu_limit);
+  auto expert = [&](const ExpertW<T>& ew, T weight) {
+    const int64_t I = ew.w1.rows;
+    std::vector<T> g(static_cast<std::size_t>(I)), u(static_cast<std::size_t>(I)),
+        yo(static_cast<std::size_t>(D));
+    ref::matvec(ew.w1, x, g.data());
+    ref::matvec(ew.w3, x, u.data());
+    for (int64_t i = 0; i < I; ++i)
+      g[std::size_t(i)] = ref::silu(std::min(g[std::size_t(i)], lim)) *
+                          ref::clamp(u[std::size_t(i)], -lim, lim) * weight;
+    ref::matvec(ew.w2, g.data(), yo.data());
+    for (int64_t i = 0; i < D; ++i) y[std::size_t(i)] += yo[std::size_t(i)];
+  };
+  for (int64_t e : sel) {
+    T wgt = score[std::size_t(e)];
+    if (tc.norm_topk_prob) wgt = wgt / (sum + T(1e-20));
+    expert(w.experts[std::size_t(e)], wgt * T(tc.routed_scaling_factor));
+  }
+  expert(w.shared, T(1));
+  std::copy(y.begin(), y.end(), out);
+}
+
+template <typename T>
+ReferenceModel<T>::ReferenceModel() = default;
+template <typename T>
+ReferenceModel<T>::~ReferenceModel() = default;
+
+template <typename T>
+Result<std::unique_ptr<ReferenceModel<T>>> ReferenceModel<T>::load(const std::string& dir,
+                                                                   const ReferenceOptions& opt) {
+  namespace fs = std::filesystem;
+  auto cfg = load_config((fs::path(dir) / "config.json").string());
+  if (!cfg) return cfg.status();
+  auto plan = build_layer_plan(cfg.value());
+  if (!plan) return plan.status().with_context(dir + "/config.json: ");
+  auto ck = Checkpoint::open(dir);
+  if (!ck) return ck.status();
+  const auto rep = check_inventory(expected_text_tensors(cfg.value(), plan.value()), ck.value());
+  if (!rep.ok()) return Status::error(dir + ": inventory check failed:\n" + rep.summary());
+  auto tok = read_tokenizer_file((fs::path(dir) / "tokenizer.json").string());
+  if (!tok) return tok.status();
+  auto map = build_engram_token_map(tok->texts);
+  if (!map) return map.status();
+  const TextConfig& tc = cfg->text;
+  if (map->size != tc.engram_compressed_vocab_size)
+    return Status::error(dir + "/tokenizer.json: the Engram token map has " +
+                         std::to_string(map->size) +
+                         " compressed ids but config.json says engram_compressed_vocab_size = " +
+                         std::to_string(tc.engram_compressed_vocab_size));
+  if (tok->size > tc.vocab_size)
+    return Status::error(dir + "/tokenizer.json: " + std::to_string(tok->size) +
+                         " tokens exceed vocab_size " + std::to_string(tc.vocab_size));
+
+  std::unique_ptr<ReferenceModel> m(new ReferenceModel());
+  m->impl_ = std::make_unique<Impl>(std::move(ck.value()));
+  Impl& im = *m->impl_;
+  im.cfg = cfg.value();
+  im.plan = plan.value();
+  im.opt = opt;
+  im.cmap = map->map;
+  im.cmap.resize(std::size_t(tc.vocab_size),
+                 int32_t(tc.engram_pad_token_id));  // ids beyond the tokenizer
+  im.hasher = std::make_unique<EngramHasher>(tc);
+  ref::WeightReader<T> rd(im.ckpt, im.cfg.quantization.weight_block_size);
+  im.embed = rd.mat("embed.weight");
+  im.head = rd.mat("head.weight");
+  im.norm = rd.vec("norm.weight");
+  for (int l = 0; l < im.plan.num_backbone; ++l)
+    im.layers.push_back(read_layer(rd, tc, im.plan.layers[std::size_t(l)]));
+  const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});
+  im.rope_swa = ref::Rope<T>::make(tc.qk_rope_head_dim, tc.rope_theta, false, 1, 1, 1, 1);
+  im.rope_comp = ref::Rope<T>::make(
+      tc.qk_rope_head_dim, tc.compress_rope_theta, tc.rope_scaling.has_value(), rs.factor,
+      double(rs.original_max_position_embeddings), rs.beta_fast, rs.beta_slow);
+  m->reset();
+  return m;
+}
+
+template <typename T>
+const ModelConfig& ReferenceModel<T>::config() const {
+  return impl_->cfg;
+}
+template <typename T>
+const ModelPlan& ReferenceModel<T>::plan() const {
+  return impl_->plan;
+}
+template <typename T>
+int64_t ReferenceModel<T>::position() const {
+  return impl_->pos;
+}
+template <typename T>
+const ReferenceStats& ReferenceModel<T>::stats() const {
+  return impl_->stats;
+}
+
+template <typename T>
+void ReferenceModel<T>::reset() {
+  Impl& im = *impl_;
+  im.pos = 0;
+  im.history.clear();
+  im.window.assign(std::size_t(im.plan.num_backbone), {});
+  im.sources.clear();
+  im.slot = -1;
+}
+
+template <typename T>
+Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vector<T>* logits,
+                                  std::vector<std::vector<T>>* dump) {
+  Impl& im = *impl_;
+  const TextConfig& tc = im.cfg.text;
+  const int64_t n = int64_t(tokens.size()), D = tc.hidden_size, HC = tc.hc_mult, V = tc.vocab_size;
+  for (int64_t t = 0; t < n; ++t)
+    if (tokens[std::size_t(t)] < 0 || tokens[std::size_t(t)] >= V)
+      return Status::error("token " + std::to_string(tokens[std::size_t(t)]) + " at position " +
+                           std::to_string(im.pos + t) + " is outside the vocabulary [0, " +
+                           std::to_string(V) + ")");
+  const int64_t start = im.pos, end_pos = start + n;
+  for (int32_t tok : tokens) im.history.push_back(im.cmap[std::size_t(tok)]);
+  std::vector<std::vector<T>> h(static_cast<std::size_t>(n)), pre(static_cast<std::size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    auto& ht = h[std::size_t(t)];
+    ht.resize(std::size_t(HC * D));
+    for (int64_t j = 0; j < HC; ++j)
+      std::copy_n(im.embed.row(tokens[std::size_t(t)]), D, ht.begin() + j * D);
+    pre[std::size_t(t)].assign(std::size_t(HC), T(0));
+    pre[std::size_t(t)][0] = T(1);
+  }
+  im.selections.clear();
+  im.candidates.clear();
+  const T eps = T(tc.rms_norm_eps), hc_eps = T(tc.hc_eps);
+  std::vector<T> x(static_cast<std::size_t>(D)), a(static_cast<std::size_t>(D)),
+      h1(std::size_t(HC * D));
+  for (int l = 0; l < im.plan.num_backbone; ++l) {
+    const LayerPlan& p = im.plan.layers[std::size_t(l)];
+    const LayerW<T>& w = im.layers[std::size_t(l)];
+    // Vendor semantics: a KV source publishes its index keys to the shared slot only in calls where
+    // it produces new entries; every indexer then reads the slot (spec §5.6.7).
+    if (p.is_kv_source())
+      for (int64_t P = start; P < end_pos; ++P)
+        if ((P + 1) % p.compress_ratio == 0) im.slot = l;
+    for (int64_t t = 0; t < n; ++t) {
+      T* ht = h[std::size_t(t)].data();
+      const int64_t P = start + t;
+      if (p.engram >= 0) im.engram(p, w, P, ht);
+      const auto mix_a = ref::hc_mixes(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale,
+                                       eps, hc_eps, tc.hc_sinkhorn_iters);
+      ref::hc_collapse(ht, pre[std::size_t(t)], HC, D, x.data());
+      ref::rmsnorm(x.data(), w.attn_norm.data(), D, eps, x.data());
+      im.attention(p, w, x.data(), t, P, end_pos, a.data());
+      ref::hc_expand(a.data(), ht, mix_a, HC, D, h1.data());
+      const auto mix_f = ref::hc_mixes(h1.data(), HC, D, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale,
+                                       eps, hc_eps, tc.hc_sinkhorn_iters);
+      ref::hc_collapse(h1.data(), mix_a.pre, HC, D, x.data());
+      ref::rmsnorm(x.data(), w.ffn_norm.data(), D, eps, x.data());
+      im.moe(p, w, x.data(), a.data());
+      ref::hc_expand(a.data(), h1.data(), mix_f, HC, D, ht);
+      pre[std::size_t(t)] = mix_f.pre;
+    }
+    if (dump) {
+      dump->resize(std::size_t(im.plan.num_backbone));
+      for (int64_t t = 0; t < n; ++t)
+        (*dump)[std::size_t(l)].insert((*dump)[std::size_t(l)].end(), h[std::size_t(t)].begin(),
+                                       h[std::size_t(t)].end());
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    ref::hc_collapse(h[std::size_t(t)].data(), pre[std::size_t(t)], HC, D, x.data());
+    ref::rmsnorm(x.data(), im.norm.data(), D, eps, x.data());
+    const std::size_t off = logits->size();
+    logits->resize(off + std::size_t(V));
+    ref::matvec(im.head, x.data(), logits->data() + off);
+  }
+  im.pos = end_pos;
+  return Status::ok();
+}
+
+template class ReferenceModel<float>;
+template class ReferenceModel<double>;
+
+}  // namespace dsv41

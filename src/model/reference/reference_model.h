@@ -1,0 +1,65 @@
+// The reference forward ("oracle", spec §4-§7): the complete V4.1 text model for one sequence, read
+// from the official layout with weights dequantized exactly to T, every step computed in T (float
+// or double), the three trained KV fake-quantizations applied (spec §3.5 mode 1: no activation
+// quantization, no bf16 roundings).
+//
+// Positions are processed one at a time inside each layer, so the result of a position never
+// depends on how the sequence was split into calls: full prefill, token-by-token decode and chunked
+// prefill give identical logits (except under the `vendor` index-key switch, which reproduces
+// DeepSeek's decode quirk of spec §5.6.7 on purpose).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+#include "model/layer_plan.h"
+
+namespace dsv41 {
+
+enum class IndexKeySemantics { kOwner, kVendor };
+
+struct ReferenceOptions {
+  IndexKeySemantics index_keys = IndexKeySemantics::kOwner;
+};
+
+// Counters over the life of a model object, so tests can show which paths a sequence exercised.
+struct ReferenceStats {
+  int64_t indexer_queries = 0;      // (layer, position) pairs scored by an indexer
+  int64_t topk_strict_subsets = 0;  // ... whose top-k kept fewer entries than were visible
+  int64_t candidate_filtered = 0;   // ... whose candidate pool excluded at least one visible entry
+};
+
+template <typename T>
+class ReferenceModel {
+ public:
+  // Loads config, plan, tokenizer-derived Engram map and all text-model weights from DIR.
+  static Result<std::unique_ptr<ReferenceModel>> load(const std::string& dir,
+                                                      const ReferenceOptions& opt);
+  ~ReferenceModel();
+
+  const ModelConfig& config() const;
+  const ModelPlan& plan() const;
+  int64_t position() const;  // number of tokens consumed so far
+  void reset();              // start a new sequence
+  const ReferenceStats& stats() const;
+
+  // One call of the model on tokens at absolute positions [position(), position() + n): appends n
+  // rows of vocab_size logits (row t = next-token logits after token t). `dump`, when given,
+  // receives each backbone layer's output residual stream: dump[l] gets n * hc * hidden values
+  // appended.
+  Status forward(const std::vector<int32_t>& tokens, std::vector<T>* logits,
+                 std::vector<std::vector<T>>* dump = nullptr);
+
+ private:
+  ReferenceModel();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+extern template class ReferenceModel<float>;
+extern template class ReferenceModel<double>;
+
+}  // namespace dsv41
