@@ -1,6 +1,8 @@
 // `dsv41 logits`: teacher-forced logits for a token sequence (design.md §4), from the reference
 // forward in fp32 or fp64, in prefill, decode or chunked mode, optionally dumping every layer's
 // residual stream so a divergence can be located.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -21,7 +23,14 @@ struct LogitsArgs {
   std::string model, tokens, tokens_file, out, path = "reference", mode = "prefill",
                                                index_keys = "owner";
   std::string precision = "fp32", dump_dir;
+  bool stream = false;
 };
+
+double peak_rss_mb() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) / 1024.0;  // kilobytes on Linux
+}
 
 Result<std::vector<int32_t>> parse_tokens(const std::string& text, const std::string& where) {
   std::vector<int32_t> ids;
@@ -86,6 +95,7 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
   ReferenceOptions opt;
   opt.index_keys =
       a.index_keys == "vendor" ? IndexKeySemantics::kVendor : IndexKeySemantics::kOwner;
+  opt.streaming = a.stream;
   const auto t0 = std::chrono::steady_clock::now();
   auto model = ReferenceModel<T>::load(a.model, opt);
   if (!model) {
@@ -140,6 +150,8 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
                               {"mode", a.mode},
                               {"precision", a.precision},
                               {"index_keys", a.index_keys},
+                              {"streaming", a.stream},
+                              {"peak_rss_mb", peak_rss_mb()},
                               {"load_seconds", load_s},
                               {"run_seconds", run_s},
                               {"last_argmax", argmax}};
@@ -206,6 +218,9 @@ void add_logits(CLI::App& app, Runner* run) {
   sub->add_option("--precision", a->precision, "fp32 | fp64 (arithmetic of the reference)")
       ->check(CLI::IsMember({"fp32", "fp64"}))
       ->capture_default_str();
+  sub->add_flag(
+      "--stream", a->stream,
+      "Stream weights: drop each layer's pages after use, so at most one layer stays resident");
   sub->add_option(
       "--dump-layers", a->dump_dir,
       "Write each layer's output residual stream to DIR/layer_NNN.f32|f64 ([T, hc_mult, hidden])");

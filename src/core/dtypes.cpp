@@ -55,6 +55,15 @@ std::array<float, 256> make_e4m3_table() {
 
 const std::array<float, 256> kE4M3Table = make_e4m3_table();
 
+std::array<double, 256> make_e8m0_table() {
+  std::array<double, 256> t{};
+  for (int e = 0; e < 255; ++e) t[std::size_t(e)] = std::ldexp(1.0, e - 127);
+  t[255] = std::nan("");
+  return t;
+}
+
+const std::array<double, 256> kE8M0Table = make_e8m0_table();
+
 }  // namespace
 
 std::size_t dtype_size(DType t) {
@@ -116,8 +125,7 @@ float e8m0_to_float(uint8_t e) {
 }
 
 double e8m0_to_double(uint8_t e) {
-  if (e == 255) return std::nan("");
-  return std::ldexp(1.0, int(e) - 127);
+  return kE8M0Table[e];
 }
 
 uint8_t e8m0_from_exponent(int exp2) {

@@ -228,6 +228,10 @@ std::span<const uint8_t> Checkpoint::bytes(const std::string& name) const {
   return shards_[e->shard].bytes(*e->info);
 }
 
+void Checkpoint::release(const std::string& name) const {
+  if (const Entry* e = find(name)) shards_[e->shard].release(*e->info);
+}
+
 Status write_index_json(const std::string& dir,
                         const std::vector<std::pair<std::string, std::string>>& weight_map,
                         uint64_t total_size) {

@@ -37,6 +37,8 @@ class Checkpoint {
   const std::vector<std::string>& tensor_names() const { return names_; }  // sorted
   const Entry* find(const std::string& name) const;
   std::span<const uint8_t> bytes(const std::string& name) const;  // aborts if absent
+  void release(
+      const std::string& name) const;  // drop the tensor's resident pages (no-op if absent)
   uint64_t total_bytes() const { return total_bytes_; }
 
  private:

@@ -40,6 +40,13 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
   return f;
 }
 
+void MappedFile::release(const uint8_t* ptr, std::size_t len) const {
+  const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = (uintptr_t(ptr) + page - 1) & ~(page - 1),
+                  e = (uintptr_t(ptr) + len) & ~(page - 1);
+  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

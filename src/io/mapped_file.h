@@ -22,6 +22,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   std::size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops this mapping's resident pages over [ptr, ptr + len) (rounded inward to whole pages);
+  // later reads fault them in again from the file. Lets a streaming reader bound its RSS.
+  void release(const uint8_t* ptr, std::size_t len) const;
 
  private:
   MappedFile() = default;

@@ -281,6 +281,11 @@ std::span<const uint8_t> SafetensorsFile::bytes(const TensorInfo& t) const {
   return {base + t.begin, std::size_t(t.nbytes())};
 }
 
+void SafetensorsFile::release(const TensorInfo& t) const {
+  const auto b = bytes(t);
+  file_->release(b.data(), b.size());
+}
+
 Status write_safetensors(const std::string& path, const std::vector<TensorSpec>& specs,
                          const TensorFiller& fill,
                          const std::map<std::string, std::string>& metadata) {

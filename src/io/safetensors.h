@@ -46,6 +46,8 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;
   // Zero-copy view of a tensor's bytes (unaligned in general; copy before typed access).
   std::span<const uint8_t> bytes(const TensorInfo& t) const;
+  // Drops the resident pages of a tensor's bytes (see MappedFile::release).
+  void release(const TensorInfo& t) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t header_size() const { return header_size_; }
 

@@ -260,3 +260,75 @@ TEST(Cli, InspectReleasedLayoutHeaderOnly) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+class LogitsCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    CliRun m = run("make-tiny --preset tiny --seed 2 --out " + dir_->path() + "/ck");
+    ASSERT_EQ(m.code, 0) << m.err;
+    std::string toks;
+    for (int i = 0; i < 40; ++i) toks += (i ? "," : "") + std::to_string(3 + (i * 37) % 900);
+    testing::write_file(dir_->file("toks.txt"), toks);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string base() {
+    return "logits --model " + dir_->path() + "/ck --tokens-file " + dir_->file("toks.txt");
+  }
+  static TempDir* dir_;
+};
+TempDir* LogitsCli::dir_ = nullptr;
+
+TEST_F(LogitsCli, ModesAgreeAndFormatsAreRight) {
+  CliRun p = run(base() + " --precision fp64 --out " + dir_->file("p.f64"));
+  ASSERT_EQ(p.code, 0) << p.err;
+  auto j = nlohmann::json::parse(p.out);
+  const int64_t V = j["vocab"];
+  EXPECT_EQ(j["tokens"], 40);
+  EXPECT_EQ(j["dtype"], "float64");
+  EXPECT_EQ(fs::file_size(dir_->file("p.f64")), uint64_t(40 * V * 8));
+  for (const char* mode : {"decode", "chunked:3"}) {
+    CliRun o = run(base() + " --precision fp64 --mode " + mode + " --out " + dir_->file("o.f64"));
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_EQ(testing::read_file(dir_->file("o.f64")), testing::read_file(dir_->file("p.f64")))
+        << mode;
+  }
+  CliRun s = run(base() + " --precision fp64 --stream --out " + dir_->file("s.f64"));
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(testing::read_file(dir_->file("s.f64")), testing::read_file(dir_->file("p.f64")));
+  EXPECT_TRUE(nlohmann::json::parse(s.out)["streaming"].get<bool>());
+  CliRun f = run(base() + " --out " + dir_->file("f.f32") + " --dump-layers " + dir_->file("dump"));
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_EQ(fs::file_size(dir_->file("f.f32")), uint64_t(40 * V * 4));
+  EXPECT_EQ(fs::file_size(dir_->file("dump") + "/layer_007.f32"),
+            uint64_t(40 * 4 * 64 * 4));  // [T, hc, hidden]
+  CliRun v = run(base() + " --index-keys vendor --out " + dir_->file("v.f32"));
+  EXPECT_EQ(v.code, 0) << v.err;
+}
+
+TEST_F(LogitsCli, BadInputsAreNamed) {
+  CliRun tok = run("logits --model " + dir_->path() + "/ck --tokens 1,2,999999 --out " +
+                   dir_->file("x.f32"));
+  EXPECT_EQ(tok.code, 2);
+  EXPECT_NE(tok.err.find("token 999999 at position 2"), std::string::npos) << tok.err;
+  CliRun junk =
+      run("logits --model " + dir_->path() + "/ck --tokens 1,x --out " + dir_->file("x.f32"));
+  EXPECT_EQ(junk.code, 1);
+  EXPECT_NE(junk.err.find("'x' is not a token id"), std::string::npos) << junk.err;
+  CliRun mode = run(base() + " --mode sideways --out " + dir_->file("x.f32"));
+  EXPECT_EQ(mode.code, 1);
+  EXPECT_NE(mode.err.find("--mode"), std::string::npos);
+  CliRun fast = run(base() + " --path fast --out " + dir_->file("x.f32"));
+  EXPECT_EQ(fast.code, 1);
+  CliRun none = run("logits --model " + dir_->path() + "/ck --out " + dir_->file("x.f32"));
+  EXPECT_EQ(none.code, 1);
+  CliRun missing = run("logits --model /nonexistent --tokens 1 --out " + dir_->file("x.f32"));
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("/nonexistent"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -14,7 +14,7 @@
 
 namespace dsv41::ref {
 
-// Row-major matrix [rows, cols] of dequantized weights.
+// Row-major matrix [rows, cols] held in T (tests and small helpers; model weights are WeightViews).
 template <typename T>
 struct Mat {
   int64_t rows = 0, cols = 0;
@@ -182,8 +182,9 @@ struct HcMix {
 };
 
 // Coefficients from the stream h[hc * d] (copy-major) with fn[(2+hc)*hc, hc*d], base, scale[3].
-template <typename T>
-HcMix<T> hc_mixes(const T* h, int64_t hc, int64_t d, const Mat<T>& fn, const std::vector<T>& base,
+// M is any matrix with a matvec overload (Mat<T> or a checkpoint WeightView).
+template <typename T, typename M>
+HcMix<T> hc_mixes(const T* h, int64_t hc, int64_t d, const M& fn, const std::vector<T>& base,
                   const std::vector<T>& scale, T norm_eps, T hc_eps, int64_t iters) {
   const int64_t n = hc * d, mix = (2 + hc) * hc;
   const T r = rms_inv(h, n, norm_eps);

@@ -5,6 +5,7 @@
 // selections of index layers and the candidate pool, per position — as spec §7 lists.
 #include "model/reference/reference_model.h"
 
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -12,34 +13,35 @@
 #include "io/checkpoint.h"
 #include "model/engram_hash.h"
 #include "model/inventory.h"
+#include "model/reference/ref_ops.h"
 #include "model/reference/reference_weights.h"
 #include "text/tokenizer_file.h"
 
 namespace dsv41 {
 namespace {
 
-using ref::Mat;
+using ref::WeightView;
 
 template <typename T>
 struct ExpertW {
-  Mat<T> w1, w2, w3;
+  WeightView w1, w2, w3;
 };
 
 template <typename T>
 struct LayerW {
   std::vector<T> attn_norm, ffn_norm, hc_attn_base, hc_ffn_base, hc_attn_scale, hc_ffn_scale;
-  Mat<T> hc_attn_fn, hc_ffn_fn;
+  WeightView hc_attn_fn, hc_ffn_fn;
   std::vector<T> attn_sink, q_norm, kv_norm;
-  Mat<T> wq_a, wq_b, wkv, wo_a, wo_b;
+  WeightView wq_a, wq_b, wkv, wo_a, wo_b;
   std::vector<T> c_norm;  // compressor (KV sources)
-  Mat<T> c_wkv, c_wgate;
-  Mat<T> i_wk, i_wq_b, i_wproj;  // indexer
+  WeightView c_wkv, c_wgate;
+  WeightView i_wk, i_wq_b, i_wproj;  // indexer
   std::vector<T> i_k_norm;
-  Mat<T> gate;
+  WeightView gate;
   std::vector<T> gate_bias;
   std::vector<ExpertW<T>> experts;
   ExpertW<T> shared;
-  Mat<T> e_wkv;         // Engram
+  WeightView e_wkv;     // Engram
   std::vector<T> e_qk;  // q_weight * k_weight, [hc, hidden]
   std::string e_table;  // tensor name of the Engram table (rows read on demand)
 };
@@ -52,38 +54,38 @@ struct SourceState {
 };
 
 template <typename T>
-LayerW<T> read_layer(const ref::WeightReader<T>& rd, const TextConfig& t, const LayerPlan& p) {
+LayerW<T> read_layer(const ref::WeightReader& rd, const TextConfig& t, const LayerPlan& p) {
   const std::string L = p.tensor_prefix();
   LayerW<T> w;
-  w.attn_norm = rd.vec(L + "attn_norm.weight");
-  w.ffn_norm = rd.vec(L + "ffn_norm.weight");
+  w.attn_norm = rd.template vec<T>(L + "attn_norm.weight");
+  w.ffn_norm = rd.template vec<T>(L + "ffn_norm.weight");
   w.hc_attn_fn = rd.mat(L + "hc_attn_fn");
   w.hc_ffn_fn = rd.mat(L + "hc_ffn_fn");
-  w.hc_attn_base = rd.vec(L + "hc_attn_base");
-  w.hc_ffn_base = rd.vec(L + "hc_ffn_base");
-  w.hc_attn_scale = rd.vec(L + "hc_attn_scale");
-  w.hc_ffn_scale = rd.vec(L + "hc_ffn_scale");
-  w.attn_sink = rd.vec(L + "attn.attn_sink");
-  w.q_norm = rd.vec(L + "attn.q_norm.weight");
-  w.kv_norm = rd.vec(L + "attn.kv_norm.weight");
+  w.hc_attn_base = rd.template vec<T>(L + "hc_attn_base");
+  w.hc_ffn_base = rd.template vec<T>(L + "hc_ffn_base");
+  w.hc_attn_scale = rd.template vec<T>(L + "hc_attn_scale");
+  w.hc_ffn_scale = rd.template vec<T>(L + "hc_ffn_scale");
+  w.attn_sink = rd.template vec<T>(L + "attn.attn_sink");
+  w.q_norm = rd.template vec<T>(L + "attn.q_norm.weight");
+  w.kv_norm = rd.template vec<T>(L + "attn.kv_norm.weight");
   w.wq_a = rd.mat(L + "attn.wq_a.weight");
   w.wq_b = rd.mat(L + "attn.wq_b.weight");
   w.wkv = rd.mat(L + "attn.wkv.weight");
   w.wo_a = rd.mat(L + "attn.wo_a.weight");
   w.wo_b = rd.mat(L + "attn.wo_b.weight");
   if (p.is_kv_source()) {
-    w.c_norm = rd.vec(L + "attn.compressor.norm.weight");
+    w.c_norm = rd.template vec<T>(L + "attn.compressor.norm.weight");
     w.c_wkv = rd.mat(L + "attn.compressor.wkv.weight");
     if (p.compressor_gate) w.c_wgate = rd.mat(L + "attn.compressor.wgate.weight");
     w.i_wk = rd.mat(L + "attn.indexer.wk.weight");
-    w.i_k_norm = rd.vec(L + "attn.indexer.k_norm.weight");
+    w.i_k_norm = rd.template vec<T>(L + "attn.indexer.k_norm.weight");
   }
   if (p.has_indexer()) {
     w.i_wq_b = rd.mat(L + "attn.indexer.wq_b.weight");
     w.i_wproj = rd.mat(L + "attn.indexer.weights_proj.weight");
   }
   w.gate = rd.mat(L + "ffn.gate.weight");
-  w.gate_bias = rd.vec(L + "ffn.gate.bias");
+  w.gate_bias = rd.template vec<T>(L + "ffn.gate.bias");
   for (int e = 0; e < p.n_routed_experts; ++e) {
     const std::string E = L + "ffn.experts." + std::to_string(e) + ".";
     w.experts.push_back(
@@ -94,7 +96,8 @@ LayerW<T> read_layer(const ref::WeightReader<T>& rd, const TextConfig& t, const 
               rd.mat(L + "ffn.shared_experts.w3.weight")};
   if (p.engram >= 0) {
     w.e_wkv = rd.mat(L + "engram.wkv.weight");
-    const auto q = rd.vec(L + "engram.q_weight"), k = rd.vec(L + "engram.k_weight");
+    const auto q = rd.template vec<T>(L + "engram.q_weight"),
+               k = rd.template vec<T>(L + "engram.k_weight");
     for (std::size_t i = 0; i < q.size(); ++i) w.e_qk.push_back(q[i] * k[i]);
     w.e_table = L + "engram.embed";
   }
@@ -113,10 +116,12 @@ struct ReferenceModel<T>::Impl {
   ReferenceOptions opt;
   std::vector<int32_t> cmap;  // token id -> Engram compressed id
   std::unique_ptr<EngramHasher> hasher;
-  Mat<T> embed, head;
+  std::unique_ptr<ref::WeightReader> reader;
+  WeightView embed, head;
   std::vector<T> norm;
   std::vector<LayerW<T>> layers;
   ref::Rope<T> rope_swa, rope_comp;
+  std::vector<std::vector<std::string>> layer_tensors;  // per backbone layer, for streaming release
 
   // Sequence state.
   int64_t pos = 0;
@@ -415,12 +420,19 @@ Result<std::unique_ptr<ReferenceModel<T>>> ReferenceModel<T>::load(const std::st
   im.cmap.resize(std::size_t(tc.vocab_size),
                  int32_t(tc.engram_pad_token_id));  // ids beyond the tokenizer
   im.hasher = std::make_unique<EngramHasher>(tc);
-  ref::WeightReader<T> rd(im.ckpt, im.cfg.quantization.weight_block_size);
+  im.reader = std::make_unique<ref::WeightReader>(im.ckpt, im.cfg.quantization.weight_block_size);
+  const ref::WeightReader& rd = *im.reader;
   im.embed = rd.mat("embed.weight");
   im.head = rd.mat("head.weight");
-  im.norm = rd.vec("norm.weight");
+  im.norm = rd.template vec<T>("norm.weight");
   for (int l = 0; l < im.plan.num_backbone; ++l)
-    im.layers.push_back(read_layer(rd, tc, im.plan.layers[std::size_t(l)]));
+    im.layers.push_back(read_layer<T>(rd, tc, im.plan.layers[std::size_t(l)]));
+  im.layer_tensors.resize(std::size_t(im.plan.num_backbone));
+  for (const auto& name : im.ckpt.tensor_names()) {
+    if (name.rfind("layers.", 0) != 0) continue;
+    const std::size_t l = std::size_t(std::stoul(name.substr(7)));
+    if (l < im.layer_tensors.size()) im.layer_tensors[l].push_back(name);
+  }
   const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});
   im.rope_swa = ref::Rope<T>::make(tc.qk_rope_head_dim, tc.rope_theta, false, 1, 1, 1, 1);
   im.rope_comp = ref::Rope<T>::make(
@@ -474,8 +486,8 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
   for (int64_t t = 0; t < n; ++t) {
     auto& ht = h[std::size_t(t)];
     ht.resize(std::size_t(HC * D));
-    for (int64_t j = 0; j < HC; ++j)
-      std::copy_n(im.embed.row(tokens[std::size_t(t)]), D, ht.begin() + j * D);
+    im.embed.row(tokens[std::size_t(t)], ht.data());
+    for (int64_t j = 1; j < HC; ++j) std::copy_n(ht.begin(), D, ht.begin() + j * D);
     pre[std::size_t(t)].assign(std::size_t(HC), T(0));
     pre[std::size_t(t)][0] = T(1);
   }
@@ -510,6 +522,8 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
       ref::hc_expand(a.data(), h1.data(), mix_f, HC, D, ht);
       pre[std::size_t(t)] = mix_f.pre;
     }
+    if (im.opt.streaming)  // this layer's pages leave memory before the next layer's arrive
+      for (const auto& name : im.layer_tensors[std::size_t(l)]) im.ckpt.release(name);
     if (dump) {
       dump->resize(std::size_t(im.plan.num_backbone));
       for (int64_t t = 0; t < n; ++t)
@@ -523,6 +537,10 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
     const std::size_t off = logits->size();
     logits->resize(off + std::size_t(V));
     ref::matvec(im.head, x.data(), logits->data() + off);
+  }
+  if (im.opt.streaming) {
+    im.ckpt.release("head.weight");
+    im.ckpt.release("embed.weight");
   }
   im.pos = end_pos;
   return Status::ok();

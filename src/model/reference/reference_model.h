@@ -23,6 +23,10 @@ enum class IndexKeySemantics { kOwner, kVendor };
 
 struct ReferenceOptions {
   IndexKeySemantics index_keys = IndexKeySemantics::kOwner;
+  // Weights are always read through the mmap and dequantized row by row, never copied; with
+  // streaming, each layer's pages are also dropped once the layer is done, so at most one layer's
+  // weights (plus the rows of embedding/head in use) stay resident.
+  bool streaming = false;
 };
 
 // Counters over the life of a model object, so tests can show which paths a sequence exercised.
