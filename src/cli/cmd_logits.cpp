@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/token_args.h"
 #include "core/log.h"
 #include "model/reference/reference_model.h"
 
@@ -30,44 +31,6 @@ double peak_rss_mb() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return double(ru.ru_maxrss) / 1024.0;  // kilobytes on Linux
-}
-
-Result<std::vector<int32_t>> parse_tokens(const std::string& text, const std::string& where) {
-  std::vector<int32_t> ids;
-  std::string cur;
-  auto flush = [&]() -> Status {
-    if (cur.empty()) return Status::ok();
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(cur.c_str(), &end, 10);
-    if (*end != '\0' || errno != 0 || v < 0 || v > INT32_MAX)
-      return Status::error(where + ": '" + cur + "' is not a token id");
-    ids.push_back(int32_t(v));
-    cur.clear();
-    return Status::ok();
-  };
-  for (char c : text) {
-    if (c == ',' || std::isspace(static_cast<unsigned char>(c))) {
-      DSV41_RETURN_IF_ERROR(flush());
-    } else {
-      cur += c;
-    }
-  }
-  DSV41_RETURN_IF_ERROR(flush());
-  if (ids.empty()) return Status::error(where + ": no token ids");
-  return ids;
-}
-
-// Chunk sizes of the requested mode over n tokens.
-Result<int64_t> chunk_size(const std::string& mode, int64_t n) {
-  if (mode == "prefill") return n;
-  if (mode == "decode") return int64_t(1);
-  if (mode.rfind("chunked:", 0) == 0) {
-    char* end = nullptr;
-    const long long c = std::strtoll(mode.c_str() + 8, &end, 10);
-    if (*end == '\0' && c > 0) return int64_t(c);
-  }
-  return Status::error("--mode: '" + mode + "' is not prefill, decode or chunked:N (N >= 1)");
 }
 
 template <typename T>
@@ -161,20 +124,7 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
 }
 
 int run_logits(const LogitsArgs& a) {
-  std::string text = a.tokens;
-  std::string where = "--tokens";
-  if (!a.tokens_file.empty()) {
-    std::ifstream f(a.tokens_file);
-    if (!f) {
-      log::error("logits: --tokens-file: cannot open {}", a.tokens_file);
-      return kExitInvalid;
-    }
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
-    where = "--tokens-file " + a.tokens_file;
-  }
-  auto ids = parse_tokens(text, where);
+  auto ids = load_tokens(a.tokens, a.tokens_file);
   if (!ids) {
     log::error("logits: {}", ids.status().message());
     return kExitUsage;

@@ -13,6 +13,7 @@ using Runner = std::function<int()>;
 void add_make_tiny(CLI::App& app, Runner* run);
 void add_inspect(CLI::App& app, Runner* run);
 void add_logits(CLI::App& app, Runner* run);
+void add_explain(CLI::App& app, Runner* run);
 
 // Exit codes shared by all subcommands.
 inline constexpr int kExitOk = 0;

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   dsv41::cli::add_make_tiny(app, &run);
   dsv41::cli::add_inspect(app, &run);
   dsv41::cli::add_logits(app, &run);
+  dsv41::cli::add_explain(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -332,3 +332,36 @@ TEST_F(LogitsCli, BadInputsAreNamed) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+TEST_F(LogitsCli, ExplainLocatesTheVendorQuirk) {
+  // Token-by-token, owner vs vendor: the first decision that differs is a ratio-2 indexer top-k set
+  // (layer 2 of tiny) at position 10, the first even position with more than index_topk (4)
+  // entries.
+  CliRun e = run("explain --model " + dir_->path() + "/ck --tokens-file " + dir_->file("toks.txt") +
+                 " --a fp64,decode,owner --b fp64,decode,vendor --max 5");
+  ASSERT_EQ(e.code, 0) << e.err;
+  auto j = nlohmann::json::parse(e.out);
+  EXPECT_EQ(j["logits"]["first_differing_position"], 10);
+  const auto& first = j["first_divergences"][0];
+  EXPECT_EQ(first["position"], 10);
+  EXPECT_EQ(first["layer"], 2);
+  EXPECT_EQ(first["site"], "indexer-topk");
+  EXPECT_GT(first["margin_a"].get<double>(), 0.0);
+  // Same settings twice: nothing differs.
+  CliRun same = run("explain --model " + dir_->path() + "/ck --tokens-file " +
+                    dir_->file("toks.txt") + " --a fp32,prefill --b fp32,chunked:5");
+  ASSERT_EQ(same.code, 0) << same.err;
+  auto s = nlohmann::json::parse(same.out);
+  EXPECT_EQ(s["logits"]["max_relative_error"], 0.0);
+  EXPECT_TRUE(s["first_divergences"].empty());
+  EXPECT_GT(s["decisions_compared"]["a"].get<int>(), 1000);
+  CliRun bad = run("explain --model " + dir_->path() + "/ck --tokens 1,2 --a fp16");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("'fp16'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -130,6 +130,30 @@ struct ReferenceModel<T>::Impl {
   std::map<int, SourceState<T>> sources;
   int slot = -1;  // vendor semantics: the KV source whose index keys were published last
   ReferenceStats stats;
+  std::vector<TraceEvent>* trace = nullptr;
+  int cur_layer = 0;
+  int64_t cur_pos = 0;
+
+  // Fake-quantizes in place, recording the decision when tracing.
+  template <typename F>
+  void quant(F fn, T* x, int64_t n, TraceSite site, int64_t pos, int64_t sub) {
+    if (!trace) return fn(x, n, nullptr);
+    ref::QuantTrace qt;
+    fn(x, n, &qt);
+    trace->push_back({cur_layer, pos, site, sub, std::move(qt.codes), std::move(qt.scaled),
+                      std::move(qt.scales)});
+  }
+  void record(TraceSite site, int64_t pos, std::vector<int64_t> decision,
+              const std::vector<T>& scores) {
+    if (!trace) return;
+    trace->push_back({cur_layer,
+                      pos,
+                      site,
+                      -1,
+                      std::move(decision),
+                      std::vector<double>(scores.begin(), scores.end()),
+                      {}});
+  }
 
   // Per-call state, indexed by position within the call.
   std::map<int, std::vector<std::vector<int64_t>>> selections;  // index layer -> [t] -> entries
@@ -215,9 +239,11 @@ void ReferenceModel<T>::Impl::compressor_step(const LayerPlan& p, const LayerW<T
   ref::matvec(w.i_wk, latent.data(), key.data());
   ref::rmsnorm(key.data(), w.i_k_norm.data(), t.index_head_dim, T(t.rms_norm_eps), key.data());
   rope_comp.apply(key.data(), t.index_head_dim, entry_pos);
-  ref::fake_fp4_pow2(key.data(), t.index_head_dim);
+  quant([](T* v, int64_t k, ref::QuantTrace* q) { ref::fake_fp4_pow2(v, k, 32, q); }, key.data(),
+        t.index_head_dim, TraceSite::kIndexKey, P, j);
   rope_comp.apply(latent.data(), Dh, entry_pos);
-  ref::fake_fp4_e4m3(latent.data(), Dh);
+  quant([](T* v, int64_t k, ref::QuantTrace* q) { ref::fake_fp4_e4m3(v, k, 16, q); }, latent.data(),
+        Dh, TraceSite::kCompressedKv, P, j);
   DSV41_CHECK(int64_t(st.comp.size()) == j);
   st.comp.push_back(std::move(latent));
   st.keys.push_back(std::move(key));
@@ -240,7 +266,8 @@ void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, co
   ref::matvec(w.i_wq_b, qr, q.data());
   for (int64_t h = 0; h < nh; ++h) {
     rope_comp.apply(q.data() + h * di, di, P);
-    ref::fake_fp4_pow2(q.data() + h * di, di);
+    quant([](T* v, int64_t k, ref::QuantTrace* qt) { ref::fake_fp4_pow2(v, k, 32, qt); },
+          q.data() + h * di, di, TraceSite::kIndexQuery, P, h);
   }
   std::vector<T> wts(static_cast<std::size_t>(nh));
   ref::matvec(w.i_wproj, x, wts.data());
@@ -264,9 +291,13 @@ void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, co
     candidates.resize(std::size_t(t + 1));
     auto& mask = candidates[std::size_t(t)];
     mask.assign(std::size_t(nvis), 0);
+    std::vector<int64_t> kept;
     for (int64_t b : ref::topk_indices(bscore, tc.candidate_topk_blocks))
-      if (bscore[std::size_t(b)] > ninf)
+      if (bscore[std::size_t(b)] > ninf) {
+        kept.push_back(b);
         for (int64_t j = b * bs; j < std::min(nvis, (b + 1) * bs); ++j) mask[std::size_t(j)] = 1;
+      }
+    record(TraceSite::kCandidates, P, std::move(kept), bscore);
   }
   if (p.candidate_filter >= 0) {
     const auto& mask = candidates[std::size_t(t)];
@@ -281,6 +312,7 @@ void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, co
   auto& out = sel[std::size_t(t)];
   for (int64_t j : picked)
     if (j < nvis) out.push_back(j);
+  record(TraceSite::kTopk, P, out, std::vector<T>(s.begin(), s.begin() + nvis));
   ++stats.indexer_queries;
   stats.topk_strict_subsets += int64_t(out.size()) < nvis;
 }
@@ -302,7 +334,8 @@ void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, 
   ref::matvec(w.wkv, x, kv.data());
   ref::rmsnorm(kv.data(), w.kv_norm.data(), Dh, eps, kv.data());
   rope.apply(kv.data(), Dh, P);
-  ref::fake_fp8_pow2(kv.data(), Dh);
+  quant([](T* v, int64_t k, ref::QuantTrace* q) { ref::fake_fp8_pow2(v, k, 32, q); }, kv.data(), Dh,
+        TraceSite::kWindowKv, P, -1);
   auto& win = window[std::size_t(p.index)];
   DSV41_CHECK(int64_t(win.size()) == P);
   win.push_back(std::move(kv));
@@ -354,6 +387,7 @@ void ReferenceModel<T>::Impl::moe(const LayerPlan& p, const LayerW<T>& w, const 
     biased[std::size_t(e)] = score[std::size_t(e)] + w.gate_bias[std::size_t(e)];
   }
   const auto sel = ref::topk_indices(biased, p.experts_per_tok);
+  record(TraceSite::kExperts, cur_pos, sel, biased);
   T sum = 0;
   for (int64_t e : sel) sum += score[std::size_t(e)];
   std::vector<T> y(std::size_t(D), T(0));
@@ -458,6 +492,30 @@ template <typename T>
 const ReferenceStats& ReferenceModel<T>::stats() const {
   return impl_->stats;
 }
+template <typename T>
+void ReferenceModel<T>::set_trace(std::vector<TraceEvent>* trace) {
+  impl_->trace = trace;
+}
+
+std::string_view trace_site_name(TraceSite s) {
+  switch (s) {
+    case TraceSite::kWindowKv:
+      return "window-kv-fp8";
+    case TraceSite::kCompressedKv:
+      return "compressed-kv-fp4";
+    case TraceSite::kIndexKey:
+      return "index-key-fp4";
+    case TraceSite::kIndexQuery:
+      return "index-query-fp4";
+    case TraceSite::kTopk:
+      return "indexer-topk";
+    case TraceSite::kCandidates:
+      return "candidate-blocks";
+    case TraceSite::kExperts:
+      return "expert-selection";
+  }
+  return "?";
+}
 
 template <typename T>
 void ReferenceModel<T>::reset() {
@@ -507,6 +565,8 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
     for (int64_t t = 0; t < n; ++t) {
       T* ht = h[std::size_t(t)].data();
       const int64_t P = start + t;
+      im.cur_layer = l;
+      im.cur_pos = P;
       if (p.engram >= 0) im.engram(p, w, P, ht);
       const auto mix_a = ref::hc_mixes(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale,
                                        eps, hc_eps, tc.hc_sinkhorn_iters);

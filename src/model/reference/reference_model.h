@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -36,6 +37,28 @@ struct ReferenceStats {
   int64_t candidate_filtered = 0;   // ... whose candidate pool excluded at least one visible entry
 };
 
+// One decision of a run, recorded when tracing (flip reports, reference/flip_report.h).
+enum class TraceSite {
+  kWindowKv,
+  kCompressedKv,
+  kIndexKey,
+  kIndexQuery,
+  kTopk,
+  kCandidates,
+  kExperts
+};
+std::string_view trace_site_name(TraceSite s);
+
+struct TraceEvent {
+  int layer = 0;
+  int64_t pos = 0;  // the query's (or producing token's) absolute position
+  TraceSite site = TraceSite::kWindowKv;
+  int64_t sub = -1;  // head for index queries, entry for compressed rows / index keys, else -1
+  std::vector<int64_t> decision;  // element codes (fake-quants) or chosen indices (selections)
+  std::vector<double> detail;     // x / s before rounding, or the scores selection chose from
+  std::vector<double> scales;     // per-block scales (fake-quants)
+};
+
 template <typename T>
 class ReferenceModel {
  public:
@@ -49,6 +72,8 @@ class ReferenceModel {
   int64_t position() const;  // number of tokens consumed so far
   void reset();              // start a new sequence
   const ReferenceStats& stats() const;
+  // Records every fake-quant rounding, top-k set, candidate pool and expert choice (nullptr: off).
+  void set_trace(std::vector<TraceEvent>* trace);
 
   // One call of the model on tokens at absolute positions [position(), position() + n): appends n
   // rows of vocab_size logits (row t = next-token logits after token t). `dump`, when given,
