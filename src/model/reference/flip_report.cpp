@@ -28,8 +28,12 @@ double decode(TraceSite s, int64_t code) {
 
 std::string list(const std::vector<int64_t>& v) {
   std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  s += ']';
+  return s;
 }
 
 // Gap between the k-th and (k+1)-th largest score: how far the selection was from changing.

@@ -136,18 +136,18 @@ struct ReferenceModel<T>::Impl {
 
   // Fake-quantizes in place, recording the decision when tracing.
   template <typename F>
-  void quant(F fn, T* x, int64_t n, TraceSite site, int64_t pos, int64_t sub) {
+  void quant(F fn, T* x, int64_t n, TraceSite site, int64_t at, int64_t sub) {
     if (!trace) return fn(x, n, nullptr);
     ref::QuantTrace qt;
     fn(x, n, &qt);
-    trace->push_back({cur_layer, pos, site, sub, std::move(qt.codes), std::move(qt.scaled),
+    trace->push_back({cur_layer, at, site, sub, std::move(qt.codes), std::move(qt.scaled),
                       std::move(qt.scales)});
   }
-  void record(TraceSite site, int64_t pos, std::vector<int64_t> decision,
+  void record(TraceSite site, int64_t at, std::vector<int64_t> decision,
               const std::vector<T>& scores) {
     if (!trace) return;
     trace->push_back({cur_layer,
-                      pos,
+                      at,
                       site,
                       -1,
                       std::move(decision),
@@ -334,8 +334,8 @@ void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, 
   ref::matvec(w.wkv, x, kv.data());
   ref::rmsnorm(kv.data(), w.kv_norm.data(), Dh, eps, kv.data());
   rope.apply(kv.data(), Dh, P);
-  quant([](T* v, int64_t k, ref::QuantTrace* q) { ref::fake_fp8_pow2(v, k, 32, q); }, kv.data(), Dh,
-        TraceSite::kWindowKv, P, -1);
+  quant([](T* v, int64_t k, ref::QuantTrace* qt) { ref::fake_fp8_pow2(v, k, 32, qt); }, kv.data(),
+        Dh, TraceSite::kWindowKv, P, -1);
   auto& win = window[std::size_t(p.index)];
   DSV41_CHECK(int64_t(win.size()) == P);
   win.push_back(std::move(kv));
