@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "io/test_util.h"
+#include "model/reference/ref_blocks.h"
 #include "model/reference/ref_ops.h"
 #include "model/tiny_checkpoint.h"
 
@@ -141,6 +142,83 @@ TEST(RefOps, TopkTiesToLowerIndex) {
   EXPECT_EQ(ref::topk_indices(std::vector<double>{ninf, 0, ninf, 0}, 3),
             (std::vector<int64_t>{0, 1, 3}));
   EXPECT_EQ(ref::topk_indices(std::vector<double>{5, 4}, 9), (std::vector<int64_t>{0, 1}));
+}
+
+TEST(RefBlocks, CompressorPoolIsPerChannelSoftmax) {
+  const std::vector<std::vector<double>> kv = {{1, 10}, {3, 20}};
+  const std::vector<std::vector<double>> gate = {{0, 0}, {std::log(3.0), 0}};
+  double out[2];
+  ref::compress_pool(kv, gate, 2, out);
+  EXPECT_NEAR(out[0], 0.25 * 1 + 0.75 * 3, 1e-15);  // channel 0: weights 1/4, 3/4
+  EXPECT_EQ(out[1], 15);                            // channel 1: equal gates
+}
+
+TEST(RefBlocks, CandidatePoolPinsNewestBlockAndBreaksTiesLow) {
+  std::vector<char> mask;
+  // Blocks of 2 over 7 visible entries: b0 = 5, b1 = 2, b2 = 9, b3 (newest, partial) pinned.
+  auto kept = ref::candidate_pool(std::vector<double>{1, 5, 2, 2, 0, 9, 3}, 7, 2, 2, &mask);
+  EXPECT_EQ(kept, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(mask, (std::vector<char>{0, 0, 0, 0, 1, 1, 1}));
+  // Equal block scores: the lower block wins the last place.
+  kept = ref::candidate_pool(std::vector<double>{2, 2, 2, 2, 2, 2, 2}, 7, 2, 3, &mask);
+  EXPECT_EQ(kept, (std::vector<int64_t>{0, 1, 3}));
+}
+
+TEST(RefBlocks, IndexerSelectDropsInvisiblePicks) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  const std::vector<double> s = {0.5, 0.1, 0.9, ninf, 0.3};  // entry 3 filtered out of the pool
+  EXPECT_EQ(ref::indexer_select(s, 5, 8, 3), (std::vector<int64_t>{0, 2, 4}));
+  // k = min(7, 8) exceeds the 4 finite scores: the visible -inf entry 3 is picked (official
+  // semantics, lower index first among ties), the invisible 5..7 are dropped.
+  EXPECT_EQ(ref::indexer_select(s, 5, 8, 7), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  // Decode view of the same query: n_total = nvis.
+  EXPECT_EQ(ref::indexer_select(s, 5, 5, 3), (std::vector<int64_t>{0, 2, 4}));
+}
+
+TEST(RefBlocks, SparseAttentionSinkInDenominatorOnly) {
+  const double q[2] = {1, 0}, r0[2] = {2, 0}, r1[2] = {0, 1};
+  double out[2];
+  ref::sparse_attention_head(q, {r0, r1}, 2, 1.0, 0.0, out);
+  const double den = 1 + std::exp(-2.0) + std::exp(-2.0);  // rows: e^0, e^-2; sink: e^(0-2)
+  EXPECT_NEAR(out[0], 2 / den, 1e-15);
+  EXPECT_NEAR(out[1], std::exp(-2.0) / den, 1e-15);
+  ref::sparse_attention_head(q, {}, 2, 1.0, 0.0, out);  // every slot masked: zero output
+  EXPECT_EQ(out[0], 0);
+  EXPECT_EQ(out[1], 0);
+  // A very large sink cannot raise the maximum: probabilities just shrink.
+  ref::sparse_attention_head(q, {r0}, 2, 1.0, 50.0, out);
+  EXPECT_NEAR(out[0], 2 / (1 + std::exp(48.0)), 1e-30);
+}
+
+TEST(RefBlocks, RouterBiasSelectsButDoesNotWeigh) {
+  const std::vector<double> logits = {0, 1, 2, 3}, bias = {0, 0, 10, 0};
+  auto r = ref::route(logits, bias, 2, 1.0, true, 1.5);
+  EXPECT_EQ(r.experts, (std::vector<int64_t>{2, 3}));
+  auto sc = [](double x) { return std::sqrt(std::log1p(std::exp(x))); };
+  const double sum = sc(2) + sc(3) + 1e-20;
+  EXPECT_DOUBLE_EQ(r.weights[0], sc(2) / sum * 1.5);
+  EXPECT_DOUBLE_EQ(r.weights[1], sc(3) / sum * 1.5);
+  auto no_renorm = ref::route(logits, bias, 2, 1.0, false, 1.5);
+  EXPECT_DOUBLE_EQ(no_renorm.weights[1], sc(3) * 1.5);
+  EXPECT_EQ(ref::softplus(30.0), 30.0);  // torch's threshold
+}
+
+TEST(RefBlocks, SwigluClamp) {
+  EXPECT_DOUBLE_EQ(ref::swiglu_clamped(20.0, -15.0, 10.0, 0.5), ref::silu(10.0) * -10.0 * 0.5);
+  EXPECT_DOUBLE_EQ(ref::swiglu_clamped(-20.0, 3.0, 10.0, 1.0),
+                   ref::silu(-20.0) * 3.0);  // gate: upper clamp only
+  EXPECT_DOUBLE_EQ(ref::swiglu_clamped(1.0, 12.0, 10.0, 2.0), ref::silu(1.0) * 10.0 * 2.0);
+}
+
+TEST(RefBlocks, EngramGate) {
+  const double h[2] = {1, 1}, w[2] = {1, 1}, key[2] = {1, 1};
+  EXPECT_NEAR(ref::engram_gate(h, w, key, 2, 1e-20), ref::sigmoid(std::sqrt(std::sqrt(2.0))),
+              1e-15);
+  const double neg[2] = {-1, -1};
+  EXPECT_NEAR(ref::engram_gate(h, w, neg, 2, 1e-20), ref::sigmoid(-std::sqrt(std::sqrt(2.0))),
+              1e-15);
+  const double zero_w[2] = {0, 0};
+  EXPECT_EQ(ref::engram_gate(h, zero_w, key, 2, 1e-20), 0.5);  // d = 0: sign 0
 }
 
 // ---------------- whole model on the tiny preset ----------------

@@ -13,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "model/engram_hash.h"
 #include "model/inventory.h"
+#include "model/reference/ref_blocks.h"
 #include "model/reference/ref_ops.h"
 #include "model/reference/reference_weights.h"
 #include "text/tokenizer_file.h"
@@ -191,11 +192,7 @@ void ReferenceModel<T>::Impl::engram(const LayerPlan& p, const LayerW<T>& w, int
     T* hj = h + j * D;
     const T* key = kv.data() + j * D;
     const T* wj = w.e_qk.data() + j * D;
-    T s = 0;
-    for (int64_t c = 0; c < D; ++c) s += hj[c] * wj[c] * key[c];
-    const T d = s * ref::rms_inv(hj, D, eps) * ref::rms_inv(key, D, eps) / std::sqrt(T(D));
-    const T sgn = d > 0 ? T(1) : d < 0 ? T(-1) : T(0);
-    const T g = ref::sigmoid(sgn * std::sqrt(std::max(std::fabs(d), T(1e-6))));
+    const T g = ref::engram_gate(hj, wj, key, D, eps);
     for (int64_t c = 0; c < D; ++c) hj[c] += g * value[c];
   }
 }
@@ -216,19 +213,7 @@ void ReferenceModel<T>::Impl::compressor_step(const LayerPlan& p, const LayerW<T
     st.part_kv.push_back(kv);
     st.part_gate.push_back(g);
     if ((P + 1) % r != 0) return;
-    // Per-channel softmax over the group's r tokens, then the weighted sum of their projections.
-    for (int64_t c = 0; c < Dh; ++c) {
-      T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t k = 0; k < r; ++k)
-        mx = std::max(mx, st.part_gate[std::size_t(k)][std::size_t(c)]);
-      T den = 0, num = 0;
-      for (int64_t k = 0; k < r; ++k) {
-        const T e = std::exp(st.part_gate[std::size_t(k)][std::size_t(c)] - mx);
-        den += e;
-        num += e * st.part_kv[std::size_t(k)][std::size_t(c)];
-      }
-      latent[std::size_t(c)] = num / den;
-    }
+    ref::compress_pool(st.part_kv, st.part_gate, Dh, latent.data());
     st.part_kv.clear();
     st.part_gate.clear();
   }
@@ -274,7 +259,7 @@ void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, co
   const T wscale = T(1.0 / std::sqrt(double(di)) / std::sqrt(double(nh)));
   for (auto& v : wts) v *= wscale;
   const T ninf = -std::numeric_limits<T>::infinity();
-  std::vector<T> s(std::size_t(std::max(n_total, nvis)), ninf);
+  std::vector<T> s(std::size_t(nvis), ninf);
   for (int64_t j = 0; j < nvis; ++j) {
     T acc = 0;
     for (int64_t h = 0; h < nh; ++h)
@@ -283,20 +268,10 @@ void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, co
     s[std::size_t(j)] = acc;
   }
   if (p.candidate_source) {  // publish the block pool for this query (spec §5.6.3)
-    const int64_t bs = tc.candidate_block_size, nb = (nvis + bs - 1) / bs;
-    std::vector<T> bscore(std::size_t(nb), ninf);
-    for (int64_t j = 0; j < nvis; ++j)
-      bscore[std::size_t(j / bs)] = std::max(bscore[std::size_t(j / bs)], s[std::size_t(j)]);
-    bscore[std::size_t((nvis - 1) / bs)] = std::numeric_limits<T>::infinity();
     candidates.resize(std::size_t(t + 1));
-    auto& mask = candidates[std::size_t(t)];
-    mask.assign(std::size_t(nvis), 0);
-    std::vector<int64_t> kept;
-    for (int64_t b : ref::topk_indices(bscore, tc.candidate_topk_blocks))
-      if (bscore[std::size_t(b)] > ninf) {
-        kept.push_back(b);
-        for (int64_t j = b * bs; j < std::min(nvis, (b + 1) * bs); ++j) mask[std::size_t(j)] = 1;
-      }
+    std::vector<T> bscore;
+    auto kept = ref::candidate_pool(s, nvis, tc.candidate_block_size, tc.candidate_topk_blocks,
+                                    &candidates[std::size_t(t)], &bscore);
     record(TraceSite::kCandidates, P, std::move(kept), bscore);
   }
   if (p.candidate_filter >= 0) {
@@ -306,12 +281,8 @@ void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, co
       if (!mask[std::size_t(j)]) s[std::size_t(j)] = ninf, filtered = true;
     stats.candidate_filtered += filtered;
   }
-  // k = min(index_topk, entries in the cache at the end of the call); invisible picks are dropped.
-  s.resize(std::size_t(std::max(n_total, nvis)));
-  auto picked = ref::topk_indices(s, std::min(tc.index_topk, std::max(n_total, nvis)));
   auto& out = sel[std::size_t(t)];
-  for (int64_t j : picked)
-    if (j < nvis) out.push_back(j);
+  out = ref::indexer_select(s, nvis, n_total, tc.index_topk);
   record(TraceSite::kTopk, P, out, std::vector<T>(s.begin(), s.begin() + nvis));
   ++stats.indexer_queries;
   stats.topk_strict_subsets += int64_t(out.size()) < nvis;
@@ -352,19 +323,11 @@ void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, 
     for (int64_t j : sel) rows.push_back(comp[std::size_t(j)].data());
   }
   const T scale = T(1.0 / std::sqrt(double(Dh)));
-  std::vector<T> o(std::size_t(H * Dh), T(0)), z(rows.size());
+  std::vector<T> o(std::size_t(H * Dh));
   for (int64_t h = 0; h < H; ++h) {
-    const T* qh = q.data() + h * Dh;
-    T mx = -std::numeric_limits<T>::infinity();
-    for (std::size_t k = 0; k < rows.size(); ++k)
-      mx = std::max(mx, z[k] = ref::dot(qh, rows[k], Dh) * scale);
-    T den = std::exp(w.attn_sink[std::size_t(h)] - mx);
-    for (std::size_t k = 0; k < rows.size(); ++k) den += (z[k] = std::exp(z[k] - mx));
-    T* oh = o.data() + h * Dh;
-    for (std::size_t k = 0; k < rows.size(); ++k)
-      for (int64_t i = 0; i < Dh; ++i) oh[i] += z[k] * rows[k][i];
-    for (int64_t i = 0; i < Dh; ++i) oh[i] /= den;
-    rope.apply(oh, Dh, P, /*inverse=*/true);
+    ref::sparse_attention_head(q.data() + h * Dh, rows, Dh, scale, w.attn_sink[std::size_t(h)],
+                               o.data() + h * Dh);
+    rope.apply(o.data() + h * Dh, Dh, P, /*inverse=*/true);
   }
   // Grouped low-rank output: group g (heads g*H/G ..) through its own [o_lora, H/G*Dh] block of
   // wo_a.
@@ -380,16 +343,11 @@ template <typename T>
 void ReferenceModel<T>::Impl::moe(const LayerPlan& p, const LayerW<T>& w, const T* x, T* out) {
   const TextConfig& tc = cfg.text;
   const int64_t D = tc.hidden_size, E = p.n_routed_experts;
-  std::vector<T> score(static_cast<std::size_t>(E)), biased(static_cast<std::size_t>(E));
-  ref::matvec(w.gate, x, score.data());
-  for (int64_t e = 0; e < E; ++e) {
-    score[std::size_t(e)] = std::sqrt(ref::softplus(score[std::size_t(e)] / T(tc.gate_temp)));
-    biased[std::size_t(e)] = score[std::size_t(e)] + w.gate_bias[std::size_t(e)];
-  }
-  const auto sel = ref::topk_indices(biased, p.experts_per_tok);
-  record(TraceSite::kExperts, cur_pos, sel, biased);
-  T sum = 0;
-  for (int64_t e : sel) sum += score[std::size_t(e)];
+  std::vector<T> logits(static_cast<std::size_t>(E));
+  ref::matvec(w.gate, x, logits.data());
+  const auto routing = ref::route(logits, w.gate_bias, p.experts_per_tok, T(tc.gate_temp),
+                                  tc.norm_topk_prob, T(tc.routed_scaling_factor));
+  record(TraceSite::kExperts, cur_pos, routing.experts, routing.biased);
   std::vector<T> y(std::size_t(D), T(0));
   const T lim = T(tc.swiglu_limit);
   auto expert = [&](const ExpertW<T>& ew, T weight) {
@@ -399,16 +357,12 @@ void ReferenceModel<T>::Impl::moe(const LayerPlan& p, const LayerW<T>& w, const 
     ref::matvec(ew.w1, x, g.data());
     ref::matvec(ew.w3, x, u.data());
     for (int64_t i = 0; i < I; ++i)
-      g[std::size_t(i)] = ref::silu(std::min(g[std::size_t(i)], lim)) *
-                          ref::clamp(u[std::size_t(i)], -lim, lim) * weight;
+      g[std::size_t(i)] = ref::swiglu_clamped(g[std::size_t(i)], u[std::size_t(i)], lim, weight);
     ref::matvec(ew.w2, g.data(), yo.data());
     for (int64_t i = 0; i < D; ++i) y[std::size_t(i)] += yo[std::size_t(i)];
   };
-  for (int64_t e : sel) {
-    T wgt = score[std::size_t(e)];
-    if (tc.norm_topk_prob) wgt = wgt / (sum + T(1e-20));
-    expert(w.experts[std::size_t(e)], wgt * T(tc.routed_scaling_factor));
-  }
+  for (std::size_t k = 0; k < routing.experts.size(); ++k)
+    expert(w.experts[std::size_t(routing.experts[k])], routing.weights[k]);
   expert(w.shared, T(1));
   std::copy(y.begin(), y.end(), out);
 }
