@@ -92,6 +92,43 @@ std::optional<std::string> symbols_to_bytes(std::string_view token) {
   return out;
 }
 
+std::size_t utf8_invalid_prefix(std::string_view s, std::size_t i) {
+  const auto c0 = uint8_t(s[i]);
+  std::size_t len;
+  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c0 >= 0xC2 && c0 <= 0xDF)
+    len = 2;
+  else if (c0 >= 0xE0 && c0 <= 0xEF)
+    len = 3, lo = c0 == 0xE0 ? 0xA0 : 0x80, hi = c0 == 0xED ? 0x9F : 0xBF;
+  else if (c0 >= 0xF0 && c0 <= 0xF4)
+    len = 4, lo = c0 == 0xF0 ? 0x90 : 0x80, hi = c0 == 0xF4 ? 0x8F : 0xBF;
+  else
+    return 1;
+  std::size_t k = 1;
+  for (; k < len && i + k < s.size(); ++k) {
+    const auto c = uint8_t(s[i + k]);
+    if (k == 1 ? (c < lo || c > hi) : (c & 0xC0) != 0x80) break;
+  }
+  return k;
+}
+
+std::string utf8_lossy(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::size_t j = i;
+    if (decode_one(s, j) >= 0) {
+      out.append(s.substr(i, j - i));
+      i = j;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += utf8_invalid_prefix(s, i);
+    }
+  }
+  return out;
+}
+
 bool is_valid_utf8(std::string_view s) {
   std::size_t i = 0;
   while (i < s.size())

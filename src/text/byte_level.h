@@ -18,5 +18,11 @@ std::optional<std::string> symbols_to_bytes(std::string_view token);
 void append_utf8(std::string& out, uint32_t cp);
 // True if s is well-formed UTF-8 (no overlongs, surrogates or code points above U+10FFFF).
 bool is_valid_utf8(std::string_view s);
+// s with every maximal ill-formed subsequence replaced by U+FFFD (Rust's String::from_utf8_lossy,
+// which the byte-level decoder uses).
+std::string utf8_lossy(std::string_view s);
+// Length of the ill-formed prefix at s[i] that one U+FFFD replaces (the "maximal subpart": the
+// longest prefix of a well-formed sequence, at least 1 byte).
+std::size_t utf8_invalid_prefix(std::string_view s, std::size_t i);
 
 }  // namespace dsv41
