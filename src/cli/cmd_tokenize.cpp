@@ -1,0 +1,155 @@
+// `dsv41 tokenize`, `dsv41 detokenize` (design.md §4) and `dsv41 derive-tokenizer` (a V4.1-style
+// tokenizer.json from DeepSeek-V3's, text/v41_tokenizer.h).
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/token_args.h"
+#include "core/log.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_file.h"
+#include "text/v41_tokenizer.h"
+
+namespace dsv41::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+Result<std::unique_ptr<Tokenizer>> model_tokenizer(const std::string& dir) {
+  const fs::path p = fs::path(dir) / "tokenizer.json";
+  if (!fs::exists(p)) return Status::error("--model: " + p.string() + " not found");
+  return Tokenizer::load(p.string());
+}
+
+Status write_text(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  if (!f) return Status::error(p.string() + ": cannot create");
+  f << text;
+  f.close();
+  return f ? Status::ok() : Status::error(p.string() + ": write failed");
+}
+
+}  // namespace
+
+void add_tokenize(CLI::App& app, Runner* run) {
+  struct Args {
+    std::string model, text, messages;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand(
+      "tokenize", "Text to token ids with the model's tokenizer (no BOS added).");
+  sub->add_option("--model", a->model, "Checkpoint directory holding tokenizer.json")->required();
+  auto* text = sub->add_option("--text", a->text, "Text to encode");
+  auto* msgs =
+      sub->add_option("--messages", a->messages, "Chat messages (OpenAI request JSON) to encode");
+  text->excludes(msgs);
+  sub->add_flag("--json", a->json, "Print {\"ids\": [...]}");
+  sub->callback([a, run, text, msgs] {
+    *run = [a, text, msgs] {
+      if (msgs->count()) {
+        log::error(
+            "tokenize: --messages: the V4.1 chat encoding is not implemented yet; use --text");
+        return kExitUsage;
+      }
+      if (!text->count()) {
+        log::error("tokenize: one of --text or --messages is required");
+        return kExitUsage;
+      }
+      auto tok = model_tokenizer(a->model);
+      if (!tok) {
+        log::error("tokenize: {}", tok.status().message());
+        return kExitInvalid;
+      }
+      const auto ids = (*tok)->encode(a->text);
+      if (a->json) {
+        std::printf("%s\n", nlohmann::json{{"ids", ids}}.dump().c_str());
+      } else {
+        std::string s;
+        for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+        std::printf("%s\n", s.c_str());
+      }
+      return kExitOk;
+    };
+  });
+}
+
+void add_detokenize(CLI::App& app, Runner* run) {
+  struct Args {
+    std::string model, ids;
+    bool skip_special = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub =
+      app.add_subcommand("detokenize", "Token ids to text (UTF-8; U+FFFD for ill-formed bytes).");
+  sub->add_option("--model", a->model, "Checkpoint directory holding tokenizer.json")->required();
+  sub->add_option("--ids", a->ids, "Token ids, comma separated")->required();
+  sub->add_flag("--skip-special", a->skip_special, "Drop special tokens");
+  sub->callback([a, run] {
+    *run = [a] {
+      auto ids = parse_tokens(a->ids, "--ids");
+      if (!ids) {
+        log::error("detokenize: {}", ids.status().message());
+        return kExitUsage;
+      }
+      auto tok = model_tokenizer(a->model);
+      if (!tok) {
+        log::error("detokenize: {}", tok.status().message());
+        return kExitInvalid;
+      }
+      auto text = (*tok)->decode(ids.value(), a->skip_special);
+      if (!text) {
+        log::error("detokenize: --ids: {}", text.status().message());
+        return kExitInvalid;
+      }
+      std::fwrite(text->data(), 1, text->size(), stdout);
+      std::fputc('\n', stdout);
+      return kExitOk;
+    };
+  });
+}
+
+void add_derive_tokenizer(CLI::App& app, Runner* run) {
+  struct Args {
+    std::string from, out;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand("derive-tokenizer",
+                                     "Write a V4.1-style tokenizer.json + tokenizer_config.json "
+                                     "derived from DeepSeek-V3's tokenizer.json "
+                                     "(same base BPE, V4.1 added-token table; docs/tokenizer.md).");
+  sub->add_option("--from", a->from, "DeepSeek-V3 tokenizer.json")->required();
+  sub->add_option("--out", a->out, "Output directory")->required();
+  sub->callback([a, run] {
+    *run = [a] {
+      std::ifstream in(a->from, std::ios::binary);
+      if (!in) {
+        log::error("derive-tokenizer: --from: cannot open {}", a->from);
+        return kExitInvalid;
+      }
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      auto v41 = derive_v41_tokenizer_json(ss.str(), a->from);
+      if (!v41) {
+        log::error("derive-tokenizer: {}", v41.status().message());
+        return kExitInvalid;
+      }
+      std::error_code ec;
+      fs::create_directories(a->out, ec);
+      Status st = write_text(fs::path(a->out) / "tokenizer.json", v41.value());
+      if (st.is_ok())
+        st = write_text(fs::path(a->out) / "tokenizer_config.json",
+                        make_tiny_tokenizer().tokenizer_config_json);
+      if (!st.is_ok()) {
+        log::error("derive-tokenizer: --out: {}", st.message());
+        return kExitInvalid;
+      }
+      std::printf("%s\n", nlohmann::json{{"out", a->out}, {"vocab", kV41VocabSize}}.dump().c_str());
+      return kExitOk;
+    };
+  });
+}
+
+}  // namespace dsv41::cli
