@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/token_args.h"
 #include "core/log.h"
+#include "io/text_file.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_file.h"
 #include "text/v41_tokenizer.h"
@@ -21,14 +22,6 @@ Result<std::unique_ptr<Tokenizer>> model_tokenizer(const std::string& dir) {
   const fs::path p = fs::path(dir) / "tokenizer.json";
   if (!fs::exists(p)) return Status::error("--model: " + p.string() + " not found");
   return Tokenizer::load(p.string());
-}
-
-Status write_text(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  if (!f) return Status::error(p.string() + ": cannot create");
-  f << text;
-  f.close();
-  return f ? Status::ok() : Status::error(p.string() + ": write failed");
 }
 
 }  // namespace
@@ -124,24 +117,22 @@ void add_derive_tokenizer(CLI::App& app, Runner* run) {
   sub->add_option("--out", a->out, "Output directory")->required();
   sub->callback([a, run] {
     *run = [a] {
-      std::ifstream in(a->from, std::ios::binary);
-      if (!in) {
-        log::error("derive-tokenizer: --from: cannot open {}", a->from);
+      auto v3 = read_text_file(a->from);
+      if (!v3) {
+        log::error("derive-tokenizer: --from: {}", v3.status().message());
         return kExitInvalid;
       }
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      auto v41 = derive_v41_tokenizer_json(ss.str(), a->from);
+      auto v41 = derive_v41_tokenizer_json(v3.value(), a->from);
       if (!v41) {
         log::error("derive-tokenizer: {}", v41.status().message());
         return kExitInvalid;
       }
       std::error_code ec;
       fs::create_directories(a->out, ec);
-      Status st = write_text(fs::path(a->out) / "tokenizer.json", v41.value());
+      Status st = write_text_file((fs::path(a->out) / "tokenizer.json").string(), v41.value());
       if (st.is_ok())
-        st = write_text(fs::path(a->out) / "tokenizer_config.json",
-                        make_tiny_tokenizer().tokenizer_config_json);
+        st = write_text_file((fs::path(a->out) / "tokenizer_config.json").string(),
+                             make_tiny_tokenizer().tokenizer_config_json);
       if (!st.is_ok()) {
         log::error("derive-tokenizer: --out: {}", st.message());
         return kExitInvalid;

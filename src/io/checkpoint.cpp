@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/thread_pool.h"
+#include "io/text_file.h"
 
 namespace dsv41 {
 namespace fs = std::filesystem;
@@ -19,19 +20,6 @@ namespace {
 bool plain_file_name(const std::string& s) {
   return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos &&
          s.find('\\') == std::string::npos && s.find('\0') == std::string::npos;
-}
-
-Result<std::string> read_small_file(const std::string& path, std::size_t limit) {
-  std::error_code ec;
-  const auto sz = fs::file_size(path, ec);
-  if (ec) return Status::error(path + ": cannot stat: " + ec.message());
-  if (sz > limit)
-    return Status::error(path + ": file too large (" + std::to_string(sz) + " bytes)");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // Streaming parse of model.safetensors.index.json: collects weight_map (tensor -> shard file, each
@@ -144,7 +132,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   bool have_total = false;
   uint64_t total = 0;
   if (fs::exists(index_path)) {
-    auto text = read_small_file(index_path, 256u << 20);
+    auto text = read_text_file(index_path, 256u << 20);
     if (!text) return text.status();
     IndexParser parser(index_path, &weight_map);
     if (!nlohmann::json::sax_parse(text.value(), &parser))

@@ -6,7 +6,9 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+
 #include <sstream>
+#include "io/text_file.h"
 
 namespace dsv41 {
 namespace {
@@ -367,11 +369,9 @@ Result<ModelConfig> parse_config(const json& root, const std::string& file) {
 }
 
 Result<ModelConfig> load_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  auto text = read_text_file(path, 16u << 20);
+  if (!text) return text.status();
+  json j = json::parse(text.value(), nullptr, false);
   if (j.is_discarded()) return Status::error(path + ": not valid JSON");
   return parse_config(j, path);
 }

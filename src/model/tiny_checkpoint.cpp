@@ -16,6 +16,7 @@
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "io/text_file.h"
 #include "model/inventory.h"
 #include "model/layer_plan.h"
 
@@ -146,15 +147,6 @@ void fill_tensor(ThreadPool& pool, const Fill& f, uint64_t seed, std::span<uint8
   });
 }
 
-Status write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::error(path + ": cannot create");
-  out << text;
-  out.close();
-  if (!out) return Status::error(path + ": write failed");
-  return Status::ok();
-}
-
 // Shard budget: several shards even for tiny checkpoints, so multi-shard loading is always
 // exercised.
 uint64_t shard_budget(uint64_t total) {
@@ -196,17 +188,14 @@ Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
     gen = make_tiny_tokenizer();
     tok_json = gen.tokenizer_json;
   } else {
-    std::ifstream in(opt.tokenizer_path, std::ios::binary);
-    if (!in) return Status::error("--tokenizer: cannot open " + opt.tokenizer_path);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    tok_json = ss.str();
+    auto text = read_text_file(opt.tokenizer_path);
+    if (!text) return text.status().with_context("--tokenizer: ");
+    tok_json = std::move(text.value());
     const fs::path cfg = fs::path(opt.tokenizer_path).parent_path() / "tokenizer_config.json";
     if (fs::exists(cfg)) {
-      std::ifstream ci(cfg, std::ios::binary);
-      std::ostringstream cs;
-      cs << ci.rdbuf();
-      gen.tokenizer_config_json = cs.str();
+      auto ctext = read_text_file(cfg.string());
+      if (!ctext) return ctext.status().with_context("--tokenizer: ");
+      gen.tokenizer_config_json = std::move(ctext.value());
     } else {
       gen.tokenizer_config_json = make_tiny_tokenizer().tokenizer_config_json;
     }
@@ -262,11 +251,12 @@ Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
               shards.size(), double(done) / 1e6, double(total) / 1e6, rate / 1e6,
               double(total - done) / std::max(rate, 1.0));
   }
-  DSV41_RETURN_IF_ERROR(write_text((fs::path(opt.out_dir) / "tokenizer.json").string(), tok_json));
-  DSV41_RETURN_IF_ERROR(write_text((fs::path(opt.out_dir) / "tokenizer_config.json").string(),
-                                   gen.tokenizer_config_json));
-  DSV41_RETURN_IF_ERROR(write_text((fs::path(opt.out_dir) / "config.json").string(),
-                                   config_to_json(cfg.value()).dump(2) + "\n"));
+  DSV41_RETURN_IF_ERROR(
+      write_text_file((fs::path(opt.out_dir) / "tokenizer.json").string(), tok_json));
+  DSV41_RETURN_IF_ERROR(write_text_file((fs::path(opt.out_dir) / "tokenizer_config.json").string(),
+                                        gen.tokenizer_config_json));
+  DSV41_RETURN_IF_ERROR(write_text_file((fs::path(opt.out_dir) / "config.json").string(),
+                                        config_to_json(cfg.value()).dump(2) + "\n"));
   DSV41_RETURN_IF_ERROR(write_index_json(opt.out_dir, weight_map, total));
   return MakeTinyResult{tensors.size(), total, shards.size()};
 }

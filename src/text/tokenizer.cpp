@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "io/text_file.h"
 #include "text/byte_level.h"
 #include "text/onig_regex.h"
 
@@ -110,11 +111,9 @@ Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
 Tokenizer::~Tokenizer() = default;
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), path);
+  auto text = read_text_file(path);
+  if (!text) return text.status();
+  return from_json(text.value(), path);
 }
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const std::string& text,

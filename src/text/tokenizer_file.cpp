@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "io/text_file.h"
 #include "text/byte_level.h"
 #include "text/special_tokens.h"
 
@@ -73,11 +74,9 @@ Result<TokenizerTable> parse_tokenizer_json(const std::string& text, const std::
 }
 
 Result<TokenizerTable> read_tokenizer_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_tokenizer_json(ss.str(), path);
+  auto text = read_text_file(path);
+  if (!text) return text.status();
+  return parse_tokenizer_json(text.value(), path);
 }
 
 GeneratedTokenizer make_tiny_tokenizer() {

@@ -96,61 +96,58 @@ struct QuantTrace {
   std::vector<double> scales;  // s per block
 };
 
-// Window KV: FP8 E4M3, one power-of-two scale per 32 values: s = 2^ceil(log2(max(amax, 1e-4) /
-// 448)).
-template <typename T>
-void fake_fp8_pow2(T* x, int64_t n, int64_t block = 32, QuantTrace* tr = nullptr) {
+// Shared loop of the three fake-quantizations: per block, amax -> scale s (scale_of), then each
+// value becomes dec(enc(clamp(x / s, -limit, limit))) * s.
+template <typename T, typename Scale, typename Enc, typename Dec>
+void fake_quant_blocks(T* x, int64_t n, int64_t block, T limit, Scale scale_of, Enc enc, Dec dec,
+                       QuantTrace* tr) {
   for (int64_t b = 0; b < n; b += block) {
     const int64_t e = std::min(n, b + block);
     T amax = 0;
     for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const T s = pow2_ceil(std::max(amax, T(1e-4)) * (T(1) / T(448)));
+    const T s = scale_of(amax);
     for (int64_t i = b; i < e; ++i) {
-      const T v = clamp(x[i] / s, T(-448), T(448));
-      const uint8_t code = e4m3_from_double(double(v));
+      const T v = clamp(x[i] / s, -limit, limit);
+      const uint8_t code = enc(double(v));
       if (tr) tr->codes.push_back(code), tr->scaled.push_back(double(v));
-      x[i] = T(e4m3_to_float(code)) * s;
+      x[i] = T(dec(code)) * s;
     }
     if (tr) tr->scales.push_back(double(s));
   }
+}
+
+// Window KV: FP8 E4M3, one power-of-two scale per 32 values: s = 2^ceil(log2(max(amax, 1e-4) /
+// 448)).
+template <typename T>
+void fake_fp8_pow2(T* x, int64_t n, int64_t block = 32, QuantTrace* tr = nullptr) {
+  fake_quant_blocks(
+      x, n, block, T(448),
+      [](T amax) { return pow2_ceil(std::max(amax, T(1e-4)) * (T(1) / T(448))); }, e4m3_from_double,
+      e4m3_to_float, tr);
 }
 
 // Compressed KV: E2M1 with one E4M3 scale per 16 values: s = e4m3(max(amax, 6 * 2^-9) / 6).
 template <typename T>
 void fake_fp4_e4m3(T* x, int64_t n, int64_t block = 16, QuantTrace* tr = nullptr) {
-  for (int64_t b = 0; b < n; b += block) {
-    const int64_t e = std::min(n, b + block);
-    T amax = 0;
-    for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const T s = T(e4m3_to_float(
-        e4m3_from_double(double(std::max(amax, T(6) * std::ldexp(T(1), -9)) / T(6)))));
-    for (int64_t i = b; i < e; ++i) {
-      const T v = clamp(x[i] / s, T(-6), T(6));
-      const uint8_t code = e2m1_from_double(double(v));
-      if (tr) tr->codes.push_back(code), tr->scaled.push_back(double(v));
-      x[i] = T(e2m1_to_float(code)) * s;
-    }
-    if (tr) tr->scales.push_back(double(s));
-  }
+  fake_quant_blocks(
+      x, n, block, T(6),
+      [](T amax) {
+        return T(e4m3_to_float(
+            e4m3_from_double(double(std::max(amax, T(6) * std::ldexp(T(1), -9)) / T(6)))));
+      },
+      e2m1_from_double, e2m1_to_float, tr);
 }
 
-// Indexer keys and queries: E2M1 with one power-of-two scale per 32: s = 2^ceil(log2(max(amax,
-// 6*2^-126) / 6)).
+// Indexer keys and queries: E2M1 with one power-of-two scale per 32:
+// s = 2^ceil(log2(max(amax, 6 * 2^-126) / 6)).
 template <typename T>
 void fake_fp4_pow2(T* x, int64_t n, int64_t block = 32, QuantTrace* tr = nullptr) {
-  for (int64_t b = 0; b < n; b += block) {
-    const int64_t e = std::min(n, b + block);
-    T amax = 0;
-    for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const T s = pow2_ceil(std::max(amax, T(6) * std::ldexp(T(1), -126)) * (T(1) / T(6)));
-    for (int64_t i = b; i < e; ++i) {
-      const T v = clamp(x[i] / s, T(-6), T(6));
-      const uint8_t code = e2m1_from_double(double(v));
-      if (tr) tr->codes.push_back(code), tr->scaled.push_back(double(v));
-      x[i] = T(e2m1_to_float(code)) * s;
-    }
-    if (tr) tr->scales.push_back(double(s));
-  }
+  fake_quant_blocks(
+      x, n, block, T(6),
+      [](T amax) {
+        return pow2_ceil(std::max(amax, T(6) * std::ldexp(T(1), -126)) * (T(1) / T(6)));
+      },
+      e2m1_from_double, e2m1_to_float, tr);
 }
 
 // ---- RoPE (spec §5.5): interleaved pairs on the last rope_dim values of a vector ----
