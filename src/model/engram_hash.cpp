@@ -9,7 +9,8 @@ namespace dsv41 {
 namespace {
 
 // numpy.random.SeedSequence with a 4-word pool, hashing constants of its reference implementation.
-constexpr uint32_t kInitA = 0x43b0d7e5, kMultA = 0x931e8875, kInitB = 0x8b51f9dd, kMultB = 0x58f38ded;
+constexpr uint32_t kInitA = 0x43b0d7e5, kMultA = 0x931e8875, kInitB = 0x8b51f9dd,
+                   kMultB = 0x58f38ded;
 constexpr uint32_t kMixMultL = 0xca01f9dd, kMixMultR = 0x4973f715;
 constexpr int kXShift = 16;
 
@@ -53,7 +54,8 @@ std::array<uint64_t, 4> seed_sequence_state(uint64_t entropy) {
     out32[i] = v;
   }
   std::array<uint64_t, 4> out;
-  for (std::size_t i = 0; i < 4; ++i) out[i] = uint64_t(out32[2 * i]) | (uint64_t(out32[2 * i + 1]) << 32);
+  for (std::size_t i = 0; i < 4; ++i)
+    out[i] = uint64_t(out32[2 * i]) | (uint64_t(out32[2 * i + 1]) << 32);
   return out;
 }
 
@@ -94,12 +96,16 @@ uint64_t NumpyPcg64::bounded(uint64_t high) {
   return uint64_t(m >> 64);
 }
 
-std::vector<int64_t> engram_multipliers(int64_t layer, int64_t compressed_vocab, int64_t max_ngram) {
-  const int64_t bound = std::max<int64_t>(1, (std::numeric_limits<int64_t>::max() / compressed_vocab) / 2);
-  DSV41_CHECK_MSG(bound > (int64_t(1) << 32), "Engram multiplier bound must exceed 2^32 (64-bit draw path)");
+std::vector<int64_t> engram_multipliers(int64_t layer, int64_t compressed_vocab,
+                                        int64_t max_ngram) {
+  const int64_t bound =
+      std::max<int64_t>(1, (std::numeric_limits<int64_t>::max() / compressed_vocab) / 2);
+  DSV41_CHECK_MSG(bound > (int64_t(1) << 32),
+                  "Engram multiplier bound must exceed 2^32 (64-bit draw path)");
   NumpyPcg64 rng(uint64_t(10007 * layer));
   std::vector<int64_t> m;
-  for (int64_t i = 0; i < max_ngram; ++i) m.push_back(2 * int64_t(rng.bounded(uint64_t(bound))) + 1);
+  for (int64_t i = 0; i < max_ngram; ++i)
+    m.push_back(2 * int64_t(rng.bounded(uint64_t(bound))) + 1);
   return m;
 }
 
@@ -110,10 +116,12 @@ EngramHasher::EngramHasher(const TextConfig& t)
       pad_(int32_t(t.engram_pad_token_id)),
       columns_(std::size_t((t.engram_max_ngram_size - 1) * t.engram_n_heads)) {
   for (const auto& l : layouts_)
-    mult_.push_back(engram_multipliers(l.layer, t.engram_compressed_vocab_size, t.engram_max_ngram_size));
+    mult_.push_back(
+        engram_multipliers(l.layer, t.engram_compressed_vocab_size, t.engram_max_ngram_size));
 }
 
-void EngramHasher::hash(const std::vector<int32_t>& history, int64_t p, std::size_t e, int64_t* rows) const {
+void EngramHasher::hash(const std::vector<int32_t>& history, int64_t p, std::size_t e,
+                        int64_t* rows) const {
   // tok[s] = history[p - s], or pad once the look-back is blocked (before 0 or past a DEAD token).
   uint64_t tok[16];  // max_ngram_size <= 16 (config validation)
   bool blocked = false;
@@ -123,7 +131,8 @@ void EngramHasher::hash(const std::vector<int32_t>& history, int64_t p, std::siz
   }
   const auto& mult = mult_[e];
   const auto& lay = layouts_[e];
-  uint64_t r = tok[0] * uint64_t(mult[0]);  // wrapping uint64, as the reference's int64 never overflows
+  uint64_t r =
+      tok[0] * uint64_t(mult[0]);  // wrapping uint64, as the reference's int64 never overflows
   for (int64_t n = 2; n <= max_ngram_; ++n) {
     r ^= tok[n - 1] * uint64_t(mult[std::size_t(n - 1)]);
     for (int64_t h = 0; h < n_heads_; ++h) {

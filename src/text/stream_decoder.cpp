@@ -18,7 +18,8 @@ std::size_t expected_len(uint8_t c) {
 
 }  // namespace
 
-StreamDecoder::StreamDecoder(const Tokenizer& tok, std::vector<std::string> stop_strings, bool skip_special)
+StreamDecoder::StreamDecoder(const Tokenizer& tok, std::vector<std::string> stop_strings,
+                             bool skip_special)
     : tok_(tok), stops_(std::move(stop_strings)), skip_special_(skip_special) {
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
 }

