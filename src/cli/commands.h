@@ -17,6 +17,7 @@ void add_explain(CLI::App& app, Runner* run);
 void add_tokenize(CLI::App& app, Runner* run);
 void add_detokenize(CLI::App& app, Runner* run);
 void add_derive_tokenizer(CLI::App& app, Runner* run);
+void add_bench(CLI::App& app, Runner* run);
 
 // Exit codes shared by all subcommands.
 inline constexpr int kExitOk = 0;

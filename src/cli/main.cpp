@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   dsv41::cli::add_tokenize(app, &run);
   dsv41::cli::add_detokenize(app, &run);
   dsv41::cli::add_derive_tokenizer(app, &run);
+  dsv41::cli::add_bench(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

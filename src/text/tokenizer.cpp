@@ -4,6 +4,7 @@
 
 #include <unicode/normalizer2.h>
 #include <unicode/unistr.h>
+#include <array>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -36,8 +37,9 @@ struct Tokenizer::Impl {
     std::size_t operator()(uint64_t k) const { return std::hash<uint64_t>()(k); }
   };
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>, PairHash>
-      merges;                     // (a,b) -> (rank, merged)
-  std::vector<AddedToken> added;  // longest first
+      merges;                                                      // (a,b) -> (rank, merged)
+  std::vector<AddedToken> added;                                   // longest first
+  std::array<std::vector<const AddedToken*>, 256> added_by_first;  // same order, by first byte
   std::vector<std::unique_ptr<OnigRegex>> splits;
   enum class Norm { kNone, kNFC, kNFKC } norm = Norm::kNone;
   mutable std::mutex cache_mu;
@@ -197,6 +199,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const std::string& text,
     return a.content.size() != b.content.size() ? a.content.size() > b.content.size() : a.id < b.id;
   });
   im.added = std::move(added);
+  for (const auto& a : im.added) im.added_by_first[uint8_t(a.content[0])].push_back(&a);
   // ---- merges: "a b" strings or [a, b] pairs ----
   if (!m.contains("merges") || !m["merges"].is_array())
     return Status::error(where + ": missing array model.merges");
@@ -284,9 +287,9 @@ std::vector<int32_t> Tokenizer::encode(std::string_view raw) const {
   std::size_t start = 0, i = 0;
   while (i < text.size()) {  // leftmost-longest added-token match
     const AddedToken* hit = nullptr;
-    for (const auto& a : im.added)
-      if (text.compare(i, a.content.size(), a.content) == 0) {
-        hit = &a;
+    for (const AddedToken* a : im.added_by_first[uint8_t(text[i])])
+      if (text.compare(i, a->content.size(), a->content) == 0) {
+        hit = a;
         break;
       }
     if (!hit) {

@@ -397,3 +397,23 @@ TEST(Cli, TokenizeDetokenizeAndDeriveTokenizer) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+TEST(Cli, BenchTokenizerReportsThroughput) {
+  TempDir dir;
+  CliRun m = run("make-tiny --preset tiny --out " + dir.path() + "/ck");
+  ASSERT_EQ(m.code, 0) << m.err;
+  CliRun b = run("bench tokenizer --mb 1 --model " + dir.path() + "/ck");
+  ASSERT_EQ(b.code, 0) << b.err;
+  auto j = nlohmann::json::parse(b.out);
+  EXPECT_EQ(j["bench"], "tokenizer");
+  EXPECT_GT(j["encode_cold_mb_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["tokens"].get<int64_t>(), 1000);
+  EXPECT_TRUE(j["round_trip_exact"].get<bool>());
+  EXPECT_EQ(run("bench").code, 1);  // a benchmark must be named
+}
+
+}  // namespace
+}  // namespace dsv41
