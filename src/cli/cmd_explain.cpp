@@ -55,9 +55,7 @@ Result<RunOut> run_one(const std::string& model, const RunSpec& spec,
   RunOut out;
   (*m)->set_trace(&out.trace);
   std::vector<T> logits;
-  for (std::size_t b = 0; b < ids.size(); b += std::size_t(*chunk)) {
-    std::vector<int32_t> part(ids.begin() + long(b),
-                              ids.begin() + long(std::min(ids.size(), b + std::size_t(*chunk))));
+  for (const auto& part : split_calls(ids, *chunk)) {
     DSV41_RETURN_IF_ERROR((*m)->forward(part, &logits).with_context("--tokens: "));
   }
   out.logits.assign(logits.begin(), logits.end());

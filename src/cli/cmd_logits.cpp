@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/token_args.h"
@@ -70,9 +69,7 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
   std::vector<T> logits;
   std::vector<std::vector<T>> dump;
   const auto t1 = std::chrono::steady_clock::now();
-  for (std::size_t b = 0; b < ids.size(); b += std::size_t(chunk)) {
-    std::vector<int32_t> part(ids.begin() + long(b),
-                              ids.begin() + long(std::min(ids.size(), b + std::size_t(chunk))));
+  for (const auto& part : split_calls(ids, chunk)) {
     Status st = (*model)->forward(part, &logits, a.dump_dir.empty() ? nullptr : &dump);
     if (!st.is_ok()) {
       log::error("logits: --tokens: {}", st.message());

@@ -1,9 +1,7 @@
 // `dsv41 tokenize`, `dsv41 detokenize` (design.md §4) and `dsv41 derive-tokenizer` (a V4.1-style
 // tokenizer.json from DeepSeek-V3's, text/v41_tokenizer.h).
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/token_args.h"

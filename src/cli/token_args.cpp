@@ -1,6 +1,7 @@
 // Token-id argument parsing shared by logits and explain.
 #include "cli/token_args.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -56,6 +57,14 @@ Result<int64_t> chunk_size(const std::string& mode, int64_t n) {
     if (*end == '\0' && c > 0) return int64_t(c);
   }
   return Status::error("--mode: '" + mode + "' is not prefill, decode or chunked:N (N >= 1)");
+}
+
+std::vector<std::vector<int32_t>> split_calls(const std::vector<int32_t>& ids, int64_t chunk) {
+  std::vector<std::vector<int32_t>> calls;
+  for (std::size_t b = 0; b < ids.size(); b += std::size_t(chunk))
+    calls.emplace_back(ids.begin() + long(b),
+                       ids.begin() + long(std::min(ids.size(), b + std::size_t(chunk))));
+  return calls;
 }
 
 }  // namespace dsv41::cli

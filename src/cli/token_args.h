@@ -15,5 +15,7 @@ Result<std::vector<int32_t>> parse_tokens(const std::string& text, const std::st
 Result<std::vector<int32_t>> load_tokens(const std::string& tokens, const std::string& tokens_file);
 // Chunk size of a mode (prefill | decode | chunked:N) over n tokens.
 Result<int64_t> chunk_size(const std::string& mode, int64_t n);
+// ids cut into consecutive calls of at most `chunk` tokens.
+std::vector<std::vector<int32_t>> split_calls(const std::vector<int32_t>& ids, int64_t chunk);
 
 }  // namespace dsv41::cli

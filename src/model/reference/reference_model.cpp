@@ -55,7 +55,7 @@ struct SourceState {
 };
 
 template <typename T>
-LayerW<T> read_layer(const ref::WeightReader& rd, const TextConfig& t, const LayerPlan& p) {
+LayerW<T> read_layer(const ref::WeightReader& rd, const LayerPlan& p) {
   const std::string L = p.tensor_prefix();
   LayerW<T> w;
   w.attn_norm = rd.template vec<T>(L + "attn_norm.weight");
@@ -102,7 +102,6 @@ LayerW<T> read_layer(const ref::WeightReader& rd, const TextConfig& t, const Lay
     for (std::size_t i = 0; i < q.size(); ++i) w.e_qk.push_back(q[i] * k[i]);
     w.e_table = L + "engram.embed";
   }
-  (void)t;
   return w;
 }
 
@@ -414,7 +413,7 @@ Result<std::unique_ptr<ReferenceModel<T>>> ReferenceModel<T>::load(const std::st
   im.head = rd.mat("head.weight");
   im.norm = rd.template vec<T>("norm.weight");
   for (int l = 0; l < im.plan.num_backbone; ++l)
-    im.layers.push_back(read_layer<T>(rd, tc, im.plan.layers[std::size_t(l)]));
+    im.layers.push_back(read_layer<T>(rd, im.plan.layers[std::size_t(l)]));
   im.layer_tensors.resize(std::size_t(im.plan.num_backbone));
   for (const auto& name : im.ckpt.tensor_names()) {
     if (name.rfind("layers.", 0) != 0) continue;
