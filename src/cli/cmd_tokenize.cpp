@@ -7,6 +7,8 @@
 #include "cli/token_args.h"
 #include "core/log.h"
 #include "io/text_file.h"
+#include "text/chat.h"
+#include "text/json_ordered.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_file.h"
 #include "text/v41_tokenizer.h"
@@ -22,6 +24,19 @@ Result<std::unique_ptr<Tokenizer>> model_tokenizer(const std::string& dir) {
   return Tokenizer::load(p.string());
 }
 
+// The V4.1 prompt text of an OpenAI-style chat request file (design.md §4).
+Result<std::string> render_messages_file(const std::string& path) {
+  auto body = read_text_file(path);
+  if (!body) return body.status();
+  auto json = parse_json_ordered(*body);
+  if (!json) return Status::error(path + ": " + json.status().message());
+  auto req = parse_chat_request(*json);
+  if (!req) return Status::error(path + ": " + req.status().message());
+  auto prompt = encode_chat(req->messages, req->options);
+  if (!prompt) return Status::error(path + ": " + prompt.status().message());
+  return prompt;
+}
+
 }  // namespace
 
 void add_tokenize(CLI::App& app, Runner* run) {
@@ -31,21 +46,18 @@ void add_tokenize(CLI::App& app, Runner* run) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
-      "tokenize", "Text to token ids with the model's tokenizer (no BOS added).");
+      "tokenize", "Text (no BOS added) or chat messages (V4.1 chat encoding) to token ids.");
   sub->add_option("--model", a->model, "Checkpoint directory holding tokenizer.json")->required();
   auto* text = sub->add_option("--text", a->text, "Text to encode");
-  auto* msgs =
-      sub->add_option("--messages", a->messages, "Chat messages (OpenAI request JSON) to encode");
+  auto* msgs = sub->add_option(
+      "--messages", a->messages,
+      "Chat request JSON ({\"messages\", \"tools\", \"chat_template_kwargs\"}) to "
+      "encode with the V4.1 chat format (BOS included); --json adds the prompt text");
   text->excludes(msgs);
   sub->add_flag("--json", a->json, "Print {\"ids\": [...]}");
   sub->callback([a, run, text, msgs] {
     *run = [a, text, msgs] {
-      if (msgs->count()) {
-        log::error(
-            "tokenize: --messages: the V4.1 chat encoding is not implemented yet; use --text");
-        return kExitUsage;
-      }
-      if (!text->count()) {
+      if (!text->count() && !msgs->count()) {
         log::error("tokenize: one of --text or --messages is required");
         return kExitUsage;
       }
@@ -54,9 +66,20 @@ void add_tokenize(CLI::App& app, Runner* run) {
         log::error("tokenize: {}", tok.status().message());
         return kExitInvalid;
       }
-      const auto ids = (*tok)->encode(a->text);
+      std::string input = a->text;
+      if (msgs->count()) {
+        auto prompt = render_messages_file(a->messages);
+        if (!prompt) {
+          log::error("tokenize: --messages: {}", prompt.status().message());
+          return kExitInvalid;
+        }
+        input = std::move(*prompt);
+      }
+      const auto ids = (*tok)->encode(input);
       if (a->json) {
-        std::printf("%s\n", nlohmann::json{{"ids", ids}}.dump().c_str());
+        nlohmann::json out{{"ids", ids}};
+        if (msgs->count()) out["text"] = input;
+        std::printf("%s\n", out.dump().c_str());
       } else {
         std::string s;
         for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);

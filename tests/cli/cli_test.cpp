@@ -2,7 +2,11 @@
 // naming the tensor or file when a tensor is removed, a shape changed or a shard truncated, fast
 // and without reading tensor data; usage errors exit 1.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
+#include <algorithm>
+#include <fstream>
+#include <iterator>
 
 #include <chrono>
 #include <cstdio>
@@ -388,8 +392,33 @@ TEST(Cli, TokenizeDetokenizeAndDeriveTokenizer) {
   CliRun bad = run("detokenize --model " + dir.path() + "/tok --ids 5,999999");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("999999 at position 1"), std::string::npos) << bad.err;
-  CliRun msgs = run("tokenize --model " + dir.path() + "/tok --messages x.json");
-  EXPECT_EQ(msgs.code, 1);
+  // --messages: the V4.1 chat encoding of a request file, BOS included; --json adds the text.
+  const std::string chat = std::string(DSV41_TEST_DATA) + "/chat/reference_2";
+  CliRun msgs = run("tokenize --model " + dir.path() + "/tok --messages " + chat + ".json --json");
+  ASSERT_EQ(msgs.code, 0) << msgs.err;
+  auto mj = nlohmann::json::parse(msgs.out);
+  std::ifstream expected_file(chat + ".expected.txt");
+  std::string expected((std::istreambuf_iterator<char>(expected_file)),
+                       std::istreambuf_iterator<char>());
+  EXPECT_EQ(mj["text"].get<std::string>(), expected);
+  const auto ids = mj["ids"].get<std::vector<int>>();
+  ASSERT_GT(ids.size(), 10u);
+  EXPECT_EQ(ids[0], 0);       // BOS
+  EXPECT_EQ(ids[1], 128799);  // <｜System｜>
+  for (int special : {128803, 128804, 128821, 128822, 1})
+    EXPECT_NE(std::find(ids.begin(), ids.end(), special), ids.end()) << special;
+  {
+    std::ofstream bad(dir.path() + "/bad.json");
+    bad << R"({"messages":[{"role":"robot","content":"x"}]})";
+  }
+  CliRun bad_msgs =
+      run("tokenize --model " + dir.path() + "/tok --messages " + dir.path() + "/bad.json");
+  EXPECT_EQ(bad_msgs.code, 2);
+  EXPECT_NE(bad_msgs.err.find("messages[0].role"), std::string::npos) << bad_msgs.err;
+  CliRun missing =
+      run("tokenize --model " + dir.path() + "/tok --messages " + dir.path() + "/nope.json");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("nope.json"), std::string::npos) << missing.err;
   CliRun none = run("tokenize --model " + dir.path() + " --text x");
   EXPECT_EQ(none.code, 2);
   EXPECT_NE(none.err.find("tokenizer.json not found"), std::string::npos);

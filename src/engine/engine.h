@@ -1,0 +1,127 @@
+// The narrow engine API the frontends use (design.md §2): load a model, submit a request (token ids
+// + sampling parameters), read its output as it is produced (tokens, logprobs, text deltas with
+// stop strings applied), cancel it. One engine thread owns the model and every sequence's state;
+// callers on any thread talk to it through the request queue and per-request output channels.
+// Requests run one after another for now; ids, cancellation and per-request state are already in
+// the API so batching can come without changing the frontends.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/model_backend.h"
+#include "engine/sampler.h"
+#include "text/tokenizer.h"
+
+namespace dsv41 {
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+};
+
+struct OutputToken {
+  int32_t token = 0;
+  float logprob = 0;              // set when sampling.logprobs >= 0
+  std::vector<TokenLogprob> top;  // sampling.logprobs most likely tokens
+};
+
+// What a request produced since the caller last looked.
+struct RequestOutput {
+  std::vector<OutputToken> tokens;
+  std::string text;  // decoded text delta (complete UTF-8, stop strings cut)
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  std::string stop;   // the stop string or token text that ended it, if any
+  std::string error;  // kError
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+class RequestChannel;  // engine-side state shared with a RequestHandle
+
+class RequestHandle {
+ public:
+  explicit RequestHandle(std::shared_ptr<RequestChannel> ch) : ch_(std::move(ch)) {}
+  uint64_t id() const;
+  // Waits up to `timeout` for new output; returns false when nothing arrived. After an output with
+  // finished == true, there is nothing more.
+  bool next(RequestOutput& out, std::chrono::milliseconds timeout);
+  // Asks the engine to stop the request; it finishes with kCancelled (idempotent, any thread).
+  void cancel();
+
+ private:
+  std::shared_ptr<RequestChannel> ch_;
+};
+
+struct EngineOptions {
+  std::string model_dir;
+  uint64_t seed = 0;        // seeds requests that carry no seed of their own
+  int max_queue = 256;      // submissions beyond this are refused
+  int64_t max_context = 0;  // 0: the model's limit
+  int prefill_chunk = 32;   // prompt tokens per forward call (cancellation is checked between)
+};
+
+struct EngineStats {
+  int64_t queued = 0;
+  int64_t running = 0;
+  int64_t prompt_tokens_total = 0;
+  int64_t generated_tokens_total = 0;
+};
+
+class Engine {
+ public:
+  // Loads the tokenizer and the model from options.model_dir (official layout, reference forward).
+  static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);
+  // With an explicit backend (tests, other model paths).
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<ModelBackend> backend,
+                                                std::unique_ptr<Tokenizer> tokenizer,
+                                                const EngineOptions& options);
+  ~Engine();  // cancels what is left and joins the engine thread
+
+  // Validates and queues a request. Errors (bad ids, prompt too long, bad sampling, full queue)
+  // name the parameter and never reach the engine thread.
+  Result<RequestHandle> submit(GenerationRequest request);
+
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  int32_t vocab_size() const { return vocab_size_; }
+  int64_t max_context() const { return max_context_; }
+  int32_t eos_id() const { return eos_id_; }
+  EngineStats stats() const;
+
+ private:
+  Engine() = default;
+  void loop();
+  void run(RequestChannel& ch);
+
+  std::unique_ptr<ModelBackend> backend_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  EngineOptions options_;
+  int32_t vocab_size_ = 0;
+  int64_t max_context_ = 0;
+  int32_t eos_id_ = -1;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<RequestChannel>> queue_;
+  bool stopping_ = false;
+  std::atomic<int64_t> running_{0};
+  std::atomic<int64_t> prompt_tokens_total_{0};
+  std::atomic<int64_t> generated_tokens_total_{0};
+  std::atomic<uint64_t> next_id_{1};
+  std::thread thread_;
+};
+
+}  // namespace dsv41

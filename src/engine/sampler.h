@@ -1,0 +1,68 @@
+// Token sampling for one request: logit_bias, presence/frequency penalties over the generated
+// tokens, then greedy (temperature 0) or temperature + top-k + top-p + min-p filtering and an
+// inverse-CDF draw from the request's own seeded stream, so a seeded request reproduces exactly
+// whatever else the engine runs. Logprobs are the model's raw distribution (log-softmax of the
+// logits before any processing), as vLLM reports them by default.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/status.h"
+
+namespace dsv41 {
+
+inline constexpr int kMaxTopLogprobs = 20;
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0: greedy
+  double top_p = 1.0;        // (0, 1]
+  int top_k = 0;             // 0 or -1: off
+  double min_p = 0.0;        // [0, 1]
+  std::optional<uint64_t> seed;
+  double presence_penalty = 0.0;                      // [-2, 2]
+  double frequency_penalty = 0.0;                     // [-2, 2]
+  std::vector<std::pair<int32_t, float>> logit_bias;  // [-100, 100] each
+  int logprobs = -1;  // -1: none; 0..kMaxTopLogprobs: the chosen token's logprob + that many top
+  int max_tokens = 16;
+  std::vector<std::string> stop;        // stop strings (matched on decoded text)
+  std::vector<int32_t> stop_token_ids;  // in addition to EOS
+  bool ignore_eos = false;
+};
+
+// Checks ranges against the vocabulary; the message names the parameter.
+Status validate_sampling(const SamplingParams& p, int32_t vocab_size);
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+class Sampler {
+ public:
+  // `fallback_seed` seeds requests without their own seed.
+  Sampler(const SamplingParams& params, uint64_t fallback_seed);
+
+  // Picks the next token from `logits` (vocab_size values; modified in place as scratch).
+  int32_t sample(std::vector<float>& logits);
+  // Records a generated token (for the penalties).
+  void accept(int32_t token);
+
+ private:
+  const SamplingParams& p_;
+  Rng rng_;
+  std::unordered_map<int32_t, int32_t> counts_;
+  std::vector<std::pair<float, int32_t>> cand_;  // scratch (sorted candidates)
+  std::vector<double> prob_;                     // scratch (their probabilities)
+};
+
+// log-softmax of `logits` evaluated for `token`, and the `k` most likely tokens (ties: lower id).
+float token_logprob(const std::vector<float>& logits, int32_t token, double* log_z_cache = nullptr);
+std::vector<TokenLogprob> top_logprobs(const std::vector<float>& logits, int k);
+
+}  // namespace dsv41

@@ -1,0 +1,67 @@
+// V4.1 chat encoding (spec §11): OpenAI-style messages to the prompt text the model was trained on,
+// without Jinja. Follows DeepSeek's V4.1 reference encoder as published in vLLM's
+// deepseek_v41_encoding.py (commit 21f4c25c) for every byte: BOS, <｜System｜> rules, thinking vs
+// chat mode with a numeric reasoning effort, tool schemas in the system message, tool results
+// merged into user turns, earlier reasoning dropped unless tools are present, DSML tool calls of
+// assistant turns. Choices where the reference is silent or internal-only are listed in
+// docs/chat.md.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "text/json_ordered.h"
+
+namespace dsv41 {
+
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  OJson arguments;  // as sent: usually a JSON string, possibly an object
+};
+
+struct ChatMessage {
+  std::string role;  // system | developer | user | assistant | tool
+  std::optional<std::string> content;
+  std::optional<std::string> reasoning;  // "reasoning" or "reasoning_content"
+  std::vector<ChatToolCall> tool_calls;  // assistant
+  std::string tool_call_id;              // tool
+  std::vector<OJson> tools;              // function objects declared in a system/developer message
+};
+
+struct ChatOptions {
+  bool thinking = true;
+  int reasoning_effort = 50;  // 1..100; "high" (the reference default) = 50
+  bool drop_thinking = true;
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+  bool add_bos = true;
+};
+
+struct ChatRequest {
+  std::vector<ChatMessage> messages;
+  ChatOptions options;
+};
+
+// Reads the chat part of an OpenAI request body: messages, tools, chat_template_kwargs
+// {thinking|enable_thinking, reasoning_effort, drop_thinking}, top-level reasoning_effort
+// (overrides), add_generation_prompt, continue_final_message. Errors name the parameter
+// ("messages[2].content").
+Result<ChatRequest> parse_chat_request(const OJson& body);
+
+// Maps an effort given as a name (low 25, high 50, xhigh 75, max 100) or an integer 1..100.
+// "none" is handled by the caller (it switches thinking off). Errors name `param`.
+Result<int> parse_reasoning_effort(const OJson& value, const std::string& param);
+
+// The prompt text. Errors (e.g. continue_final_message without a final assistant message, an empty
+// developer message) name the parameter.
+Result<std::string> encode_chat(const std::vector<ChatMessage>& messages,
+                                const ChatOptions& options);
+
+// The DSML text of one assistant tool-call block as the encoder writes it (without the leading
+// blank line); exposed for the parser's round-trip tests.
+std::string encode_tool_calls_dsml(const std::vector<ChatToolCall>& calls);
+
+}  // namespace dsv41

@@ -1,0 +1,266 @@
+// Validation of the chat part of an OpenAI request body into ChatMessage/ChatOptions. Every error
+// names the offending parameter so the server can return it as OpenAI's `error.param`.
+#include <fmt/format.h>
+
+#include "text/chat.h"
+#include "text/special_tokens.h"
+
+namespace dsv41 {
+namespace {
+
+const char* type_name(const OJson& v) {
+  switch (v.type()) {
+    case OJson::value_t::null:
+      return "null";
+    case OJson::value_t::boolean:
+      return "a boolean";
+    case OJson::value_t::number_integer:
+    case OJson::value_t::number_unsigned:
+    case OJson::value_t::number_float:
+      return "a number";
+    case OJson::value_t::string:
+      return "a string";
+    case OJson::value_t::array:
+      return "an array";
+    case OJson::value_t::object:
+      return "an object";
+    default:
+      return "an unsupported value";
+  }
+}
+
+Status type_error(const std::string& param, const char* expected, const OJson& got) {
+  return Status::error(fmt::format("{}: expected {}, got {}", param, expected, type_name(got)));
+}
+
+// Content: a string, null, or an array of text parts joined by a blank line (the reference's
+// separator for raw text parts). Images are refused: this server serves the text model only.
+Result<std::optional<std::string>> parse_content(const OJson& v, const std::string& param) {
+  if (v.is_null()) return std::optional<std::string>();
+  if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
+  if (!v.is_array()) return type_error(param, "a string or an array of content parts", v);
+  std::string joined;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const OJson& part = v[i];
+    std::string p = fmt::format("{}[{}]", param, i);
+    if (!part.is_object()) return type_error(p, "a content part object", part);
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string())
+      return Status::error(p + ".type: required string field missing");
+    const std::string& t = type->get_ref<const std::string&>();
+    if (t == "text" || t == "input_text" || t == "output_text") {
+      auto text = part.find("text");
+      if (text == part.end() || !text->is_string())
+        return Status::error(p + ".text: required string field missing");
+      if (i > 0) joined += "\n\n";
+      joined += text->get<std::string>();
+    } else if (t == "image_url" || t == "input_image" || t == "image_pil") {
+      return Status::error(p +
+                           ".type: image input is not supported (this server runs the text model)");
+    } else {
+      return Status::error(
+          fmt::format("{}.type: unsupported content part type '{}' (text only)", p, t));
+    }
+  }
+  return std::optional<std::string>(std::move(joined));
+}
+
+Result<std::vector<ChatToolCall>> parse_tool_calls(const OJson& v, const std::string& param) {
+  std::vector<ChatToolCall> calls;
+  if (v.is_null()) return calls;
+  if (!v.is_array()) return type_error(param, "an array", v);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::string p = fmt::format("{}[{}]", param, i);
+    const OJson& c = v[i];
+    if (!c.is_object()) return type_error(p, "an object", c);
+    ChatToolCall call;
+    if (auto id = c.find("id"); id != c.end() && !id->is_null()) {
+      if (!id->is_string()) return type_error(p + ".id", "a string", *id);
+      call.id = id->get<std::string>();
+    }
+    auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object())
+      return Status::error(p + ".function: required object missing");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string())
+      return Status::error(p + ".function.name: required string field missing");
+    call.name = name->get<std::string>();
+    if (auto args = fn->find("arguments"); args != fn->end())
+      call.arguments = *args;
+    else
+      call.arguments = "{}";
+    if (call.id.empty()) {
+      if (auto fid = fn->find("id"); fid != fn->end() && fid->is_string())
+        call.id = fid->get<std::string>();
+    }
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
+Result<ChatMessage> parse_message(const OJson& m, const std::string& param) {
+  if (!m.is_object()) return type_error(param, "a message object", m);
+  ChatMessage msg;
+  auto role = m.find("role");
+  if (role == m.end() || !role->is_string())
+    return Status::error(param + ".role: required string field missing");
+  msg.role = role->get<std::string>();
+  if (msg.role != "system" && msg.role != "developer" && msg.role != "user" &&
+      msg.role != "assistant" && msg.role != "tool")
+    return Status::error(fmt::format(
+        "{}.role: invalid role '{}' (expected system, developer, user, assistant or tool)", param,
+        msg.role));
+  if (auto c = m.find("content"); c != m.end()) {
+    auto content = parse_content(*c, param + ".content");
+    if (!content) return content.status();
+    msg.content = std::move(*content);
+  }
+  // "reasoning" wins over "reasoning_content" (both names are in use by clients).
+  for (const char* key : {"reasoning_content", "reasoning"}) {
+    auto r = m.find(key);
+    if (r == m.end() || r->is_null()) continue;
+    if (!r->is_string()) return type_error(param + "." + key, "a string", *r);
+    msg.reasoning = r->get<std::string>();
+  }
+  if (msg.role == "assistant") {
+    if (auto tc = m.find("tool_calls"); tc != m.end()) {
+      auto calls = parse_tool_calls(*tc, param + ".tool_calls");
+      if (!calls) return calls.status();
+      msg.tool_calls = std::move(*calls);
+    }
+  }
+  if (msg.role == "tool") {
+    if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+      if (!id->is_string()) return type_error(param + ".tool_call_id", "a string", *id);
+      msg.tool_call_id = id->get<std::string>();
+    }
+  }
+  if ((msg.role == "user" || msg.role == "tool") && !msg.content)
+    return Status::error(param + ".content: required for role '" + msg.role + "'");
+  if (msg.role == "developer" && (!msg.content || msg.content->empty()))
+    return Status::error(param + ".content: a developer message needs non-empty content");
+  return msg;
+}
+
+Status parse_tools(const OJson& v, std::vector<OJson>& out) {
+  if (v.is_null()) return Status::ok();
+  if (!v.is_array()) return type_error("tools", "an array", v);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::string p = fmt::format("tools[{}]", i);
+    const OJson& t = v[i];
+    if (!t.is_object()) return type_error(p, "an object", t);
+    if (auto type = t.find("type"); type != t.end() && !(type->is_string() && *type == "function"))
+      return Status::error(p + ".type: only 'function' tools are supported");
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object())
+      return Status::error(p + ".function: required object missing");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get_ref<const std::string&>().empty())
+      return Status::error(p + ".function.name: required non-empty string");
+    out.push_back(*fn);
+  }
+  return Status::ok();
+}
+
+Result<bool> get_bool(const OJson& obj, const char* key, const std::string& prefix, bool fallback) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) return type_error(prefix + key, "a boolean", *it);
+  return it->get<bool>();
+}
+
+// Applies an effort value: "none" switches thinking off; otherwise a name or 1..100.
+Status apply_effort(const OJson& v, const std::string& param, ChatOptions& opt) {
+  if (v.is_null()) return Status::ok();
+  if (v.is_string() && v == "none") {
+    opt.thinking = false;
+    return Status::ok();
+  }
+  auto effort = parse_reasoning_effort(v, param);
+  if (!effort) return effort.status();
+  opt.reasoning_effort = *effort;
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<int> parse_reasoning_effort(const OJson& v, const std::string& param) {
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    if (s == "low") return 25;
+    if (s == "high") return 50;
+    if (s == "xhigh") return 75;
+    if (s == "max") return 100;
+  } else if (v.is_number_integer()) {
+    auto n = v.get<std::int64_t>();
+    if (n >= 1 && n <= 100) return static_cast<int>(n);
+  }
+  return Status::error(fmt::format(
+      "{}: must be 'none', 'low', 'high', 'xhigh', 'max' or an integer within [1, 100], got {}",
+      param, v.dump()));
+}
+
+Result<ChatRequest> parse_chat_request(const OJson& body) {
+  if (!body.is_object()) return type_error("body", "a JSON object", body);
+  ChatRequest req;
+  auto msgs = body.find("messages");
+  if (msgs == body.end()) return Status::error("messages: required field missing");
+  if (!msgs->is_array()) return type_error("messages", "an array", *msgs);
+  if (msgs->empty()) return Status::error("messages: must contain at least one message");
+  for (std::size_t i = 0; i < msgs->size(); ++i) {
+    auto m = parse_message((*msgs)[i], fmt::format("messages[{}]", i));
+    if (!m) return m.status();
+    req.messages.push_back(std::move(*m));
+  }
+  std::vector<OJson> tools;
+  if (auto t = body.find("tools"); t != body.end()) DSV41_RETURN_IF_ERROR(parse_tools(*t, tools));
+  if (!tools.empty()) {
+    // Tools live in the first system message; one is created at the front when there is none.
+    ChatMessage* system = nullptr;
+    for (auto& m : req.messages)
+      if (m.role == "system") {
+        system = &m;
+        break;
+      }
+    if (!system) {
+      ChatMessage empty;
+      empty.role = "system";
+      empty.content = "";
+      req.messages.insert(req.messages.begin(), std::move(empty));
+      system = &req.messages.front();
+    }
+    system->tools = std::move(tools);
+  }
+
+  ChatOptions& opt = req.options;
+  if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
+    if (!k->is_object()) return type_error("chat_template_kwargs", "an object", *k);
+    const std::string pre = "chat_template_kwargs.";
+    bool has_thinking = false;
+    for (const char* key : {"enable_thinking", "thinking"}) {
+      auto b = get_bool(*k, key, pre, false);
+      if (!b) return b.status();
+      if (k->contains(key) && !(*k)[key].is_null()) {
+        opt.thinking = has_thinking ? (opt.thinking || *b) : *b;
+        has_thinking = true;
+      }
+    }
+    auto drop = get_bool(*k, "drop_thinking", pre, true);
+    if (!drop) return drop.status();
+    opt.drop_thinking = *drop;
+    if (auto e = k->find("reasoning_effort"); e != k->end())
+      DSV41_RETURN_IF_ERROR(apply_effort(*e, pre + "reasoning_effort", opt));
+  }
+  // The top-level OpenAI parameter overrides the template kwarg.
+  if (auto e = body.find("reasoning_effort"); e != body.end())
+    DSV41_RETURN_IF_ERROR(apply_effort(*e, "reasoning_effort", opt));
+  auto agp = get_bool(body, "add_generation_prompt", "", true);
+  if (!agp) return agp.status();
+  opt.add_generation_prompt = *agp;
+  auto cont = get_bool(body, "continue_final_message", "", false);
+  if (!cont) return cont.status();
+  opt.continue_final_message = *cont;
+  return req;
+}
+
+}  // namespace dsv41

@@ -1,0 +1,310 @@
+// Engine: request lifecycle over a scripted backend (exact token chains), stop tokens and strings,
+// length and context limits, cancellation, FIFO order, seeded requests independent of what ran
+// before them, submission errors; and the reference backend on a tiny checkpoint, whose greedy
+// output must be the argmax chain of the reference's own teacher-forced logits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "engine/engine.h"
+#include "io/test_util.h"
+#include "model/reference/reference_model.h"
+#include "model/tiny_checkpoint.h"
+#include "text/tokenizer_file.h"
+
+namespace dsv41 {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Next-token logits depend only on the last token: a peak of `peak` at next_of(last) over a gentle
+// slope, so greedy decoding follows a known chain and sampling has a known distribution.
+class ChainBackend final : public ModelBackend {
+ public:
+  ChainBackend(int32_t vocab, int64_t ctx, std::map<int32_t, int32_t> next, int sleep_ms = 0)
+      : vocab_(vocab), ctx_(ctx), next_(std::move(next)), sleep_ms_(sleep_ms) {}
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t max_context() const override { return ctx_; }
+  void reset() override { pos_ = 0; }
+  Status forward(const std::vector<int32_t>& tokens, std::vector<float>& logits) override {
+    if (sleep_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    pos_ += static_cast<int64_t>(tokens.size());
+    if (pos_ > ctx_) return Status::error("context exceeded");
+    const int32_t last = tokens.back();
+    auto it = next_.find(last);
+    int32_t nxt = it != next_.end() ? it->second : (last * 7 + 3) % vocab_;
+    // A script, when set, fixes the token after position p (a one-token prompt starts it).
+    if (pos_ >= 1 && static_cast<std::size_t>(pos_ - 1) < script.size())
+      nxt = script[static_cast<std::size_t>(pos_ - 1)];
+    logits.assign(static_cast<std::size_t>(vocab_), 0.f);
+    for (int32_t i = 0; i < vocab_; ++i)
+      logits[static_cast<std::size_t>(i)] = -0.001f * static_cast<float>(i % 13);
+    logits[static_cast<std::size_t>(nxt)] = 12.f;
+    ++calls;
+    return Status::ok();
+  }
+  int calls = 0;
+  std::vector<int32_t> script;
+
+ private:
+  int32_t vocab_;
+  int64_t ctx_;
+  std::map<int32_t, int32_t> next_;
+  int sleep_ms_;
+  int64_t pos_ = 0;
+};
+
+std::unique_ptr<Tokenizer> tiny_tokenizer() {
+  auto t = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+  EXPECT_TRUE(t.is_ok());
+  return std::move(*t);
+}
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::string text;
+  RequestOutput last;
+  int outputs = 0;
+};
+
+Collected collect(RequestHandle h) {
+  Collected c;
+  for (int guard = 0; guard < 100000; ++guard) {
+    RequestOutput o;
+    if (!h.next(o, 5s)) {
+      ADD_FAILURE() << "no output within 5 s";
+      break;
+    }
+    ++c.outputs;
+    for (const auto& t : o.tokens) c.tokens.push_back(t.token);
+    c.text += o.text;
+    if (o.finished) {
+      c.last = std::move(o);
+      break;
+    }
+  }
+  return c;
+}
+
+std::unique_ptr<Engine> chain_engine(std::map<int32_t, int32_t> next = {}, int64_t ctx = 4096,
+                                     int sleep_ms = 0, EngineOptions opt = {}) {
+  auto tok = tiny_tokenizer();
+  int32_t vocab = tok->vocab_size();
+  auto e = Engine::create(std::make_unique<ChainBackend>(vocab, ctx, std::move(next), sleep_ms),
+                          std::move(tok), opt);
+  EXPECT_TRUE(e.is_ok()) << e.status().message();
+  return std::move(*e);
+}
+
+TEST(Engine, GreedyFollowsTheChainAndStopsAtLength) {
+  auto e = chain_engine();
+  GenerationRequest r;
+  r.prompt = {5, 6};
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 7;
+  r.sampling.ignore_eos = true;
+  Collected c = collect(*e->submit(r));
+  std::vector<int32_t> expected;
+  int32_t last = 6;
+  for (int i = 0; i < 7; ++i) expected.push_back(last = (last * 7 + 3) % e->vocab_size());
+  EXPECT_EQ(c.tokens, expected);
+  EXPECT_EQ(c.last.reason, FinishReason::kLength);
+  EXPECT_EQ(c.last.prompt_tokens, 2);
+  EXPECT_EQ(c.last.completion_tokens, 7);
+  EXPECT_EQ(c.text, *e->tokenizer().decode(expected, true));
+}
+
+TEST(Engine, StopTokenEndsWithoutItsText) {
+  auto tok = tiny_tokenizer();
+  const int32_t eos = tok->token_id("<｜end▁of▁sentence｜>");
+  auto e = chain_engine({{10, 11}, {11, eos}});
+  GenerationRequest r;
+  r.prompt = {10};
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 50;
+  r.sampling.logprobs = 2;
+  Collected c = collect(*e->submit(r));
+  EXPECT_EQ(c.tokens, (std::vector<int32_t>{11, eos}));
+  EXPECT_EQ(c.last.reason, FinishReason::kStop);
+  EXPECT_EQ(c.text, *e->tokenizer().decode({11}, true));
+  // stop_token_ids stop too.
+  r.sampling.stop_token_ids = {11};
+  Collected d = collect(*e->submit(r));
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{11}));
+  EXPECT_EQ(d.last.reason, FinishReason::kStop);
+  EXPECT_EQ(d.text, "");
+}
+
+TEST(Engine, StopStringCutsTextAcrossTokens) {
+  auto tok = tiny_tokenizer();
+  auto ids = tok->encode(" the cat and a dog");
+  ASSERT_GE(ids.size(), 4u);
+  const int32_t start = 3;
+  auto backend =
+      std::make_unique<ChainBackend>(tok->vocab_size(), 4096, std::map<int32_t, int32_t>{});
+  backend->script = ids;
+  auto made = Engine::create(std::move(backend), std::move(tok), EngineOptions{});
+  ASSERT_TRUE(made.is_ok());
+  auto& e = *made;
+  GenerationRequest r;
+  r.prompt = {start};
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = static_cast<int>(ids.size()) + 5;
+  r.sampling.stop = {"and a d"};
+  Collected c = collect(*e->submit(r));
+  EXPECT_EQ(c.text, " the cat ");
+  EXPECT_EQ(c.last.reason, FinishReason::kStop);
+  EXPECT_EQ(c.last.stop, "and a d");
+}
+
+TEST(Engine, LogprobsAccompanyTokens) {
+  auto e = chain_engine();
+  GenerationRequest r;
+  r.prompt = {1, 2, 3};
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 3;
+  r.sampling.logprobs = 3;
+  auto h = *e->submit(r);
+  RequestOutput all;
+  for (;;) {
+    RequestOutput o;
+    ASSERT_TRUE(h.next(o, 5s));
+    for (auto& t : o.tokens) all.tokens.push_back(t);
+    if (o.finished) break;
+  }
+  ASSERT_EQ(all.tokens.size(), 3u);
+  for (const auto& t : all.tokens) {
+    ASSERT_EQ(t.top.size(), 3u);
+    EXPECT_EQ(t.top[0].token, t.token);  // greedy picks the most likely
+    EXPECT_FLOAT_EQ(t.top[0].logprob, t.logprob);
+    EXPECT_LT(t.logprob, 0.f);
+    EXPECT_GT(t.logprob, -0.1f);  // the peak holds almost all the mass
+  }
+}
+
+TEST(Engine, CancelStopsPromptlyAndQueuedRequestsRunInOrder) {
+  auto e = chain_engine({}, 100000, /*sleep_ms=*/5);
+  GenerationRequest slow;
+  slow.prompt = {1};
+  slow.sampling.max_tokens = 100000;
+  slow.sampling.ignore_eos = true;
+  auto h = *e->submit(slow);
+  GenerationRequest quick;
+  quick.prompt = {2};
+  quick.sampling.max_tokens = 2;
+  quick.sampling.ignore_eos = true;
+  auto q = *e->submit(quick);
+  RequestOutput o;
+  ASSERT_TRUE(h.next(o, 5s));
+  EXPECT_FALSE(o.finished);
+  // The quick request waits behind the slow one.
+  RequestOutput qo;
+  EXPECT_FALSE(q.next(qo, 50ms));
+  EXPECT_EQ(e->stats().queued, 1);
+  h.cancel();
+  Collected c = collect(h);
+  EXPECT_EQ(c.last.reason, FinishReason::kCancelled);
+  Collected d = collect(q);
+  EXPECT_EQ(d.last.reason, FinishReason::kLength);
+  EXPECT_EQ(d.tokens.size(), 2u);
+}
+
+TEST(Engine, SeededSamplingIndependentOfOtherRequests) {
+  auto e = chain_engine();
+  GenerationRequest r;
+  r.prompt = {4, 9};
+  r.sampling.temperature = 5.0;  // flat enough that many tokens are likely
+  r.sampling.seed = 1234;
+  r.sampling.max_tokens = 20;
+  r.sampling.ignore_eos = true;
+  Collected first = collect(*e->submit(r));
+  GenerationRequest other = r;
+  other.sampling.seed.reset();
+  for (int i = 0; i < 3; ++i) collect(*e->submit(other));
+  Collected again = collect(*e->submit(r));
+  EXPECT_EQ(first.tokens, again.tokens);
+  r.sampling.seed = 99;
+  EXPECT_NE(collect(*e->submit(r)).tokens, first.tokens);
+}
+
+TEST(Engine, ContextLimitEndsWithLength) {
+  EngineOptions opt;
+  opt.max_context = 10;
+  auto e = chain_engine({}, 4096, 0, opt);
+  EXPECT_EQ(e->max_context(), 10);
+  GenerationRequest r;
+  r.prompt = {1, 2, 3, 4, 5, 6};
+  r.sampling.max_tokens = 100;
+  r.sampling.ignore_eos = true;
+  Collected c = collect(*e->submit(r));
+  EXPECT_EQ(c.tokens.size(), 4u);
+  EXPECT_EQ(c.last.reason, FinishReason::kLength);
+}
+
+TEST(Engine, SubmissionErrorsNameTheParameter) {
+  EngineOptions opt;
+  opt.max_context = 8;
+  opt.max_queue = 1;
+  auto e = chain_engine({}, 4096, 50, opt);
+  GenerationRequest r;
+  EXPECT_EQ(e->submit(r).status().message().rfind("prompt", 0), 0u);
+  r.prompt = {1, e->vocab_size()};
+  EXPECT_NE(e->submit(r).status().message().find("position 1"), std::string::npos);
+  r.prompt.assign(8, 1);
+  EXPECT_NE(e->submit(r).status().message().find("context limit of 8"), std::string::npos);
+  r.prompt = {1};
+  r.sampling.top_p = 2;
+  EXPECT_EQ(e->submit(r).status().message().rfind("top_p", 0), 0u);
+  r.sampling.top_p = 1;
+  r.sampling.max_tokens = 1000;
+  r.sampling.ignore_eos = true;
+  auto a = e->submit(r);  // runs
+  ASSERT_TRUE(a.is_ok());
+  RequestOutput o;
+  ASSERT_TRUE(a->next(o, 5s));  // a is running now, the queue is empty
+  auto b = e->submit(r);        // waits
+  ASSERT_TRUE(b.is_ok());
+  auto c = e->submit(r);  // queue full
+  EXPECT_NE(c.status().message().find("queue full"), std::string::npos);
+  a->cancel();
+  b->cancel();
+}
+
+TEST(Engine, ReferenceBackendGreedyMatchesTeacherForcedArgmax) {
+  testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/ck";
+  mt.preset = "tiny";
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  EngineOptions opt;
+  opt.model_dir = mt.out_dir;
+  auto e = Engine::load(opt);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  GenerationRequest r;
+  r.prompt = (*e)->tokenizer().encode("hello world, the");
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 12;
+  r.sampling.ignore_eos = true;
+  Collected c = collect(*(*e)->submit(r));
+  ASSERT_EQ(c.tokens.size(), 12u);
+  // Teacher-force prompt + output through the reference and take the argmax of each row.
+  auto ref = ReferenceModel<float>::load(mt.out_dir, ReferenceOptions{});
+  ASSERT_TRUE(ref.is_ok());
+  std::vector<int32_t> seq = r.prompt;
+  seq.insert(seq.end(), c.tokens.begin(), c.tokens.end() - 1);
+  std::vector<float> logits;
+  ASSERT_TRUE((*ref)->forward(seq, &logits).is_ok());
+  const std::size_t v = static_cast<std::size_t>((*ref)->config().text.vocab_size);
+  for (std::size_t k = 0; k < c.tokens.size(); ++k) {
+    const std::size_t row = r.prompt.size() - 1 + k;
+    const float* l = logits.data() + row * v;
+    const auto best = static_cast<int32_t>(std::max_element(l, l + v) - l);
+    EXPECT_EQ(c.tokens[k], best) << "token " << k;
+  }
+}
+
+}  // namespace
+}  // namespace dsv41

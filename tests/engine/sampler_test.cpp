@@ -1,0 +1,208 @@
+// Sampler: distributions against the exact softmax with a fixed seed (chi-square bounds that a
+// wrong temperature, filter or off-by-one fails), filters, penalties, bias, greedy ties,
+// reproducibility.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "engine/sampler.h"
+
+namespace dsv41 {
+namespace {
+
+std::vector<double> softmax(const std::vector<float>& l, double t) {
+  double m = *std::max_element(l.begin(), l.end());
+  std::vector<double> p(l.size());
+  double z = 0;
+  for (std::size_t i = 0; i < l.size(); ++i) z += p[i] = std::exp((l[i] - m) / t);
+  for (double& x : p) x /= z;
+  return p;
+}
+
+std::vector<int> histogram(const SamplingParams& sp, const std::vector<float>& logits, int n,
+                           uint64_t seed) {
+  Sampler s(sp, seed);
+  std::vector<int> h(logits.size());
+  for (int i = 0; i < n; ++i) {
+    auto l = logits;
+    ++h[static_cast<std::size_t>(s.sample(l))];
+  }
+  return h;
+}
+
+// Pearson chi-square of counts against expected probabilities (zero-probability cells must be
+// empty).
+double chi_square(const std::vector<int>& h, const std::vector<double>& p, int n) {
+  double chi = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    if (p[i] == 0) {
+      EXPECT_EQ(h[i], 0) << "token " << i << " has probability 0";
+      continue;
+    }
+    double e = p[i] * n;
+    chi += (h[i] - e) * (h[i] - e) / e;
+  }
+  return chi;
+}
+
+const std::vector<float> kLogits = {2.0f, 1.5f, 1.0f, 0.2f, -0.5f, -1.0f, -3.0f, 0.9f};
+constexpr int kN = 40000;
+// 7 degrees of freedom: P(chi2 > 24.3) = 0.001.
+constexpr double kChi7 = 24.3;
+
+TEST(Sampler, TemperatureOneMatchesSoftmax) {
+  SamplingParams sp;
+  auto h = histogram(sp, kLogits, kN, 1);
+  EXPECT_LT(chi_square(h, softmax(kLogits, 1.0), kN), kChi7);
+  // A wrong temperature is caught by the same test.
+  EXPECT_GT(chi_square(h, softmax(kLogits, 0.8), kN), 100.0);
+}
+
+TEST(Sampler, TemperatureScales) {
+  for (double t : {0.5, 2.0}) {
+    SamplingParams sp;
+    sp.temperature = t;
+    auto h = histogram(sp, kLogits, kN, 2);
+    EXPECT_LT(chi_square(h, softmax(kLogits, t), kN), kChi7) << t;
+  }
+}
+
+TEST(Sampler, TopKTopPMinPRenormalise) {
+  auto p = softmax(kLogits, 1.0);  // sorted ids by logit: 0,1,2,7,3,4,5,6
+  {
+    SamplingParams sp;
+    sp.top_k = 3;
+    std::vector<double> q = {p[0], p[1], p[2], 0, 0, 0, 0, 0};
+    double z = q[0] + q[1] + q[2];
+    for (double& x : q) x /= z;
+    EXPECT_LT(chi_square(histogram(sp, kLogits, kN, 3), q, kN), 13.8);  // 2 dof, 0.001
+  }
+  {
+    // top_p just above p0+p1: three tokens are needed to reach it.
+    SamplingParams sp;
+    sp.top_p = p[0] + p[1] + 1e-6;
+    std::vector<double> q = {p[0], p[1], p[2], 0, 0, 0, 0, 0};
+    double z = q[0] + q[1] + q[2];
+    for (double& x : q) x /= z;
+    EXPECT_LT(chi_square(histogram(sp, kLogits, kN, 4), q, kN), 13.8);
+  }
+  {
+    // min_p keeps tokens with p >= min_p * p_max.
+    SamplingParams sp;
+    sp.min_p = 0.3;
+    std::vector<double> q(p.size(), 0);
+    double z = 0;
+    for (std::size_t i = 0; i < p.size(); ++i)
+      if (p[i] >= 0.3 * p[0]) z += q[i] = p[i];
+    for (double& x : q) x /= z;
+    int kept = 0;
+    for (double x : q) kept += x > 0;
+    EXPECT_EQ(kept, 4);                                                 // ids 0, 1, 2, 7
+    EXPECT_LT(chi_square(histogram(sp, kLogits, kN, 5), q, kN), 16.3);  // 3 dof
+  }
+}
+
+TEST(Sampler, GreedyTakesFirstMaximum) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sampler s(sp, 0);
+  std::vector<float> l = {0.f, 3.f, 1.f, 3.f};
+  EXPECT_EQ(s.sample(l), 1);
+  std::vector<float> l2 = kLogits;
+  EXPECT_EQ(s.sample(l2), 0);
+}
+
+TEST(Sampler, LogitBiasAndPenalties) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.logit_bias = {{0, -100.f}, {6, 4.5f}};
+  Sampler s(sp, 0);
+  auto l = kLogits;
+  EXPECT_EQ(s.sample(l), 1);  // id 6 reaches 1.5 and ties with id 1: the lower id wins
+  sp.logit_bias = {{0, -100.f}, {6, 5.0f}};
+  Sampler s2(sp, 0);
+  auto l2 = kLogits;
+  EXPECT_EQ(s2.sample(l2), 6);
+  // Presence and frequency penalties push generated tokens down.
+  SamplingParams pp;
+  pp.temperature = 0;
+  pp.presence_penalty = 0.4;
+  pp.frequency_penalty = 0.2;
+  Sampler q(pp, 0);
+  auto a = kLogits;
+  EXPECT_EQ(q.sample(a), 0);
+  q.accept(0);  // 2.0 - 0.6 = 1.4 < 1.5
+  auto b = kLogits;
+  EXPECT_EQ(q.sample(b), 1);
+  q.accept(1);  // id 0 at 1.4, id 1 at 0.9, id 2 at 1.0
+  auto c = kLogits;
+  EXPECT_EQ(q.sample(c), 0);
+  q.accept(0);  // 2.0 - 0.4 - 0.4 = 1.2; id 1 at 0.9; so 0 again
+  auto d = kLogits;
+  EXPECT_EQ(q.sample(d), 0);
+  q.accept(0);  // 2.0 - 0.4 - 0.6 = 1.0 ties with id 2 (1.0): lower id wins
+  auto e = kLogits;
+  EXPECT_EQ(q.sample(e), 0);
+  q.accept(0);  // 0.8 < id 2's 1.0
+  auto f = kLogits;
+  EXPECT_EQ(q.sample(f), 2);
+}
+
+TEST(Sampler, SeedReproducesAndDiffers) {
+  SamplingParams sp;
+  sp.seed = 42;
+  auto run = [&](uint64_t fallback) {
+    Sampler s(sp, fallback);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 50; ++i) {
+      auto l = kLogits;
+      out.push_back(s.sample(l));
+    }
+    return out;
+  };
+  EXPECT_EQ(run(1), run(2));  // the request's seed wins over the engine's fallback
+  sp.seed = 43;
+  auto other = run(1);
+  sp.seed = 42;
+  EXPECT_NE(run(1), other);
+}
+
+TEST(Sampler, LogprobsAreRawLogSoftmax) {
+  auto p = softmax(kLogits, 1.0);
+  for (int32_t t = 0; t < 8; ++t)
+    EXPECT_NEAR(token_logprob(kLogits, t), std::log(p[static_cast<std::size_t>(t)]), 1e-6);
+  auto top = top_logprobs(kLogits, 3);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].token, 0);
+  EXPECT_EQ(top[1].token, 1);
+  EXPECT_EQ(top[2].token, 2);
+  EXPECT_NEAR(top[2].logprob, std::log(p[2]), 1e-6);
+}
+
+TEST(Sampler, ValidationNamesTheParameter) {
+  auto err = [](auto mutate) {
+    SamplingParams sp;
+    mutate(sp);
+    Status st = validate_sampling(sp, 100);
+    return st.is_ok() ? std::string() : st.message();
+  };
+  EXPECT_EQ(err([](SamplingParams&) {}), "");
+  EXPECT_EQ(err([](SamplingParams& s) { s.temperature = -1; }).rfind("temperature", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.top_p = 0; }).rfind("top_p", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.top_k = -2; }).rfind("top_k", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.min_p = 1.5; }).rfind("min_p", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.presence_penalty = 3; }).rfind("presence_penalty", 0),
+            0u);
+  EXPECT_EQ(
+      err([](SamplingParams& s) { s.frequency_penalty = -2.5; }).rfind("frequency_penalty", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.logit_bias = {{100, 1.f}}; }).rfind("logit_bias", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.logit_bias = {{1, 101.f}}; }).rfind("logit_bias", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.logprobs = 21; }).rfind("logprobs", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.max_tokens = 0; }).rfind("max_tokens", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.stop_token_ids = {-1}; }).rfind("stop_token_ids", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.stop = {""}; }).rfind("stop", 0), 0u);
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -1,0 +1,186 @@
+// DSML parser: round trip with the encoder (whole and in every 1..7-byte chunking), the
+// reasoning/content split, truncation at every byte, malformed blocks kept as content.
+#include <gtest/gtest.h>
+
+#include "text/chat.h"
+#include "text/dsml_parser.h"
+
+namespace dsv41 {
+namespace {
+
+const std::string kEos = "<｜end▁of▁sentence｜>";
+
+struct Turn {
+  std::string reasoning;
+  std::string content;
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments JSON
+};
+
+// What the model would generate for `turn`, taken from the encoder's rendering of it as the last
+// assistant turn (after the generation cue, before the EOS).
+std::string generated_text(const Turn& turn, bool thinking) {
+  std::vector<ChatMessage> msgs(2);
+  msgs[0].role = "user";
+  msgs[0].content = "q";
+  msgs[1].role = "assistant";
+  msgs[1].content = turn.content;
+  msgs[1].reasoning = turn.reasoning;
+  for (const auto& [name, args] : turn.calls) {
+    ChatToolCall c;
+    c.name = name;
+    c.arguments = args;
+    msgs[1].tool_calls.push_back(c);
+  }
+  ChatOptions opt;
+  opt.thinking = thinking;
+  opt.add_generation_prompt = false;
+  auto text = encode_chat(msgs, opt);
+  EXPECT_TRUE(text.is_ok());
+  std::string cue = std::string("<｜Assistant｜>") + (thinking ? "<think>" : "</think>");
+  std::size_t start = text->find(cue);
+  EXPECT_NE(start, std::string::npos);
+  std::string gen = text->substr(start + cue.size());
+  EXPECT_TRUE(gen.ends_with(kEos));
+  return gen.substr(0, gen.size() - kEos.size());
+}
+
+std::vector<Turn> sample_turns() {
+  return {
+      {"think first", "plain answer", {}},
+      {"", "", {{"get_weather", R"({"location": "Beijing", "unit": "celsius"})"}}},
+      {"r",
+       "Let me check.",
+       {{"f", R"({"n": 3, "xs": [1, 2.5, "a"], "o": {"k": null}, "b": false})"},
+        {"g", R"({"text": "multi\nline <b>tag</b> \"quoted\""})"}}},
+      {"reasoning with </thin partial", "content ending in blank lines\n\n", {{"h", "{}"}}},
+      {"日本語の推論",
+       "emoji 👍🏽 and é",
+       {{"search", R"({"query": "naïve café", "num_results": 5})"}}},
+  };
+}
+
+void expect_matches(const ParsedAssistant& p, const Turn& t, bool thinking,
+                    const std::string& label) {
+  EXPECT_EQ(p.reasoning, thinking ? t.reasoning : "") << label;
+  EXPECT_EQ(p.content, t.content) << label;
+  ASSERT_EQ(p.tool_calls.size(), t.calls.size()) << label;
+  for (std::size_t i = 0; i < t.calls.size(); ++i) {
+    EXPECT_EQ(p.tool_calls[i].name, t.calls[i].first) << label;
+    auto expected_args = parse_json_ordered(t.calls[i].second);
+    ASSERT_TRUE(expected_args.is_ok());
+    EXPECT_EQ(p.tool_calls[i].arguments_json(), python_json_dumps(*expected_args)) << label;
+  }
+  EXPECT_FALSE(p.reasoning_unterminated) << label;
+  EXPECT_FALSE(p.calls_truncated) << label;
+  EXPECT_EQ(p.malformed_calls, 0) << label;
+}
+
+TEST(Dsml, RoundTripsWhatTheEncoderWrites) {
+  for (bool thinking : {true, false}) {
+    int k = 0;
+    for (const Turn& t : sample_turns()) {
+      std::string gen = generated_text(t, thinking);
+      expect_matches(parse_assistant_text(gen, thinking), t, thinking,
+                     "turn " + std::to_string(k++));
+    }
+  }
+}
+
+TEST(Dsml, StreamingInAnyChunkingGivesTheSameResult) {
+  for (bool thinking : {true, false}) {
+    for (const Turn& t : sample_turns()) {
+      std::string gen = generated_text(t, thinking);
+      for (std::size_t chunk = 1; chunk <= 7; ++chunk) {
+        AssistantStreamParser parser(thinking);
+        std::vector<AssistantEvent> events;
+        ParsedAssistant p;
+        for (std::size_t i = 0; i < gen.size(); i += chunk) {
+          events.clear();
+          parser.feed(std::string_view(gen).substr(i, chunk), events);
+          for (auto& e : events) {
+            if (e.kind == AssistantEvent::Kind::kReasoning) p.reasoning += e.text;
+            if (e.kind == AssistantEvent::Kind::kContent) p.content += e.text;
+            if (e.kind == AssistantEvent::Kind::kToolCall) p.tool_calls.push_back(e.call);
+          }
+        }
+        events.clear();
+        parser.finish(events);
+        for (auto& e : events) {
+          if (e.kind == AssistantEvent::Kind::kReasoning) p.reasoning += e.text;
+          if (e.kind == AssistantEvent::Kind::kContent) p.content += e.text;
+          if (e.kind == AssistantEvent::Kind::kToolCall) p.tool_calls.push_back(e.call);
+        }
+        expect_matches(p, t, thinking, "chunk " + std::to_string(chunk));
+      }
+    }
+  }
+}
+
+TEST(Dsml, StreamsDeltasEarly) {
+  AssistantStreamParser parser(true);
+  std::vector<AssistantEvent> ev;
+  parser.feed("abc</th", ev);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].text, "abc");  // "</th" is held: it may begin </think>
+  ev.clear();
+  parser.feed("ink>Hello\n", ev);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, AssistantEvent::Kind::kContent);
+  EXPECT_EQ(ev[0].text, "Hello");  // "\n" held: it may begin "\n\n<｜DSML｜ calls>"
+  ev.clear();
+  parser.feed("world", ev);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].text, "\nworld");
+}
+
+TEST(Dsml, TruncationAtEveryByteNeverLosesCompletedParts) {
+  Turn t{"why", "text", {{"a", R"({"x": 1})"}, {"b", R"({"y": "z"})"}}};
+  std::string gen = generated_text(t, true);
+  for (std::size_t cut = 0; cut <= gen.size(); ++cut) {
+    ParsedAssistant p = parse_assistant_text(gen.substr(0, cut), true);
+    std::size_t think_end = gen.find("</think>");
+    if (cut < think_end + 8) {
+      EXPECT_TRUE(p.reasoning_unterminated) << cut;
+      EXPECT_EQ(gen.substr(0, cut).rfind(p.reasoning, 0), 0u) << cut;  // a prefix of the reasoning
+      EXPECT_TRUE(p.tool_calls.empty());
+    } else {
+      EXPECT_EQ(p.reasoning, "why") << cut;
+    }
+    EXPECT_EQ(p.malformed_calls, 0) << cut;
+    EXPECT_LE(p.tool_calls.size(), 2u);
+    for (const auto& c : p.tool_calls) EXPECT_TRUE(c.name == "a" || c.name == "b");
+    if (cut == gen.size()) EXPECT_EQ(p.tool_calls.size(), 2u);
+    const std::string open = "<｜DSML｜ calls>";
+    if (gen.find(open) + open.size() <= cut && cut < gen.size())
+      EXPECT_TRUE(p.calls_truncated) << cut;
+    if (cut < gen.find(open) + open.size()) EXPECT_FALSE(p.calls_truncated) << cut;
+  }
+}
+
+TEST(Dsml, MalformedCallsAreKeptAsContent) {
+  std::string bad_invoke = "<｜DSML｜ invoke name=\"f\">\nnot a parameter\n</｜DSML｜ invoke>";
+  ParsedAssistant p =
+      parse_assistant_text("hi\n\n<｜DSML｜ calls>\n" + bad_invoke + "\n</｜DSML｜ calls>", false);
+  EXPECT_EQ(p.malformed_calls, 1);
+  EXPECT_TRUE(p.tool_calls.empty());
+  EXPECT_EQ(p.content, "hi" + bad_invoke);
+  ParsedAssistant q = parse_assistant_text("<｜DSML｜ calls>\ngarbage", false);
+  EXPECT_EQ(q.malformed_calls, 1);
+  EXPECT_EQ(q.content, "\ngarbage");  // handed back as written
+  // string="false" with invalid JSON keeps the raw text as a string value.
+  ParsedAssistant r = parse_assistant_text(
+      "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"n\" "
+      "string=\"false\">{oops</｜DSML｜ "
+      "parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+      false);
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].arguments_json(), R"({"n": "{oops"})");
+  // No thinking close in thinking mode: all reasoning, flagged.
+  ParsedAssistant s = parse_assistant_text("still thinking", true);
+  EXPECT_EQ(s.reasoning, "still thinking");
+  EXPECT_TRUE(s.reasoning_unterminated);
+  EXPECT_EQ(s.content, "");
+}
+
+}  // namespace
+}  // namespace dsv41
