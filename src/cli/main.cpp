@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
   dsv41::cli::add_detokenize(app, &run);
   dsv41::cli::add_derive_tokenizer(app, &run);
   dsv41::cli::add_bench(app, &run);
+  dsv41::cli::add_generate(app, &run);
+  dsv41::cli::add_serve(app, &run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

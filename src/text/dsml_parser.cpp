@@ -87,8 +87,8 @@ std::optional<DsmlToolCall> parse_invoke(std::string_view s) {
 
 }  // namespace
 
-AssistantStreamParser::AssistantStreamParser(bool thinking)
-    : state_(thinking ? State::kReasoning : State::kContent) {}
+AssistantStreamParser::AssistantStreamParser(bool thinking, bool tool_calls)
+    : state_(thinking ? State::kReasoning : State::kContent), tool_calls_(tool_calls) {}
 
 void AssistantStreamParser::emit(AssistantEvent::Kind kind, std::string text,
                                  std::vector<AssistantEvent>& out) {
@@ -119,6 +119,11 @@ void AssistantStreamParser::step(std::vector<AssistantEvent>& out) {
       std::size_t hold = partial_suffix(buf_, tokens::kThinkEnd);
       emit(AssistantEvent::Kind::kReasoning, buf_.substr(0, buf_.size() - hold), out);
       buf_.erase(0, buf_.size() - hold);
+      return;
+    }
+    if (state_ == State::kContent && !tool_calls_) {
+      emit(AssistantEvent::Kind::kContent, std::move(buf_), out);
+      buf_.clear();
       return;
     }
     if (state_ == State::kContent) {
@@ -198,8 +203,8 @@ void AssistantStreamParser::finish(std::vector<AssistantEvent>& out) {
   buf_.clear();
 }
 
-ParsedAssistant parse_assistant_text(std::string_view text, bool thinking) {
-  AssistantStreamParser parser(thinking);
+ParsedAssistant parse_assistant_text(std::string_view text, bool thinking, bool tool_calls) {
+  AssistantStreamParser parser(thinking, tool_calls);
   std::vector<AssistantEvent> events;
   parser.feed(text, events);
   parser.finish(events);

@@ -34,7 +34,9 @@ struct AssistantEvent {
 class AssistantStreamParser {
  public:
   // `thinking`: the prompt ended with <think>, so generation starts inside the reasoning.
-  explicit AssistantStreamParser(bool thinking);
+  // `tool_calls`: extract DSML calls (false: everything after the reasoning is content, e.g. when
+  // the request declared no tools or tool_choice is "none").
+  explicit AssistantStreamParser(bool thinking, bool tool_calls = true);
 
   void feed(std::string_view text, std::vector<AssistantEvent>& out);
   // End of generation: flushes held-back text.
@@ -51,6 +53,7 @@ class AssistantStreamParser {
   void emit(AssistantEvent::Kind kind, std::string text, std::vector<AssistantEvent>& out);
 
   State state_;
+  bool tool_calls_;
   std::string buf_;
   bool reasoning_unterminated_ = false;
   bool calls_truncated_ = false;
@@ -67,6 +70,6 @@ struct ParsedAssistant {
 };
 
 // One-shot parse of a whole generation (the stream parser fed at once).
-ParsedAssistant parse_assistant_text(std::string_view text, bool thinking);
+ParsedAssistant parse_assistant_text(std::string_view text, bool thinking, bool tool_calls = true);
 
 }  // namespace dsv41

@@ -175,6 +175,10 @@ TEST(Dsml, MalformedCallsAreKeptAsContent) {
       false);
   ASSERT_EQ(r.tool_calls.size(), 1u);
   EXPECT_EQ(r.tool_calls[0].arguments_json(), R"({"n": "{oops"})");
+  // Tool-call extraction off: the block is plain content.
+  ParsedAssistant off = parse_assistant_text("r</think>a\n\n<｜DSML｜ calls>\nx", true, false);
+  EXPECT_EQ(off.reasoning, "r");
+  EXPECT_EQ(off.content, "a\n\n<｜DSML｜ calls>\nx");
   // No thinking close in thinking mode: all reasoning, flagged.
   ParsedAssistant s = parse_assistant_text("still thinking", true);
   EXPECT_EQ(s.reasoning, "still thinking");

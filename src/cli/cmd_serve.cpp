@@ -1,0 +1,122 @@
+// `dsv41 serve`: the OpenAI-compatible HTTP server (server/http_server.h). Without --model it
+// serves the demo model (created on first run). SIGTERM/SIGINT: new requests get 503, in-flight
+// requests finish (up to --shutdown-timeout), then the process exits 0.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/demo_model.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "server/http_server.h"
+
+namespace dsv41::cli {
+
+void add_serve(CLI::App& app, Runner* run) {
+  struct Args {
+    std::string model;
+    ServerOptions server;
+    std::size_t max_body_mb = 8;
+    int64_t max_context = 0;
+    uint64_t seed = 0;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand(
+      "serve",
+      "OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streaming, logprobs, "
+      "tools), /v1/models, /tokenize, /detokenize, /health, /metrics. Without --model it creates "
+      "(first "
+      "run) and serves a small random-weight demo model. The reference forward runs the model for "
+      "now.");
+  sub->add_option("--model", a->model,
+                  "Checkpoint directory (official layout); default: the demo model");
+  sub->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
+  sub->add_option("--port", a->server.port, "Port to listen on (0: any free port)")
+      ->capture_default_str();
+  sub->add_option(
+      "--served-model-name", a->server.model_name,
+      "Model name clients must send (default: the checkpoint directory's name; dsv41-demo)");
+  sub->add_option("--default-max-tokens", a->server.default_max_tokens,
+                  "max_tokens for chat requests that do not set it")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  sub->add_option("--max-context", a->max_context, "Context limit in tokens (0: the model's)")
+      ->capture_default_str();
+  sub->add_option("--max-body-mb", a->max_body_mb, "Largest accepted request body")
+      ->capture_default_str();
+  sub->add_option("--shutdown-timeout", a->server.shutdown_timeout_s,
+                  "Seconds SIGTERM waits for in-flight requests before stopping")
+      ->capture_default_str();
+  sub->add_option("--seed", a->seed, "Seed for requests that do not carry one")
+      ->capture_default_str();
+  sub->callback([a, run] {
+    *run = [a] {
+      // Signals are taken by one thread (sigwait); every thread created from here inherits the
+      // mask.
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGTERM);
+      sigaddset(&set, SIGINT);
+      pthread_sigmask(SIG_BLOCK, &set, nullptr);
+      signal(SIGPIPE, SIG_IGN);
+
+      std::string dir = a->model;
+      bool demo = dir.empty();
+      if (demo) {
+        auto d = ensure_demo_model();
+        if (!d) {
+          log::error("serve: demo model: {}", d.status().message());
+          return kExitInvalid;
+        }
+        dir = *d;
+        log::info("serve: no --model given: serving the demo model in {}", dir);
+      }
+      if (a->server.model_name == ServerOptions{}.model_name)
+        a->server.model_name = demo ? "dsv41-demo" : std::filesystem::path(dir).filename().string();
+      a->server.max_body_bytes = a->max_body_mb << 20;
+      log::info("serve: loading {} ...", dir);
+      const auto t0 = std::chrono::steady_clock::now();
+      EngineOptions eo;
+      eo.model_dir = dir;
+      eo.seed = a->seed;
+      eo.max_context = a->max_context;
+      auto engine = Engine::load(eo);
+      if (!engine) {
+        log::error("serve: --model: {}", engine.status().message());
+        return kExitInvalid;
+      }
+      log::info("serve: model loaded in {:.1f} s (vocab {}, context {} tokens)",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                (*engine)->vocab_size(), (*engine)->max_context());
+      HttpServer server(**engine, a->server);
+      if (Status st = server.bind(); !st) {
+        log::error("serve: {}", st.message());
+        return kExitUsage;
+      }
+      log::info("serve: listening on http://{}:{} (model \"{}\")", a->server.host, server.port(),
+                a->server.model_name);
+      std::thread signals([&server, set] {
+        int sig = 0;
+        sigwait(&set, &sig);
+        log::info("serve: signal {}: refusing new requests, finishing in-flight ones", sig);
+        const int64_t left = server.shutdown();
+        if (left > 0)
+          log::warn("serve: {} requests still running after the shutdown timeout", left);
+      });
+      server.serve();
+      // Normally serve() returns because the signal thread stopped it; if the listener failed on
+      // its own, wake that thread so it can finish.
+      ::kill(::getpid(), SIGTERM);
+      signals.join();
+      log::info("serve: stopped");
+      return kExitOk;
+    };
+  });
+}
+
+}  // namespace dsv41::cli

@@ -1,0 +1,382 @@
+// Routes and request lifecycle. Generation: parse + validate (4xx with OpenAI's error JSON),
+// submit, then either wait for the whole answer or stream SSE chunks; a failed write (client gone)
+// cancels the request in the engine. Every handler catches everything: a request can fail, the
+// server not.
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <ctime>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+#include "text/byte_level.h"
+#include "text/chat.h"
+
+namespace dsv41 {
+
+using Clock = std::chrono::steady_clock;
+
+struct HttpServer::Impl {
+  Engine& engine;
+  ServerOptions opt;
+  ServedModel model;
+  httplib::Server svr;
+  Metrics metrics;
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> in_flight{0};
+  int bound_port = -1;
+  uint64_t nonce = 0;
+  int64_t started = 0;
+  std::mutex shutdown_mu;
+
+  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {
+    model.name = opt.model_name;
+    model.max_context = engine.max_context();
+    model.default_max_tokens = opt.default_max_tokens;
+    nonce = std::random_device{}();
+    started = static_cast<int64_t>(std::time(nullptr));
+    routes();
+  }
+
+  static void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(error_body(e), "application/json");
+  }
+  static ApiError make_error(int status, std::string message, std::string type,
+                             std::string param = {}, std::string code = {}) {
+    ApiError e;
+    e.status = status;
+    e.message = std::move(message);
+    e.type = std::move(type);
+    e.param = std::move(param);
+    e.code = std::move(code);
+    return e;
+  }
+
+  // Parses the body as JSON (order kept); a 400 otherwise.
+  static std::optional<ApiError> parse_body(const httplib::Request& req, OJson& out) {
+    auto j = parse_json_ordered(req.body);
+    if (!j)
+      return make_error(400, "invalid JSON body: " + j.status().message(), "invalid_request_error");
+    out = std::move(*j);
+    if (!out.is_object())
+      return make_error(400, "the request body must be a JSON object", "invalid_request_error");
+    return std::nullopt;
+  }
+
+  void routes();
+  void generation(const httplib::Request& req, httplib::Response& res, bool chat);
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
+};
+
+void HttpServer::Impl::routes() {
+  svr.new_task_queue = [n = opt.threads] {
+    return new httplib::ThreadPool(static_cast<std::size_t>(n));
+  };
+  svr.set_payload_max_length(opt.max_body_bytes);
+  svr.set_read_timeout(30, 0);
+  svr.set_write_timeout(30, 0);
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (draining.load() && req.path != "/metrics") {
+      send_error(res, make_error(503, "the server is shutting down", "service_unavailable"));
+      metrics.request_done(req.path, 503, 0);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Errors raised by the HTTP layer itself (unknown path, oversized body, malformed request).
+  svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string msg;
+    switch (res.status) {
+      case 404:
+        msg = fmt::format("no route for {} {}", req.method, req.path);
+        break;
+      case 413:
+        msg = fmt::format("request body larger than {} bytes", opt.max_body_bytes);
+        break;
+      case 400:
+        msg = "malformed HTTP request";
+        break;
+      default:
+        msg = fmt::format("HTTP error {}", res.status);
+        break;
+    }
+    res.set_content(
+        error_body(make_error(res.status, msg,
+                              res.status < 500 ? "invalid_request_error" : "internal_error")),
+        "application/json");
+    metrics.request_done(req.path.empty() ? "?" : (res.status == 404 ? "unknown" : req.path),
+                         res.status, 0);
+  });
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        log::error("serve: internal error: {}", what);
+        send_error(res, make_error(500, "internal error: " + what, "internal_error"));
+      });
+
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+    metrics.request_done("/health", 200, 0);
+  });
+  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(models_body(model, started), "application/json");
+    metrics.request_done("/v1/models", 200, 0);
+  });
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    EngineStats s = engine.stats();
+    res.set_content(metrics.render(s.queued, s.running, in_flight.load()),
+                    "text/plain; version=0.0.4");
+  });
+  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generation(req, res, false);
+  });
+  svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generation(req, res, true);
+  });
+  svr.Post("/tokenize",
+           [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+  svr.Post("/detokenize",
+           [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
+}
+
+// State of one streamed response, shared by the content provider and its releaser.
+struct StreamState {
+  GenerationJob job;
+  std::optional<RequestHandle> handle;
+  std::unique_ptr<ResponseBuilder> builder;
+  Clock::time_point t0;
+  bool preamble_sent = false;
+  bool first_token = false;
+  bool finished = false;
+};
+
+void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+  auto st = std::make_shared<StreamState>();
+  st->t0 = Clock::now();
+  auto fail = [&](const ApiError& e) {
+    send_error(res, e);
+    metrics.request_done(endpoint, e.status, 0);
+  };
+  OJson body;
+  if (auto e = parse_body(req, body)) return fail(*e);
+  const Tokenizer& tok = engine.tokenizer();
+  auto err = chat ? parse_chat_completion_request(body, model, tok, st->job)
+                  : parse_completion_request(body, model, tok, st->job);
+  if (err) return fail(*err);
+  auto handle = engine.submit(st->job.request);
+  if (!handle) {
+    const std::string& m = handle.status().message();
+    const bool busy = m.rfind("engine:", 0) == 0;
+    return fail(make_error(busy ? 503 : 400, m,
+                           busy ? "service_unavailable" : "invalid_request_error",
+                           busy ? "" : m.substr(0, m.find(':'))));
+  }
+  st->handle = *handle;
+  const std::string id =
+      fmt::format("{}-{:x}{:04x}", chat ? "chatcmpl" : "cmpl", nonce & 0xffffffffu, handle->id());
+  st->builder =
+      std::make_unique<ResponseBuilder>(st->job, tok, id, static_cast<int64_t>(std::time(nullptr)));
+  in_flight.fetch_add(1);
+
+  auto note_tokens = [this, st](const RequestOutput& out) {
+    if (!st->first_token && !out.tokens.empty()) {
+      st->first_token = true;
+      metrics.first_token(std::chrono::duration<double>(Clock::now() - st->t0).count());
+    }
+    if (out.finished) {
+      st->finished = true;
+      metrics.tokens(out.prompt_tokens, out.completion_tokens);
+    }
+  };
+
+  if (!st->job.stream) {
+    RequestOutput out;
+    while (!st->finished) {
+      if (!st->handle->next(out, std::chrono::milliseconds(100))) continue;
+      note_tokens(out);
+      st->builder->add(out);
+      if (out.finished && out.reason == FinishReason::kError) {
+        in_flight.fetch_sub(1);
+        log::error("serve: {}: engine error: {}", id, out.error);
+        send_error(res, make_error(500, "engine error: " + out.error, "internal_error"));
+        metrics.request_done(endpoint, 500,
+                             std::chrono::duration<double>(Clock::now() - st->t0).count());
+        return;
+      }
+    }
+    res.set_content(st->builder->build(), "application/json");
+    in_flight.fetch_sub(1);
+    metrics.request_done(endpoint, 200,
+                         std::chrono::duration<double>(Clock::now() - st->t0).count());
+    return;
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st, note_tokens](std::size_t, httplib::DataSink& sink) {
+        auto send = [&](const std::string& payload) {
+          std::string frame = "data: " + payload + "\n\n";
+          return sink.write(frame.data(), frame.size());
+        };
+        if (!st->preamble_sent) {
+          st->preamble_sent = true;
+          if (st->job.chat && !send(st->builder->stream_preamble())) return false;
+        }
+        RequestOutput out;
+        if (!st->handle->next(out, std::chrono::milliseconds(100))) return true;
+        note_tokens(out);
+        for (const std::string& chunk : st->builder->stream_chunks(out))
+          if (!send(chunk)) return false;  // client gone: the releaser cancels
+        if (out.finished) {
+          if (out.reason == FinishReason::kError) {
+            ApiError e = make_error(500, "engine error: " + out.error, "internal_error");
+            if (!send(error_body(e))) return false;
+          }
+          static const std::string kDone = "data: [DONE]\n\n";
+          if (!sink.write(kDone.data(), kDone.size())) return false;
+          sink.done();
+        }
+        return true;
+      },
+      [this, st, endpoint](bool) {
+        if (!st->finished) {
+          st->handle->cancel();
+          log::info("serve: client went away; request cancelled");
+        }
+        in_flight.fetch_sub(1);
+        metrics.request_done(endpoint, st->finished ? 200 : 499,
+                             std::chrono::duration<double>(Clock::now() - st->t0).count());
+      });
+}
+
+void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
+  OJson body;
+  auto fail = [&](const ApiError& e) {
+    send_error(res, e);
+    metrics.request_done("/tokenize", e.status, 0);
+  };
+  if (auto e = parse_body(req, body)) return fail(*e);
+  std::string text;
+  if (body.contains("messages")) {
+    auto chat = parse_chat_request(body);
+    if (!chat) {
+      const std::string& m = chat.status().message();
+      return fail(make_error(400, m, "invalid_request_error", m.substr(0, m.find(": "))));
+    }
+    auto prompt = encode_chat(chat->messages, chat->options);
+    if (!prompt)
+      return fail(make_error(400, prompt.status().message(), "invalid_request_error", "messages"));
+    text = std::move(*prompt);
+  } else {
+    auto p = body.find("prompt");
+    if (p == body.end() || !p->is_string())
+      return fail(make_error(400, "prompt: required string (or send messages)",
+                             "invalid_request_error", "prompt"));
+    text = p->get<std::string>();
+  }
+  OJson out = OJson::object();
+  auto ids = engine.tokenizer().encode(text);
+  out["count"] = ids.size();
+  out["max_model_len"] = engine.max_context();
+  out["tokens"] = ids;
+  res.set_content(out.dump(), "application/json");
+  metrics.request_done("/tokenize", 200, 0);
+}
+
+void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
+  OJson body;
+  auto fail = [&](const ApiError& e) {
+    send_error(res, e);
+    metrics.request_done("/detokenize", e.status, 0);
+  };
+  if (auto e = parse_body(req, body)) return fail(*e);
+  auto t = body.find("tokens");
+  if (t == body.end() || !t->is_array())
+    return fail(
+        make_error(400, "tokens: required array of token ids", "invalid_request_error", "tokens"));
+  std::vector<int32_t> ids;
+  const int32_t vocab = engine.vocab_size();
+  for (std::size_t i = 0; i < t->size(); ++i) {
+    const OJson& v = (*t)[i];
+    int64_t id = -1;
+    if (v.is_number_unsigned()) {
+      id = v.get<uint64_t>() < static_cast<uint64_t>(vocab)
+               ? static_cast<int64_t>(v.get<uint64_t>())
+               : -1;
+    } else if (v.is_number_integer()) {
+      id = v.get<int64_t>();
+    }
+    if (id < 0 || id >= vocab)
+      return fail(
+          make_error(400, fmt::format("tokens: element {} is not a token id in [0, {})", i, vocab),
+                     "invalid_request_error", "tokens"));
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  auto text = engine.tokenizer().decode(ids);
+  if (!text)
+    return fail(
+        make_error(400, "tokens: " + text.status().message(), "invalid_request_error", "tokens"));
+  OJson out = OJson::object();
+  out["prompt"] = *text;
+  res.set_content(out.dump(-1, ' ', false, OJson::error_handler_t::replace), "application/json");
+  metrics.request_done("/detokenize", 200, 0);
+}
+
+HttpServer::HttpServer(Engine& engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, std::move(options))) {}
+
+HttpServer::~HttpServer() {
+  impl_->svr.stop();
+}
+
+Status HttpServer::bind() {
+  const auto& o = impl_->opt;
+  if (o.port == 0) {
+    impl_->bound_port = impl_->svr.bind_to_any_port(o.host);
+  } else if (impl_->svr.bind_to_port(o.host, o.port)) {
+    impl_->bound_port = o.port;
+  }
+  if (impl_->bound_port <= 0)
+    return Status::error(fmt::format(
+        "--host/--port: cannot listen on {}:{} (in use, or not a local address)", o.host, o.port));
+  return Status::ok();
+}
+
+int HttpServer::port() const {
+  return impl_->bound_port;
+}
+
+void HttpServer::serve() {
+  impl_->svr.listen_after_bind();
+}
+
+int64_t HttpServer::shutdown() {
+  std::lock_guard<std::mutex> lock(impl_->shutdown_mu);
+  impl_->draining.store(true);
+  const auto deadline = Clock::now() + std::chrono::seconds(impl_->opt.shutdown_timeout_s);
+  while (impl_->in_flight.load() > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int64_t left = impl_->in_flight.load();
+  impl_->svr.stop();
+  return left;
+}
+
+}  // namespace dsv41

@@ -1,0 +1,47 @@
+// The OpenAI-compatible HTTP server (cpp-httplib): routes, SSE streaming, request validation to
+// OpenAI's error shape, metrics, and graceful shutdown. HTTP threads never touch model state: they
+// submit to the Engine and read its per-request channels.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "engine/engine.h"
+
+namespace dsv41 {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (see HttpServer::port())
+  std::string model_name = "dsv41";
+  int default_max_tokens = 1024;  // chat requests without max_tokens
+  std::size_t max_body_bytes = 8u << 20;
+  int shutdown_timeout_s = 30;  // how long SIGTERM waits for in-flight requests
+  int threads = 32;             // HTTP worker threads (streams hold one each)
+};
+
+class HttpServer {
+ public:
+  HttpServer(Engine& engine, ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  Status bind();  // errors name host:port
+  int port() const;
+  void serve();  // blocks until the server has stopped
+  // Thread-safe, idempotent: new requests get 503 at once; returns after in-flight generation
+  // requests finished (or the timeout passed) and the listener stopped. Returns the number still in
+  // flight.
+  int64_t shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv41

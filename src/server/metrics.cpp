@@ -1,0 +1,75 @@
+// Metrics storage and Prometheus exposition (text format 0.0.4).
+#include "server/metrics.h"
+
+#include <fmt/format.h>
+
+namespace dsv41 {
+
+void Histogram::observe(double s) {
+  for (std::size_t i = 0; i < kBounds.size(); ++i)
+    if (s <= kBounds[i]) ++buckets_[i];
+  ++count_;
+  sum_ += s;
+}
+
+void Histogram::render(const std::string& name, std::string& out) const {
+  for (std::size_t i = 0; i < kBounds.size(); ++i)
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, kBounds[i], buckets_[i]);
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name,
+                     sum_, name, count_);
+}
+
+void Metrics::request_done(const std::string& endpoint, int status, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{endpoint, status}];
+  if (endpoint == "/v1/completions" || endpoint == "/v1/chat/completions")
+    duration_.observe(seconds);
+}
+
+void Metrics::first_token(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ttft_.observe(seconds);
+}
+
+void Metrics::tokens(int64_t prompt, int64_t generated) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_tokens_ += prompt;
+  generated_tokens_ += generated;
+}
+
+std::string Metrics::render(int64_t queued, int64_t running, int64_t in_flight) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  out += "# HELP dsv41_requests_total HTTP requests by endpoint and status code.\n";
+  out += "# TYPE dsv41_requests_total counter\n";
+  for (const auto& [key, n] : requests_)
+    out += fmt::format("dsv41_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first,
+                       key.second, n);
+  out += "# HELP dsv41_prompt_tokens_total Prompt tokens of finished generation requests.\n";
+  out += "# TYPE dsv41_prompt_tokens_total counter\n";
+  out += fmt::format("dsv41_prompt_tokens_total {}\n", prompt_tokens_);
+  out += "# HELP dsv41_generation_tokens_total Generated tokens of finished generation requests.\n";
+  out += "# TYPE dsv41_generation_tokens_total counter\n";
+  out += fmt::format("dsv41_generation_tokens_total {}\n", generated_tokens_);
+  out +=
+      "# HELP dsv41_queue_length Requests waiting for the engine.\n# TYPE dsv41_queue_length "
+      "gauge\n";
+  out += fmt::format("dsv41_queue_length {}\n", queued);
+  out +=
+      "# HELP dsv41_running_requests Requests the engine is running.\n# TYPE "
+      "dsv41_running_requests gauge\n";
+  out += fmt::format("dsv41_running_requests {}\n", running);
+  out += "# HELP dsv41_in_flight_requests Generation requests accepted and not yet answered.\n";
+  out += "# TYPE dsv41_in_flight_requests gauge\n";
+  out += fmt::format("dsv41_in_flight_requests {}\n", in_flight);
+  out += "# HELP dsv41_request_duration_seconds Generation request latency, end to end.\n";
+  out += "# TYPE dsv41_request_duration_seconds histogram\n";
+  duration_.render("dsv41_request_duration_seconds", out);
+  out +=
+      "# HELP dsv41_time_to_first_token_seconds Time from arrival to the first generated token.\n";
+  out += "# TYPE dsv41_time_to_first_token_seconds histogram\n";
+  ttft_.render("dsv41_time_to_first_token_seconds", out);
+  return out;
+}
+
+}  // namespace dsv41

@@ -1,0 +1,536 @@
+// OpenAI field validation and response/chunk JSON. Unknown fields are ignored (as OpenAI and vLLM
+// do); every known field is type- and range-checked, and unsupported values are refused with a 400
+// naming the field rather than silently ignored.
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "text/byte_level.h"
+#include "text/chat.h"
+
+namespace dsv41 {
+namespace {
+
+// Serialises without ever throwing: invalid UTF-8 (which no path should produce) becomes U+FFFD.
+std::string dump_safe(const OJson& j) {
+  return j.dump(-1, ' ', false, OJson::error_handler_t::replace);
+}
+
+ApiError bad(std::string param, std::string message, std::string code = {}) {
+  ApiError e;
+  e.status = 400;
+  e.message = param.empty() ? message : param + ": " + message;
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+// Typed access to optional body fields; null counts as absent.
+class Fields {
+ public:
+  explicit Fields(const OJson& b) : b_(b) {}
+  std::optional<ApiError> err;
+
+  const OJson* get(const char* k) const {
+    auto it = b_.find(k);
+    return it == b_.end() || it->is_null() ? nullptr : &*it;
+  }
+  bool boolean(const char* k, bool& out) {
+    const OJson* v = get(k);
+    if (!v) return true;
+    if (!v->is_boolean()) return fail(k, "must be a boolean");
+    out = v->get<bool>();
+    return true;
+  }
+  bool number(const char* k, double lo, double hi, bool lo_open, double& out) {
+    const OJson* v = get(k);
+    if (!v) return true;
+    if (!v->is_number()) return fail(k, "must be a number");
+    double x = v->get<double>();
+    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi))
+      return fail(k,
+                  fmt::format("{} is outside {}{}, {}]", v->dump(), lo_open ? "(" : "[", lo, hi));
+    out = x;
+    return true;
+  }
+  bool integer(const char* k, int64_t lo, int64_t hi, int64_t& out) {
+    const OJson* v = get(k);
+    if (!v) return true;
+    if (!v->is_number_integer()) return fail(k, "must be an integer");
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
+      return fail(k, fmt::format("{} is outside [{}, {}]", v->dump(), lo, hi));
+    int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) return fail(k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
+    out = x;
+    return true;
+  }
+  bool fail(const std::string& k, std::string message) {
+    err = bad(k, std::move(message));
+    return false;
+  }
+
+ private:
+  const OJson& b_;
+};
+
+bool token_ids(const OJson& v, int32_t vocab, const std::string& param, std::vector<int32_t>& out,
+               std::optional<ApiError>& err) {
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const OJson& t = v[i];
+    if (!t.is_number_integer()) {
+      err = bad(param, fmt::format("element {} is not an integer token id", i));
+      return false;
+    }
+    int64_t id = t.get<int64_t>();
+    if (t.is_number_unsigned() || id < 0 || id >= vocab) {
+      err = bad(param, fmt::format("token id {} at position {} is outside the vocabulary [0, {})",
+                                   dump_safe(t), i, vocab));
+      return false;
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return true;
+}
+
+// Fields shared by both endpoints: model, n, stream, sampling, stops.
+std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model, int32_t vocab,
+                                     GenerationJob& job) {
+  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  auto m = body.find("model");
+  if (m == body.end() || m->is_null()) return bad("model", "required field missing");
+  if (!m->is_string()) return bad("model", "must be a string");
+  if (m->get<std::string>() != model.name) {
+    ApiError e;
+    e.status = 404;
+    e.type = "NotFoundError";
+    e.param = "model";
+    e.code = "model_not_found";
+    e.message = fmt::format("The model `{}` does not exist (this server serves `{}`).",
+                            m->get<std::string>(), model.name);
+    return e;
+  }
+  job.model = model.name;
+  Fields f(body);
+  SamplingParams& s = job.request.sampling;
+  int64_t n = 1, best_of = 1, top_k = 0, seed = 0;
+  double freq = 0, pres = 0;
+  if (!f.integer("n", 1, 128, n)) return f.err;
+  if (n != 1) return bad("n", "only n=1 is supported");
+  if (!f.integer("best_of", 1, 128, best_of)) return f.err;
+  if (best_of != 1) return bad("best_of", "only best_of=1 is supported");
+  if (!f.boolean("stream", job.stream)) return f.err;
+  if (const OJson* so = f.get("stream_options")) {
+    if (!job.stream) return bad("stream_options", "only allowed when stream is true");
+    if (!so->is_object()) return bad("stream_options", "must be an object");
+    Fields sf(*so);
+    if (!sf.boolean("include_usage", job.include_usage))
+      return bad("stream_options.include_usage", "must be a boolean");
+  }
+  if (!f.number("temperature", 0, 2, false, s.temperature)) return f.err;
+  if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
+  if (!f.integer("top_k", -1, std::numeric_limits<int32_t>::max(), top_k)) return f.err;
+  s.top_k = static_cast<int>(top_k);
+  if (!f.number("min_p", 0, 1, false, s.min_p)) return f.err;
+  if (!f.number("presence_penalty", -2, 2, false, pres)) return f.err;
+  if (!f.number("frequency_penalty", -2, 2, false, freq)) return f.err;
+  s.presence_penalty = pres;
+  s.frequency_penalty = freq;
+  if (f.get("seed")) {
+    if (!f.integer("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                   seed))
+      return f.err;
+    s.seed = static_cast<uint64_t>(seed);
+  }
+  if (!f.boolean("ignore_eos", s.ignore_eos)) return f.err;
+  if (const OJson* lb = f.get("logit_bias")) {
+    if (!lb->is_object()) return bad("logit_bias", "must be an object mapping token ids to biases");
+    for (const auto& [key, val] : lb->items()) {
+      char* end = nullptr;
+      errno = 0;
+      long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id >= vocab)
+        return bad("logit_bias", fmt::format("key '{}' is not a token id in [0, {})", key, vocab));
+      if (!val.is_number() || !(val.get<double>() >= -100 && val.get<double>() <= 100))
+        return bad("logit_bias",
+                   fmt::format("bias for token {} must be a number in [-100, 100]", key));
+      s.logit_bias.emplace_back(static_cast<int32_t>(id), val.get<float>());
+    }
+  }
+  if (const OJson* st = f.get("stop")) {
+    if (st->is_string()) {
+      s.stop.push_back(st->get<std::string>());
+    } else if (st->is_array()) {
+      if (st->size() > 16) return bad("stop", "at most 16 stop strings");
+      for (const auto& x : *st) {
+        if (!x.is_string()) return bad("stop", "must be a string or an array of strings");
+        s.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return bad("stop", "must be a string or an array of strings");
+    }
+    for (const auto& x : s.stop)
+      if (x.empty()) return bad("stop", "stop strings must not be empty");
+  }
+  if (const OJson* ids = f.get("stop_token_ids")) {
+    if (!ids->is_array()) return bad("stop_token_ids", "must be an array of token ids");
+    std::optional<ApiError> err;
+    if (!token_ids(*ids, vocab, "stop_token_ids", s.stop_token_ids, err)) return err;
+  }
+  if (const OJson* u = f.get("user"); u && !u->is_string()) return bad("user", "must be a string");
+  return std::nullopt;
+}
+
+std::optional<ApiError> check_length(const GenerationJob& job, const ServedModel& model,
+                                     const char* param) {
+  const auto n = static_cast<int64_t>(job.request.prompt.size());
+  if (n == 0) return bad(param, "the prompt is empty (0 tokens)");
+  if (n >= model.max_context)
+    return bad(param,
+               fmt::format("the prompt has {} tokens; this model's context limit is {} tokens "
+                           "(including the answer)",
+                           n, model.max_context),
+               "context_length_exceeded");
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_max_tokens(Fields& f, const char* name, int default_value,
+                                         GenerationJob& job) {
+  int64_t mt = default_value;
+  if (!f.integer(name, 1, std::numeric_limits<int32_t>::max(), mt)) return f.err;
+  job.request.sampling.max_tokens = static_cast<int>(mt);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& e) {
+  OJson err = OJson::object();
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? OJson(nullptr) : OJson(e.param);
+  err["code"] = e.code.empty() ? OJson(nullptr) : OJson(e.code);
+  OJson body = OJson::object();
+  body["error"] = std::move(err);
+  return dump_safe(body);
+}
+
+std::optional<ApiError> parse_completion_request(const OJson& body, const ServedModel& model,
+                                                 const Tokenizer& tok, GenerationJob& job) {
+  const int32_t vocab = tok.vocab_size();
+  if (auto e = parse_common(body, model, vocab, job)) return e;
+  job.chat = false;
+  Fields f(body);
+  if (auto e = parse_max_tokens(f, "max_tokens", 16, job)) return e;
+  int64_t logprobs = -1;
+  if (!f.integer("logprobs", 0, kMaxTopLogprobs, logprobs)) return f.err;
+  job.request.sampling.logprobs = static_cast<int>(logprobs);
+  job.want_logprobs = logprobs >= 0;
+  bool echo = false;
+  if (!f.boolean("echo", echo)) return f.err;
+  if (echo) return bad("echo", "echo=true is not supported");
+  if (const OJson* sfx = f.get("suffix");
+      sfx && !(sfx->is_string() && sfx->get<std::string>().empty()))
+    return bad("suffix", "suffix is not supported");
+  const OJson* p = f.get("prompt");
+  if (!p) return bad("prompt", "required field missing");
+  std::optional<ApiError> err;
+  if (p->is_string()) {
+    job.request.prompt = tok.encode(p->get<std::string>());
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    if (!token_ids(*p, vocab, "prompt", job.request.prompt, err)) return err;
+  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+    job.request.prompt = tok.encode((*p)[0].get<std::string>());
+  } else if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) {
+    if (!token_ids((*p)[0], vocab, "prompt", job.request.prompt, err)) return err;
+  } else if (p->is_array() && p->size() > 1) {
+    return bad("prompt", "batched prompts are not supported; send one prompt per request");
+  } else {
+    return bad("prompt",
+               "must be a string, an array of token ids, or a one-element array of either");
+  }
+  return check_length(job, model, "prompt");
+}
+
+std::optional<ApiError> parse_chat_completion_request(const OJson& body, const ServedModel& model,
+                                                      const Tokenizer& tok, GenerationJob& job) {
+  if (auto e = parse_common(body, model, tok.vocab_size(), job)) return e;
+  job.chat = true;
+  Fields f(body);
+  if (auto e = parse_max_tokens(f, "max_tokens", model.default_max_tokens, job)) return e;
+  if (f.get("max_completion_tokens"))
+    if (auto e = parse_max_tokens(f, "max_completion_tokens", model.default_max_tokens, job))
+      return e;
+  bool logprobs = false;
+  int64_t top = 0;
+  if (!f.boolean("logprobs", logprobs)) return f.err;
+  if (!f.integer("top_logprobs", 0, kMaxTopLogprobs, top)) return f.err;
+  if (f.get("top_logprobs") && !logprobs)
+    return bad("top_logprobs", "requires logprobs to be true");
+  job.want_logprobs = logprobs;
+  job.request.sampling.logprobs = logprobs ? static_cast<int>(top) : -1;
+  if (const OJson* rf = f.get("response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
+      return bad("response_format", "only {\"type\": \"text\"} is supported");
+  }
+  bool parallel = true;
+  if (!f.boolean("parallel_tool_calls", parallel)) return f.err;
+  std::string tool_choice = "auto";
+  if (const OJson* tc = f.get("tool_choice")) {
+    if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
+      return bad("tool_choice", "only \"auto\" and \"none\" are supported");
+    tool_choice = tc->get<std::string>();
+  }
+  auto req = parse_chat_request(body);
+  if (!req) {
+    const std::string& msg = req.status().message();
+    const std::size_t colon = msg.find(": ");
+    ApiError e;
+    e.message = msg;
+    e.param = colon == std::string::npos ? "messages" : msg.substr(0, colon);
+    return e;
+  }
+  auto prompt = encode_chat(req->messages, req->options);
+  if (!prompt) return bad("messages", prompt.status().message());
+  job.thinking = req->options.thinking;
+  bool has_tools = false;
+  for (const auto& m : req->messages) has_tools |= !m.tools.empty();
+  job.extract_tools = has_tools && tool_choice != "none";
+  job.request.prompt = tok.encode(*prompt);
+  return check_length(job, model, "messages");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+ResponseBuilder::ResponseBuilder(const GenerationJob& job, const Tokenizer& tok, std::string id,
+                                 int64_t created)
+    : job_(job),
+      tok_(tok),
+      id_(std::move(id)),
+      created_(created),
+      parser_(job.thinking, job.extract_tools) {}
+
+OJson ResponseBuilder::logprobs_json(const std::vector<OutputToken>& tokens) {
+  auto bytes_of = [&](int32_t id) {
+    std::string b = tok_.token_bytes(id);
+    OJson arr = OJson::array();
+    for (unsigned char c : b) arr.push_back(static_cast<int>(c));
+    return std::make_pair(utf8_lossy(b), arr);
+  };
+  if (job_.chat) {
+    OJson content = OJson::array();
+    for (const auto& t : tokens) {
+      auto [s, b] = bytes_of(t.token);
+      OJson e = OJson::object();
+      e["token"] = s;
+      e["logprob"] = t.logprob;
+      e["bytes"] = b;
+      OJson top = OJson::array();
+      for (const auto& x : t.top) {
+        auto [ts, tb] = bytes_of(x.token);
+        OJson te = OJson::object();
+        te["token"] = ts;
+        te["logprob"] = x.logprob;
+        te["bytes"] = tb;
+        top.push_back(std::move(te));
+      }
+      e["top_logprobs"] = std::move(top);
+      content.push_back(std::move(e));
+    }
+    OJson lp = OJson::object();
+    lp["content"] = std::move(content);
+    return lp;
+  }
+  OJson lp = OJson::object();
+  OJson toks = OJson::array(), tlp = OJson::array(), top = OJson::array(), off = OJson::array();
+  for (const auto& t : tokens) {
+    toks.push_back(utf8_lossy(tok_.token_bytes(t.token)));
+    tlp.push_back(t.logprob);
+    OJson m = OJson::object();
+    for (const auto& x : t.top) m[utf8_lossy(tok_.token_bytes(x.token))] = x.logprob;
+    top.push_back(std::move(m));
+    off.push_back(text_offset_);
+    text_offset_ += static_cast<int64_t>(tok_.token_bytes(t.token).size());
+  }
+  lp["tokens"] = std::move(toks);
+  lp["token_logprobs"] = std::move(tlp);
+  lp["top_logprobs"] = std::move(top);
+  lp["text_offset"] = std::move(off);
+  return lp;
+}
+
+OJson ResponseBuilder::usage_json() const {
+  OJson u = OJson::object();
+  u["prompt_tokens"] = prompt_tokens_;
+  u["completion_tokens"] = completion_tokens_;
+  u["total_tokens"] = prompt_tokens_ + completion_tokens_;
+  return u;
+}
+
+std::string ResponseBuilder::finish_reason() const {
+  if (reason_ == FinishReason::kLength) return "length";
+  if (!calls_.empty() || tool_calls_sent_ > 0) return "tool_calls";
+  return "stop";
+}
+
+void ResponseBuilder::absorb(const RequestOutput& out, std::vector<AssistantEvent>& events) {
+  completion_tokens_ += static_cast<int64_t>(out.tokens.size());
+  if (job_.chat) {
+    parser_.feed(out.text, events);
+    if (out.finished) parser_.finish(events);
+  }
+  if (out.finished) {
+    finished_ = true;
+    reason_ = out.reason;
+    prompt_tokens_ = out.prompt_tokens;
+    completion_tokens_ = out.completion_tokens;
+  }
+}
+
+std::string ResponseBuilder::stream_preamble() const {
+  OJson delta = OJson::object();
+  delta["role"] = "assistant";
+  delta["content"] = "";
+  OJson choice = OJson::object();
+  choice["index"] = 0;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = nullptr;
+  OJson c = OJson::object();
+  c["id"] = id_;
+  c["object"] = "chat.completion.chunk";
+  c["created"] = created_;
+  c["model"] = job_.model;
+  c["choices"] = OJson::array({std::move(choice)});
+  return dump_safe(c);
+}
+
+std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out) {
+  std::vector<AssistantEvent> events;
+  absorb(out, events);
+  std::vector<std::string> chunks;
+  OJson lp = job_.want_logprobs && !out.tokens.empty() ? logprobs_json(out.tokens) : OJson(nullptr);
+  auto make = [&](OJson payload, const OJson& finish) {
+    OJson choice = OJson::object();
+    choice["index"] = 0;
+    if (job_.chat) {
+      choice["delta"] = std::move(payload);
+    } else {
+      choice["text"] = std::move(payload);
+    }
+    choice["logprobs"] = lp;
+    lp = nullptr;  // logprobs ride on the first chunk of this output only
+    choice["finish_reason"] = finish;
+    OJson c = OJson::object();
+    c["id"] = id_;
+    c["object"] = job_.chat ? "chat.completion.chunk" : "text_completion";
+    c["created"] = created_;
+    c["model"] = job_.model;
+    c["choices"] = OJson::array({std::move(choice)});
+    chunks.push_back(dump_safe(c));
+  };
+  if (job_.chat) {
+    for (auto& e : events) {
+      OJson d = OJson::object();
+      if (e.kind == AssistantEvent::Kind::kReasoning) {
+        d["reasoning_content"] = e.text;
+      } else if (e.kind == AssistantEvent::Kind::kContent) {
+        d["content"] = e.text;
+      } else {
+        OJson call = OJson::object();
+        call["index"] = tool_calls_sent_;
+        call["id"] = fmt::format("call_{}_{}", id_, tool_calls_sent_);
+        call["type"] = "function";
+        call["function"] = {{"name", e.call.name}, {"arguments", e.call.arguments_json()}};
+        d["tool_calls"] = OJson::array({std::move(call)});
+        ++tool_calls_sent_;
+      }
+      make(std::move(d), nullptr);
+    }
+    if (!lp.is_null()) make(OJson::object(), nullptr);
+  } else if (!out.text.empty() || !lp.is_null()) {
+    make(out.text, nullptr);
+  }
+  if (out.finished && out.reason != FinishReason::kError &&
+      out.reason != FinishReason::kCancelled) {
+    make(job_.chat ? OJson::object() : OJson(""), finish_reason());
+    if (job_.include_usage) {
+      OJson u = OJson::object();
+      u["id"] = id_;
+      u["object"] = job_.chat ? "chat.completion.chunk" : "text_completion";
+      u["created"] = created_;
+      u["model"] = job_.model;
+      u["choices"] = OJson::array();
+      u["usage"] = usage_json();
+      chunks.push_back(dump_safe(u));
+    }
+  }
+  return chunks;
+}
+
+void ResponseBuilder::add(const RequestOutput& out) {
+  std::vector<AssistantEvent> events;
+  absorb(out, events);
+  tokens_.insert(tokens_.end(), out.tokens.begin(), out.tokens.end());
+  if (!job_.chat) text_ += out.text;
+  for (auto& e : events) {
+    if (e.kind == AssistantEvent::Kind::kReasoning) reasoning_ += e.text;
+    if (e.kind == AssistantEvent::Kind::kContent) text_ += e.text;
+    if (e.kind == AssistantEvent::Kind::kToolCall) calls_.push_back(std::move(e.call));
+  }
+}
+
+std::string ResponseBuilder::build() const {
+  OJson r = OJson::object();
+  r["id"] = id_;
+  r["object"] = job_.chat ? "chat.completion" : "text_completion";
+  r["created"] = created_;
+  r["model"] = job_.model;
+  OJson choice = OJson::object();
+  choice["index"] = 0;
+  auto* self = const_cast<ResponseBuilder*>(this);  // logprobs_json advances the text offset
+  self->text_offset_ = 0;
+  if (job_.chat) {
+    OJson msg = OJson::object();
+    msg["role"] = "assistant";
+    msg["content"] = text_.empty() && !calls_.empty() ? OJson(nullptr) : OJson(text_);
+    msg["reasoning_content"] = job_.thinking ? OJson(reasoning_) : OJson(nullptr);
+    if (!calls_.empty()) {
+      OJson calls = OJson::array();
+      for (std::size_t i = 0; i < calls_.size(); ++i) {
+        OJson c = OJson::object();
+        c["id"] = fmt::format("call_{}_{}", id_, i);
+        c["type"] = "function";
+        c["function"] = {{"name", calls_[i].name}, {"arguments", calls_[i].arguments_json()}};
+        calls.push_back(std::move(c));
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    choice["message"] = std::move(msg);
+  } else {
+    choice["text"] = text_;
+  }
+  choice["logprobs"] = job_.want_logprobs ? self->logprobs_json(tokens_) : OJson(nullptr);
+  choice["finish_reason"] = finish_reason();
+  r["choices"] = OJson::array({std::move(choice)});
+  r["usage"] = usage_json();
+  return dump_safe(r);
+}
+
+std::string models_body(const ServedModel& model, int64_t created) {
+  OJson m = OJson::object();
+  m["id"] = model.name;
+  m["object"] = "model";
+  m["created"] = created;
+  m["owned_by"] = "dsv41";
+  m["max_model_len"] = model.max_context;
+  OJson body = OJson::object();
+  body["object"] = "list";
+  body["data"] = OJson::array({std::move(m)});
+  return dump_safe(body);
+}
+
+}  // namespace dsv41

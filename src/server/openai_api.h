@@ -1,0 +1,93 @@
+// OpenAI request/response shapes for /v1/completions and /v1/chat/completions: validation of every
+// field into a GenerationJob (4xx ApiError naming the parameter otherwise), and the JSON of
+// responses and stream chunks built from engine output. No HTTP here; http_server.cpp moves the
+// bytes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "text/dsml_parser.h"
+#include "text/json_ordered.h"
+
+namespace dsv41 {
+
+// OpenAI's error shape {"error": {"message", "type", "param", "code"}} with its HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+};
+std::string error_body(const ApiError& e);
+
+struct ServedModel {
+  std::string name;
+  int64_t max_context = 0;
+  int default_max_tokens = 1024;  // chat requests without max_tokens (completions: OpenAI's 16)
+};
+
+struct GenerationJob {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;
+  bool thinking = false;       // chat: the prompt ended with <think>
+  bool extract_tools = false;  // chat: tools declared and tool_choice != "none"
+  bool want_logprobs = false;  // chat: logprobs=true; completions: logprobs given
+  std::string model;
+  GenerationRequest request;  // prompt ids + sampling
+};
+
+// Parse and validate; on success fills `job` (prompt tokenized with the engine's tokenizer).
+std::optional<ApiError> parse_completion_request(const OJson& body, const ServedModel& model,
+                                                 const Tokenizer& tok, GenerationJob& job);
+std::optional<ApiError> parse_chat_completion_request(const OJson& body, const ServedModel& model,
+                                                      const Tokenizer& tok, GenerationJob& job);
+
+// Accumulates one request's engine output into an OpenAI response (non-stream) or chunks (stream).
+class ResponseBuilder {
+ public:
+  ResponseBuilder(const GenerationJob& job, const Tokenizer& tok, std::string id, int64_t created);
+
+  // Stream: the SSE payloads (JSON texts, without "data: ") for this piece of output.
+  std::vector<std::string> stream_chunks(const RequestOutput& out);
+  // Stream: the first chunk of a chat stream (role), sent before any output.
+  std::string stream_preamble() const;
+  // Non-stream: feed every output, then build().
+  void add(const RequestOutput& out);
+  std::string build() const;
+  bool finished() const { return finished_; }
+  int64_t completion_tokens() const { return completion_tokens_; }
+
+ private:
+  OJson logprobs_json(const std::vector<OutputToken>& tokens);
+  OJson usage_json() const;
+  std::string finish_reason() const;
+  void absorb(const RequestOutput& out, std::vector<AssistantEvent>& events);
+
+  const GenerationJob& job_;
+  const Tokenizer& tok_;
+  std::string id_;
+  int64_t created_;
+  AssistantStreamParser parser_;
+  // Accumulated (non-stream) state.
+  std::string text_, reasoning_;
+  std::vector<DsmlToolCall> calls_;
+  OJson logprobs_ = OJson::array();  // chat: content entries; completions: built at the end
+  std::vector<OutputToken> tokens_;
+  int64_t text_offset_ = 0;
+  std::vector<int64_t> offsets_;
+  bool finished_ = false;
+  FinishReason reason_ = FinishReason::kNone;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  int tool_calls_sent_ = 0;
+};
+
+// A JSON object {"id", "object": "model", ...} list for GET /v1/models.
+std::string models_body(const ServedModel& model, int64_t created);
+
+}  // namespace dsv41

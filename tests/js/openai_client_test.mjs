@@ -1,0 +1,155 @@
+// Drives a running `dsv41 serve` with the official `openai` npm client. Usage:
+//   node openai_client_test.mjs BASE_URL MODEL MODE
+// MODE "basic": completions and chat, streamed and not, logprobs, usage, a tools round trip (tool
+//   declarations + an assistant tool call + a tool result in, a valid answer out), typed errors.
+// MODE "tools": the server runs a scripted model that answers with reasoning and a DSML tool call;
+//   checks reasoning_content and tool_calls, streamed and not.
+// Prints one line per check; exits 1 on the first failure.
+import OpenAI from 'openai';
+
+const [base, model, mode] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: base, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+
+function check(cond, what) {
+  if (!cond) {
+    console.error(`FAIL: ${what}`);
+    process.exit(1);
+  }
+  console.log(`ok: ${what}`);
+}
+
+async function expectError(promise, cls, status, param, what) {
+  try {
+    await promise;
+  } catch (e) {
+    check(e instanceof cls, `${what}: ${cls.name} (got ${e.constructor.name})`);
+    check(e.status === status, `${what}: status ${status} (got ${e.status})`);
+    check(e.error && typeof e.error.message === 'string' && e.error.message.length > 0, `${what}: error.message`);
+    if (param !== undefined) check(e.error.param === param, `${what}: error.param ${param} (got ${e.error.param})`);
+    return;
+  }
+  check(false, `${what}: expected an error`);
+}
+
+const tools = [{
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'Get the weather for a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  },
+}];
+
+async function basic() {
+  const models = await client.models.list();
+  check(models.data.length === 1 && models.data[0].id === model, 'models.list names the served model');
+
+  const c = await client.completions.create({ model, prompt: 'hello world', max_tokens: 6, logprobs: 2, seed: 7 });
+  check(c.object === 'text_completion' && typeof c.choices[0].text === 'string', 'completion text');
+  check(c.usage.completion_tokens >= 1 && c.usage.completion_tokens <= 6, 'completion usage');
+  check(['stop', 'length'].includes(c.choices[0].finish_reason), 'completion finish_reason');
+  const lp = c.choices[0].logprobs;
+  check(lp.tokens.length === c.usage.completion_tokens && lp.token_logprobs.every((x) => x <= 0), 'completion logprobs');
+  check(lp.top_logprobs.every((m) => Object.keys(m).length >= 1), 'completion top_logprobs');
+  const again = await client.completions.create({ model, prompt: 'hello world', max_tokens: 6, logprobs: 2, seed: 7 });
+  check(again.choices[0].text === c.choices[0].text, 'seeded completion reproduces');
+
+  let streamed = '';
+  let finish = null;
+  const cs = await client.completions.create({ model, prompt: 'hello world', max_tokens: 6, seed: 7, logprobs: 2, stream: true });
+  for await (const chunk of cs) {
+    streamed += chunk.choices[0]?.text ?? '';
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  check(streamed === c.choices[0].text, 'streamed completion equals the non-streamed one');
+  check(finish === c.choices[0].finish_reason, 'streamed completion finish_reason');
+
+  const messages = [{ role: 'user', content: 'Say something.' }];
+  const chat = await client.chat.completions.create({
+    model, messages, max_tokens: 8, seed: 3, logprobs: true, top_logprobs: 2,
+    chat_template_kwargs: { thinking: false },
+  });
+  check(chat.object === 'chat.completion' && chat.choices[0].message.role === 'assistant', 'chat message');
+  check(typeof chat.choices[0].message.content === 'string', 'chat content');
+  check(chat.choices[0].logprobs.content.length === chat.usage.completion_tokens, 'chat logprobs per token');
+  check(chat.choices[0].logprobs.content.every((t) => t.top_logprobs.length === 2), 'chat top_logprobs');
+
+  let content = '';
+  let usage = null;
+  let roleSeen = false;
+  const stream = await client.chat.completions.create({
+    model, messages, max_tokens: 8, seed: 3, stream: true, stream_options: { include_usage: true },
+    chat_template_kwargs: { thinking: false },
+  });
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    const d = chunk.choices[0]?.delta;
+    if (d?.role === 'assistant') roleSeen = true;
+    content += d?.content ?? '';
+  }
+  check(roleSeen, 'chat stream starts with the assistant role');
+  check(content === chat.choices[0].message.content, 'streamed chat equals the non-streamed one');
+  check(usage && usage.completion_tokens === chat.usage.completion_tokens, 'stream include_usage');
+
+  // Thinking mode: the answer is split into reasoning_content and content.
+  const think = await client.chat.completions.create({ model, messages, max_tokens: 5, seed: 1 });
+  check(typeof think.choices[0].message.reasoning_content === 'string', 'thinking mode returns reasoning_content');
+
+  // Tools round trip: declarations, a previous tool call and its result go in; an answer comes out.
+  const history = [
+    { role: 'user', content: 'Weather in Paris?' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '{"temp": 21}' },
+  ];
+  const tr = await client.chat.completions.create({ model, messages: history, tools, max_tokens: 5 });
+  check(['stop', 'length', 'tool_calls'].includes(tr.choices[0].finish_reason), 'tools round trip answers');
+
+  await expectError(client.chat.completions.create({ model: 'nope', messages }), OpenAI.NotFoundError, 404, 'model', 'unknown model');
+  await expectError(client.chat.completions.create({ model, messages, temperature: 5 }), OpenAI.BadRequestError, 400, 'temperature', 'temperature range');
+  await expectError(client.completions.create({ model, prompt: [999999999] }), OpenAI.BadRequestError, 400, 'prompt', 'token id outside the vocabulary');
+}
+
+async function toolsMode() {
+  const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+  const r = await client.chat.completions.create({ model, messages, tools, max_tokens: 200 });
+  const m = r.choices[0].message;
+  check(m.reasoning_content === 'I should call the tool.', `reasoning_content (got ${JSON.stringify(m.reasoning_content)})`);
+  check(m.content === 'Let me check.', `content (got ${JSON.stringify(m.content)})`);
+  check(m.tool_calls?.length === 1 && m.tool_calls[0].function.name === 'get_weather', 'one tool call');
+  check(JSON.stringify(JSON.parse(m.tool_calls[0].function.arguments)) === '{"city":"Paris","days":3}', 'typed arguments');
+  check(r.choices[0].finish_reason === 'tool_calls', 'finish_reason tool_calls');
+
+  const s = await client.chat.completions.create({ model, messages, tools, max_tokens: 200, stream: true });
+  let reasoning = '';
+  let content = '';
+  const calls = [];
+  let finish = null;
+  for await (const chunk of s) {
+    const d = chunk.choices[0]?.delta ?? {};
+    reasoning += d.reasoning_content ?? '';
+    content += d.content ?? '';
+    for (const tc of d.tool_calls ?? []) calls.push(tc);
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  check(reasoning === 'I should call the tool.' && content === 'Let me check.', 'streamed reasoning/content split');
+  check(calls.length === 1 && calls[0].function.name === 'get_weather' && calls[0].index === 0, 'streamed tool call');
+  check(finish === 'tool_calls', 'streamed finish_reason tool_calls');
+
+  // The call goes back in as history with its result: the round trip the encoder must accept.
+  const back = [...messages, m, { role: 'tool', tool_call_id: m.tool_calls[0].id, content: '21 C' }];
+  const r2 = await client.chat.completions.create({ model, messages: back, tools, max_tokens: 200 });
+  check(r2.choices[0].message.tool_calls?.length === 1, 'tool history accepted');
+
+  // tool_choice "none": the DSML block stays plain content.
+  const none = await client.chat.completions.create({ model, messages, tools, tool_choice: 'none', max_tokens: 200 });
+  check(!none.choices[0].message.tool_calls && none.choices[0].message.content.includes('invoke'), 'tool_choice none');
+}
+
+try {
+  if (mode === 'tools') await toolsMode();
+  else await basic();
+  console.log('all checks passed');
+} catch (e) {
+  console.error(`FAIL: exception ${e?.constructor?.name}: ${e?.message}`);
+  process.exit(1);
+}

@@ -1,0 +1,542 @@
+// HTTP server tests. In-process (HttpServer over an Engine with a scripted backend): a corpus of
+// malformed requests (each must get a 4xx with OpenAI's error JSON, the server staying healthy),
+// DSML tool calls and reasoning through the official `openai` npm client, client disconnect
+// cancelling the engine request, metrics. Out of process (the real `dsv41 serve` binary on a tiny
+// checkpoint): the `openai` client end to end, and SIGTERM finishing in-flight requests then
+// exiting 0.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "engine/engine.h"
+#include "io/test_util.h"
+#include "model/tiny_checkpoint.h"
+#include "server/http_server.h"
+#include "text/json_ordered.h"
+#include "text/tokenizer_file.h"
+
+namespace dsv41 {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Answers every request with the tokens of `script` (then EOS), counted from the last
+// <｜Assistant｜> token of the sequence; before any cue it follows a fixed chain.
+class ScriptBackend final : public ModelBackend {
+ public:
+  ScriptBackend(const Tokenizer& tok, std::vector<int32_t> script, int sleep_ms)
+      : vocab_(tok.vocab_size()),
+        cue_(tok.token_id("<｜Assistant｜>")),
+        eos_(tok.token_id("<｜end▁of▁sentence｜>")),
+        script_(std::move(script)),
+        sleep_ms_(sleep_ms) {}
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t max_context() const override { return 2048; }
+  void reset() override { since_cue_ = -1; }
+  Status forward(const std::vector<int32_t>& tokens, std::vector<float>& logits) override {
+    if (sleep_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    for (int32_t t : tokens) since_cue_ = t == cue_ ? 0 : (since_cue_ >= 0 ? since_cue_ + 1 : -1);
+    // The token after the cue is the thinking marker of the prompt; the script starts after it.
+    int32_t next = (tokens.back() * 7 + 3) % vocab_;
+    if (since_cue_ >= 1) {
+      const auto k = static_cast<std::size_t>(since_cue_ - 1);
+      next = k < script_.size() ? script_[k] : eos_;
+    }
+    logits.assign(static_cast<std::size_t>(vocab_), 0.f);
+    logits[static_cast<std::size_t>(next)] = 30.f;
+    return Status::ok();
+  }
+
+ private:
+  int32_t vocab_, cue_, eos_;
+  std::vector<int32_t> script_;
+  int sleep_ms_;
+  int64_t since_cue_ = -1;
+};
+
+const char* kScriptText =
+    "I should call the tool.</think>Let me check.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke "
+    "name=\"get_weather\">\n"
+    "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n"
+    "<｜DSML｜ parameter name=\"days\" string=\"false\">3</｜DSML｜ parameter>\n</｜DSML｜ "
+    "invoke>\n</｜DSML｜ calls>";
+
+// An in-process server on a free port.
+struct InProcess {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  int port = 0;
+
+  explicit InProcess(int sleep_ms = 0, std::size_t max_body = 64 << 10) {
+    auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+    EXPECT_TRUE(tok.is_ok());
+    auto script = (*tok)->encode(kScriptText);
+    auto backend = std::make_unique<ScriptBackend>(**tok, script, sleep_ms);
+    auto e = Engine::create(std::move(backend), std::move(*tok), EngineOptions{});
+    EXPECT_TRUE(e.is_ok());
+    engine = std::move(*e);
+    ServerOptions so;
+    so.port = 0;
+    so.model_name = "scripted";
+    so.max_body_bytes = max_body;
+    so.shutdown_timeout_s = 5;
+    server = std::make_unique<HttpServer>(*engine, so);
+    EXPECT_TRUE(server->bind().is_ok());
+    port = server->port();
+    thread = std::thread([this] { server->serve(); });
+  }
+  ~InProcess() {
+    server->shutdown();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+};
+
+// POST whose response body is handed to `receive` as it arrives (false: hang up). Returns whether
+// the exchange completed.
+bool post_streaming(httplib::Client& c, const std::string& path, const std::string& body,
+                    std::function<bool(const char*, std::size_t)> receive) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [receive](const char* data, std::size_t n, uint64_t, uint64_t) {
+    return receive(data, n);
+  };
+  return static_cast<bool>(c.send(req));
+}
+
+// Sends raw bytes on a fresh connection and returns whatever comes back before the server closes.
+std::string raw_exchange(int port, const std::string& bytes) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)!write(fd, bytes.data(), bytes.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) {
+    out.append(buf, static_cast<std::size_t>(n));
+    // Stop at the end of one complete response (the server may keep the connection open).
+    const std::size_t head = out.find("\r\n\r\n");
+    const std::size_t cl = out.find("Content-Length: ");
+    if (head != std::string::npos && cl != std::string::npos && cl < head &&
+        out.size() >= head + 4 + std::stoul(out.substr(cl + 16)))
+      break;
+  }
+  close(fd);
+  return out;
+}
+
+// Runs a command, returning its exit status and output.
+std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::string node_client(int port, const std::string& model, const std::string& mode) {
+  return std::string("node ") + DSV41_JS_DIR +
+         "/openai_client_test.mjs http://127.0.0.1:" + std::to_string(port) + "/v1 " + model + " " +
+         mode;
+}
+
+bool is_error_json(const std::string& body) {
+  auto j = parse_json_ordered(body);
+  if (!j || !j->is_object() || !j->contains("error")) return false;
+  const OJson& e = (*j)["error"];
+  return e.is_object() && e.contains("message") && e["message"].is_string() && e.contains("type") &&
+         e["type"].is_string() && e.contains("param") && e.contains("code");
+}
+
+struct Bad {
+  std::string path;
+  std::string body;
+};
+
+std::vector<Bad> malformed_corpus() {
+  std::vector<Bad> v;
+  const std::string C = "/v1/completions", H = "/v1/chat/completions";
+  // Not JSON, or not an object.
+  for (const char* b : {"", "{", "[]", "null", "1", "\"x\"", "{'model': 1}", "{\"model\":}",
+                        "{\"a\":1,}", "\xff\xfe", "{\"model\":\"scripted\",\"prompt\":\"x\"",
+                        "true", "{\"prompt\":\"\\ud800\"}"}) {
+    v.push_back({C, b});
+    v.push_back({H, b});
+  }
+  v.push_back({C, std::string(300, '[') + std::string(300, ']')});
+  const std::string m = "\"model\":\"scripted\"";
+  const std::string p = "\"prompt\":\"hi\"";
+  // Completions fields.
+  for (const std::string f : std::vector<std::string>{
+           "\"model\":1",
+           "\"model\":\"other\"",
+           "\"prompt\":1",
+           "\"prompt\":{}",
+           "\"prompt\":[]",
+           "\"prompt\":[\"a\",\"b\"]",
+           "\"prompt\":[1.5]",
+           "\"prompt\":[-1]",
+           "\"prompt\":[99999999]",
+           "\"prompt\":[[1],[2]]",
+           "\"prompt\":\"\"",
+           "\"max_tokens\":0",
+           "\"max_tokens\":-1",
+           "\"max_tokens\":\"5\"",
+           "\"max_tokens\":1.5",
+           "\"max_tokens\":99999999999",
+           "\"temperature\":-1",
+           "\"temperature\":3",
+           "\"temperature\":\"hot\"",
+           "\"top_p\":0",
+           "\"top_p\":1.5",
+           "\"top_k\":-2",
+           "\"top_k\":\"a\"",
+           "\"min_p\":2",
+           "\"presence_penalty\":5",
+           "\"frequency_penalty\":-3",
+           "\"seed\":\"x\"",
+           "\"seed\":1.5",
+           "\"n\":2",
+           "\"n\":0",
+           "\"best_of\":2",
+           "\"logprobs\":21",
+           "\"logprobs\":-1",
+           "\"logprobs\":true",
+           "\"echo\":true",
+           "\"suffix\":\"x\"",
+           "\"stop\":5",
+           "\"stop\":[1]",
+           "\"stop\":[\"\"]",
+           "\"stop\":\"\"",
+           "\"stop_token_ids\":[-1]",
+           "\"stop_token_ids\":\"x\"",
+           "\"stop_token_ids\":[1000000]",
+           "\"logit_bias\":[]",
+           "\"logit_bias\":{\"x\":1}",
+           "\"logit_bias\":{\"5\":1000}",
+           "\"logit_bias\":{\"99999999\":1}",
+           "\"logit_bias\":{\"5\":\"a\"}",
+           "\"stream\":\"yes\"",
+           "\"stream_options\":{\"include_usage\":true}",
+           "\"stream\":true,\"stream_options\":{\"include_usage\":\"x\"}",
+           "\"stream\":true,\"stream_options\":5",
+           "\"user\":5",
+           "\"ignore_eos\":\"no\"",
+           "\"prompt\":\"" + std::string(3000, 'x') + " " + std::string(3000, 'y') + "\""}) {
+    const bool has_prompt = f.rfind("\"prompt\"", 0) == 0;
+    const bool has_model = f.rfind("\"model\"", 0) == 0;
+    v.push_back({C, "{" + (has_model ? f : m + "," + (has_prompt ? f : p + "," + f)) +
+                        (has_model ? "," + p : "") + "}"});
+  }
+  v.push_back({C, "{" + m + "}"});
+  v.push_back({C, "{" + p + "}"});
+  // Chat fields.
+  const std::string msg = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+  for (const std::string f : std::vector<std::string>{
+           "\"messages\":[]", "\"messages\":{}", "\"messages\":\"hi\"", "\"messages\":[1]",
+           "\"messages\":[{}]", "\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]",
+           "\"messages\":[{\"role\":\"user\",\"content\":5}]", "\"messages\":[{\"role\":\"user\"}]",
+           "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]",
+           "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]",
+           "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]",
+           "\"messages\":[{\"role\":\"user\",\"content\":[5]}]",
+           "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{}}]}]",
+           "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":5}]",
+           "\"messages\":[{\"role\":\"tool\"}]",
+           "\"messages\":[{\"role\":\"developer\",\"content\":\"\"}]",
+           "\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"reasoning\":1}]"}) {
+    v.push_back({H, "{" + m + "," + f + "}"});
+  }
+  for (const std::string f :
+       std::vector<std::string>{"\"tools\":{}",
+                                "\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"f\"}}]",
+                                "\"tools\":[{\"type\":\"function\"}]",
+                                "\"tools\":[{\"type\":\"function\",\"function\":{}}]",
+                                "\"tools\":[5]",
+                                "\"tool_choice\":\"required\"",
+                                "\"tool_choice\":{\"type\":\"function\"}",
+                                "\"response_format\":{\"type\":\"json_object\"}",
+                                "\"response_format\":5",
+                                "\"logprobs\":\"yes\"",
+                                "\"top_logprobs\":2",
+                                "\"logprobs\":true,\"top_logprobs\":25",
+                                "\"chat_template_kwargs\":[]",
+                                "\"chat_template_kwargs\":{\"thinking\":\"x\"}",
+                                "\"chat_template_kwargs\":{\"reasoning_effort\":\"medium\"}",
+                                "\"chat_template_kwargs\":{\"reasoning_effort\":0}",
+                                "\"chat_template_kwargs\":{\"reasoning_effort\":101}",
+                                "\"reasoning_effort\":\"medium\"",
+                                "\"continue_final_message\":true",
+                                "\"max_completion_tokens\":0",
+                                "\"max_tokens\":0",
+                                "\"temperature\":2.5",
+                                "\"n\":3",
+                                "\"parallel_tool_calls\":\"x\"",
+                                "\"add_generation_prompt\":1",
+                                "\"model\":\"gpt-4\""}) {
+    const bool has_model = f.rfind("\"model\"", 0) == 0;
+    v.push_back({H, has_model ? "{" + f + "," + msg + "}" : "{" + m + "," + msg + "," + f + "}"});
+  }
+  // Other endpoints.
+  v.push_back({"/tokenize", "{}"});
+  v.push_back({"/tokenize", "{\"prompt\":5}"});
+  v.push_back({"/tokenize", "{\"messages\":[{\"role\":\"x\"}]}"});
+  v.push_back({"/tokenize", "nope"});
+  v.push_back({"/detokenize", "{}"});
+  v.push_back({"/detokenize", "{\"tokens\":[-1]}"});
+  v.push_back({"/detokenize", "{\"tokens\":[99999999]}"});
+  v.push_back({"/detokenize", "{\"tokens\":[\"a\"]}"});
+  v.push_back({"/detokenize", "{\"tokens\":[18446744073709551615]}"});
+  v.push_back({"/v1/nothing", "{}"});
+  v.push_back({"/v2/completions", "{}"});
+  // Larger than the body limit (64 KiB in this server).
+  v.push_back({C, "{" + m + ",\"prompt\":\"" + std::string(100 << 10, 'a') + "\"}"});
+  return v;
+}
+
+TEST(Server, MalformedCorpusGets4xxWithErrorJsonAndServerStaysHealthy) {
+  InProcess s;
+  auto c = s.client();
+  auto corpus = malformed_corpus();
+  ASSERT_GE(corpus.size(), 100u);
+  int checked = 0;
+  for (const Bad& b : corpus) {
+    auto r = c.Post(b.path, b.body, "application/json");
+    ASSERT_TRUE(r) << "no response for " << b.path << " " << b.body.substr(0, 200);
+    EXPECT_GE(r->status, 400) << b.path << " " << b.body.substr(0, 200);
+    EXPECT_LT(r->status, 500) << b.path << " " << b.body.substr(0, 200) << " -> " << r->body;
+    EXPECT_TRUE(is_error_json(r->body))
+        << b.path << " " << b.body.substr(0, 200) << " -> " << r->body.substr(0, 300);
+    if (std::getenv("DSV41_SHOW_CORPUS"))
+      std::printf("%d %s\n", r->status, r->body.substr(0, 160).c_str());
+    ++checked;
+  }
+  // GET on a POST route and an unknown GET.
+  for (const char* path : {"/v1/completions", "/nowhere"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404);
+    EXPECT_TRUE(is_error_json(r->body));
+  }
+  // Malformed HTTP itself, over a raw socket.
+  for (const char* raw :
+       {"GARBAGE\r\n\r\n", "POST /v1/completions HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+        "GET / HTTP/9.9\r\n\r\n"}) {
+    std::string reply = raw_exchange(s.port, raw);
+    EXPECT_TRUE(reply.rfind("HTTP/1.1 4", 0) == 0) << raw << " -> " << reply.substr(0, 100);
+  }
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto ok = c.Post("/v1/completions", R"({"model":"scripted","prompt":"hi","max_tokens":3})",
+                   "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  std::printf("malformed requests checked: %d\n", checked);
+}
+
+TEST(Server, ParamNamedInErrors) {
+  InProcess s;
+  auto c = s.client();
+  auto r = c.Post(
+      "/v1/chat/completions",
+      R"({"model":"scripted","messages":[{"role":"user","content":"x"},{"role":"robot","content":"y"}]})",
+      "application/json");
+  ASSERT_TRUE(r);
+  auto j = parse_json_ordered(r->body);
+  ASSERT_TRUE(j.is_ok());
+  EXPECT_EQ((*j)["error"]["param"], "messages[1].role");
+  auto t = c.Post("/v1/completions", R"({"model":"scripted","prompt":"x","top_p":7})",
+                  "application/json");
+  ASSERT_TRUE(t);
+  EXPECT_EQ((*parse_json_ordered(t->body))["error"]["param"], "top_p");
+}
+
+TEST(Server, ToolCallsAndReasoningThroughTheOpenAiClient) {
+  InProcess s;
+  auto [code, out] = run_command(node_client(s.port, "scripted", "tools"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+TEST(Server, TokenizeDetokenizeModelsHealthMetrics) {
+  InProcess s;
+  auto c = s.client();
+  auto t = c.Post("/tokenize", R"({"prompt":"hello world"})", "application/json");
+  ASSERT_TRUE(t);
+  ASSERT_EQ(t->status, 200);
+  auto tj = *parse_json_ordered(t->body);
+  EXPECT_EQ(tj["count"], s.engine->tokenizer().encode("hello world").size());
+  auto d = c.Post("/detokenize", OJson({{"tokens", tj["tokens"]}}).dump(), "application/json");
+  ASSERT_TRUE(d);
+  EXPECT_EQ((*parse_json_ordered(d->body))["prompt"], "hello world");
+  auto tm =
+      c.Post("/tokenize", R"({"messages":[{"role":"user","content":"hi"}]})", "application/json");
+  ASSERT_TRUE(tm);
+  EXPECT_EQ((*parse_json_ordered(tm->body))["tokens"][0], 0);  // BOS
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ((*parse_json_ordered(models->body))["data"][0]["id"], "scripted");
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* name :
+       {"dsv41_requests_total{endpoint=\"/tokenize\",status=\"200\"} 2", "dsv41_queue_length 0",
+        "dsv41_request_duration_seconds_bucket", "dsv41_time_to_first_token_seconds_count",
+        "dsv41_generation_tokens_total"})
+    EXPECT_NE(metrics->body.find(name), std::string::npos) << name << "\n" << metrics->body;
+}
+
+TEST(Server, ClientDisconnectMidStreamCancelsTheRequest) {
+  InProcess s(/*sleep_ms=*/20);
+  auto c = s.client();
+  int chunks = 0;
+  httplib::Request req;
+  const bool completed = post_streaming(
+      c, "/v1/completions",
+      R"({"model":"scripted","prompt":"hi","max_tokens":2000,"stream":true,"ignore_eos":true})",
+      [&](const char*, std::size_t) { return ++chunks < 3; });  // hang up after a few chunks
+  EXPECT_FALSE(completed);                                      // the client cancelled
+  // 2000 tokens at 20 ms would take 40 s; the engine must be idle again within a few steps.
+  bool idle = false;
+  for (int i = 0; i < 200 && !idle; ++i) {
+    std::this_thread::sleep_for(20ms);
+    EngineStats st = s.engine->stats();
+    idle = st.running == 0 && st.queued == 0;
+  }
+  EXPECT_TRUE(idle);
+  EXPECT_LT(s.engine->stats().generated_tokens_total, 500);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("status=\"499\""), std::string::npos) << metrics->body;
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
+// ---- the real binary -----------------------------------------------------------------------
+
+struct ServeProcess {
+  pid_t pid = -1;
+  int port = 0;
+  std::string log_path;
+
+  bool start(const std::string& model_dir, const std::string& log) {
+    log_path = log;
+    pid = fork();
+    if (pid == 0) {
+      FILE* f = freopen(log.c_str(), "w", stderr);
+      (void)f;
+      execl(DSV41_BINARY, "dsv41", "serve", "--model", model_dir.c_str(), "--port", "0",
+            "--shutdown-timeout", "60", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 600; ++i) {  // up to 60 s for the listening line
+      std::ifstream in(log);
+      std::string line;
+      while (std::getline(in, line)) {
+        auto k = line.find("listening on http://127.0.0.1:");
+        if (k != std::string::npos) {
+          port = std::stoi(line.substr(k + 30));
+          return true;
+        }
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+  int wait_exit() {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  ~ServeProcess() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+class RealServer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    MakeTinyOptions mt;
+    mt.out_dir = dir_->path() + "/tiny";
+    mt.preset = "tiny";
+    ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static testing::TempDir* dir_;
+};
+testing::TempDir* RealServer::dir_ = nullptr;
+
+TEST_F(RealServer, OpenAiClientEndToEnd) {
+  ServeProcess p;
+  ASSERT_TRUE(p.start(dir_->path() + "/tiny", dir_->path() + "/serve1.log"));
+  auto [code, out] = run_command(node_client(p.port, "tiny", "basic"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
+}
+
+TEST_F(RealServer, SigtermFinishesInFlightThenExitsZero) {
+  ServeProcess p;
+  ASSERT_TRUE(p.start(dir_->path() + "/tiny", dir_->path() + "/serve2.log"));
+  std::string streamed;
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", p.port);
+    c.set_read_timeout(60, 0);
+    post_streaming(
+        c, "/v1/completions",
+        R"({"model":"tiny","prompt":"hi","max_tokens":400,"stream":true,"ignore_eos":true})",
+        [&](const char* data, std::size_t n) {
+          streamed.append(data, n);
+          return true;
+        });
+  });
+  // Wait until the stream is flowing, then ask the server to stop.
+  for (int i = 0; i < 200 && streamed.size() < 200; ++i) std::this_thread::sleep_for(10ms);
+  kill(p.pid, SIGTERM);
+  std::this_thread::sleep_for(100ms);
+  httplib::Client probe("127.0.0.1", p.port);
+  auto h = probe.Get("/health");
+  if (h) EXPECT_EQ(h->status, 503);  // refusing new work while draining
+  client.join();
+  EXPECT_EQ(p.wait_exit(), 0);
+  EXPECT_NE(streamed.find("\"finish_reason\":\"length\""), std::string::npos)
+      << streamed.substr(0, 500);
+  EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv41
