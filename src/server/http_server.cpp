@@ -23,6 +23,8 @@ namespace dsv41 {
 
 using Clock = std::chrono::steady_clock;
 
+struct StreamState;  // one generation response (below)
+
 struct HttpServer::Impl {
   Engine& engine;
   ServerOptions opt;
@@ -73,6 +75,7 @@ struct HttpServer::Impl {
 
   void routes();
   void generation(const httplib::Request& req, httplib::Response& res, bool chat);
+  void release(StreamState& st, const std::string& endpoint);
   void tokenize(const httplib::Request& req, httplib::Response& res);
   void detokenize(const httplib::Request& req, httplib::Response& res);
 };
@@ -161,10 +164,32 @@ struct StreamState {
   std::optional<RequestHandle> handle;
   std::unique_ptr<ResponseBuilder> builder;
   Clock::time_point t0;
+  Clock::time_point last_write = Clock::now();
   bool preamble_sent = false;
   bool first_token = false;
   bool finished = false;
 };
+
+// While the model works and nothing else is written, a few ignorable bytes go out every half second
+// (a space before a JSON body, an SSE comment in a stream): the only way this HTTP layer learns that
+// the client went away is a failing write. Returns false (stop) when the write fails.
+static bool heartbeat(StreamState& st, httplib::DataSink& sink, const std::string& filler) {
+  const auto now = Clock::now();
+  if (now - st.last_write < std::chrono::milliseconds(500)) return true;
+  st.last_write = now;
+  return sink.write(filler.data(), filler.size());
+}
+
+// Called once per generation response when httplib is done with it (sent, or the client is gone).
+void HttpServer::Impl::release(StreamState& st, const std::string& endpoint) {
+  if (!st.finished) {
+    st.handle->cancel();
+    log::info("serve: client went away; request cancelled");
+  }
+  in_flight.fetch_sub(1);
+  metrics.request_done(endpoint, st.finished ? 200 : 499,
+                       std::chrono::duration<double>(Clock::now() - st.t0).count());
+}
 
 void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res, bool chat) {
   const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
@@ -207,24 +232,27 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   };
 
   if (!st->job.stream) {
-    RequestOutput out;
-    while (!st->finished) {
-      if (!st->handle->next(out, std::chrono::milliseconds(100))) continue;
-      note_tokens(out);
-      st->builder->add(out);
-      if (out.finished && out.reason == FinishReason::kError) {
-        in_flight.fetch_sub(1);
-        log::error("serve: {}: engine error: {}", id, out.error);
-        send_error(res, make_error(500, "engine error: " + out.error, "internal_error"));
-        metrics.request_done(endpoint, 500,
-                             std::chrono::duration<double>(Clock::now() - st->t0).count());
-        return;
-      }
-    }
-    res.set_content(st->builder->build(), "application/json");
-    in_flight.fetch_sub(1);
-    metrics.request_done(endpoint, 200,
-                         std::chrono::duration<double>(Clock::now() - st->t0).count());
+    // The answer is written in one piece at the end, but through a content provider so that a client
+    // that hangs up while the model works is noticed (see heartbeat()) and the request cancelled. The status line (200) goes out first; an engine failure (a bug, never bad
+    // input) is then reported as an error JSON body.
+    res.set_chunked_content_provider(
+        "application/json",
+        [this, st, note_tokens, id](std::size_t, httplib::DataSink& sink) {
+          RequestOutput out;
+          if (!st->handle->next(out, std::chrono::milliseconds(100))) return heartbeat(*st, sink, " ");
+          note_tokens(out);
+          st->builder->add(out);
+          if (!out.finished) return heartbeat(*st, sink, " ");
+          std::string answer = st->builder->build();
+          if (out.reason == FinishReason::kError) {
+            log::error("serve: {}: engine error: {}", id, out.error);
+            answer = error_body(make_error(500, "engine error: " + out.error, "internal_error"));
+          }
+          if (!sink.write(answer.data(), answer.size())) return false;
+          sink.done();
+          return true;
+        },
+        [this, st, endpoint](bool) { release(*st, endpoint); });
     return;
   }
 
@@ -233,6 +261,7 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
       "text/event-stream",
       [st, note_tokens](std::size_t, httplib::DataSink& sink) {
         auto send = [&](const std::string& payload) {
+          st->last_write = Clock::now();
           std::string frame = "data: " + payload + "\n\n";
           return sink.write(frame.data(), frame.size());
         };
@@ -241,7 +270,7 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
           if (st->job.chat && !send(st->builder->stream_preamble())) return false;
         }
         RequestOutput out;
-        if (!st->handle->next(out, std::chrono::milliseconds(100))) return true;
+        if (!st->handle->next(out, std::chrono::milliseconds(100))) return heartbeat(*st, sink, ": keep-alive\n\n");
         note_tokens(out);
         for (const std::string& chunk : st->builder->stream_chunks(out))
           if (!send(chunk)) return false;  // client gone: the releaser cancels
@@ -256,15 +285,7 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
         }
         return true;
       },
-      [this, st, endpoint](bool) {
-        if (!st->finished) {
-          st->handle->cancel();
-          log::info("serve: client went away; request cancelled");
-        }
-        in_flight.fetch_sub(1);
-        metrics.request_done(endpoint, st->finished ? 200 : 499,
-                             std::chrono::duration<double>(Clock::now() - st->t0).count());
-      });
+      [this, st, endpoint](bool) { release(*st, endpoint); });
 }
 
 void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {

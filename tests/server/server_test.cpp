@@ -440,6 +440,26 @@ TEST(Server, ClientDisconnectMidStreamCancelsTheRequest) {
   EXPECT_EQ(c.Get("/health")->status, 200);
 }
 
+TEST(Server, ClientGivingUpOnANonStreamedAnswerCancelsIt) {
+  InProcess s(/*sleep_ms=*/20);
+  {
+    httplib::Client c("127.0.0.1", s.port);
+    c.set_read_timeout(0, 300000);  // gives up after 0.3 s
+    auto r = c.Post("/v1/chat/completions",
+                    R"({"model":"scripted","messages":[{"role":"user","content":"x"}],"max_tokens":2000,"ignore_eos":true})",
+                    "application/json");
+    EXPECT_FALSE(r);
+  }
+  bool idle = false;
+  for (int i = 0; i < 200 && !idle; ++i) {
+    std::this_thread::sleep_for(20ms);
+    EngineStats st = s.engine->stats();
+    idle = st.running == 0 && st.queued == 0;
+  }
+  EXPECT_TRUE(idle);
+  EXPECT_LT(s.engine->stats().generated_tokens_total, 500);
+}
+
 // ---- the real binary -----------------------------------------------------------------------
 
 struct ServeProcess {
