@@ -3,7 +3,11 @@
 // and without reading tensor data; usage errors exit 1.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <algorithm>
 #include <fstream>
 #include <iterator>
@@ -442,6 +446,56 @@ TEST(Cli, BenchTokenizerReportsThroughput) {
   EXPECT_GT(j["tokens"].get<int64_t>(), 1000);
   EXPECT_TRUE(j["round_trip_exact"].get<bool>());
   EXPECT_EQ(run("bench").code, 1);  // a benchmark must be named
+}
+
+}  // namespace
+}  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  CliRun g =
+      run("generate --model " + dir.path() + "/ck --prompt 'hello world' --max-tokens 12 --seed 3");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_GT(g.out.size(), 1u);
+  EXPECT_NE(g.err.find("12 generated"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("tokens/s"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("loaded in"), std::string::npos) << g.err;
+  // Greedy (the default) is deterministic.
+  CliRun again =
+      run("generate --model " + dir.path() + "/ck --prompt 'hello world' --max-tokens 12");
+  EXPECT_EQ(again.out, g.out);
+  CliRun chat = run("generate --model " + dir.path() + "/ck --prompt 'hi' --max-tokens 3 --chat");
+  EXPECT_EQ(chat.code, 0) << chat.err;
+  CliRun bad = run("generate --model " + dir.path() + "/nope --prompt x");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("nope"), std::string::npos) << bad.err;
+  EXPECT_EQ(run("generate --model " + dir.path() + "/ck").code, 1);  // --prompt is required
+}
+
+TEST(Cli, ServeRefusesABusyPortAndABadModel) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  CliRun bad = run("serve --model " + dir.path() + "/nope --port 0");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("nope"), std::string::npos) << bad.err;
+  // A port that is taken: bind one, then ask serve for it.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  CliRun busy =
+      run("serve --model " + dir.path() + "/ck --port " + std::to_string(ntohs(addr.sin_port)));
+  close(fd);
+  EXPECT_EQ(busy.code, 1);
+  EXPECT_NE(busy.err.find("cannot listen"), std::string::npos) << busy.err;
 }
 
 }  // namespace
