@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
+#include "model/convert/converted_checkpoint.h"
 #include "model/inventory.h"
 #include "model/layer_plan.h"
 
@@ -77,7 +78,7 @@ void print_text(const ModelConfig& c, const ModelPlan& plan) {
   }
 }
 
-int run_inspect(const std::string& dir, bool as_json) {
+int run_inspect(const std::string& dir, bool as_json, bool verify) {
   json out;
   out["model"] = dir;
   std::vector<std::string> errors;
@@ -89,11 +90,39 @@ int run_inspect(const std::string& dir, bool as_json) {
     if (!as_json && code == kExitOk) std::printf("\nok: checkpoint is valid\n");
     return code;
   };
-  if (fs::exists(fs::path(dir) / "manifest.json")) {
+  if (is_converted_checkpoint(dir)) {
     out["layout"] = "converted";
-    errors.push_back(
-        dir + ": converted layout (manifest.json) found; inspecting it is not supported yet");
-    return finish(kExitInvalid);
+    if (!as_json) std::printf("model: %s (converted layout)\n", dir.c_str());
+    auto ck = open_converted_checkpoint(dir, verify);
+    if (!ck) {
+      errors.push_back(ck.status().message());
+      return finish(kExitInvalid);
+    }
+    const double gb = static_cast<double>(ck->payload_bytes) / 1e9;
+    out["converted"] = {{"tensors", ck->manifest.tensors.size()},
+                        {"files", ck->manifest.files.size()},
+                        {"bytes", ck->payload_bytes},
+                        {"fp8", ck->manifest.fp8},
+                        {"converter_version", ck->manifest.converter_version},
+                        {"verified", verify}};
+    if (verify) {
+      out["converted"]["verify_seconds"] = ck->verify_seconds;
+      out["converted"]["verify_gb_per_s"] = gb / std::max(ck->verify_seconds, 1e-9);
+    }
+    if (!as_json) {
+      std::printf("converted: %zu tensors in %zu files, %.3f GB, fp8 %s, %s\n",
+                  ck->manifest.tensors.size(), ck->manifest.files.size(), gb,
+                  ck->manifest.fp8.c_str(), ck->manifest.converter_version.c_str());
+      if (verify)
+        std::printf("verify: every sha256 matches (%.3f GB in %.2f s, %.2f GB/s)\n", gb,
+                    ck->verify_seconds, gb / std::max(ck->verify_seconds, 1e-9));
+    }
+    return finish(kExitOk);
+  }
+  if (verify) {
+    errors.push_back("--verify: applies to a converted checkpoint (manifest.json); " + dir +
+                     " is in the official layout");
+    return finish(kExitUsage);
   }
   out["layout"] = "official";
   if (!as_json) std::printf("model: %s (official layout)\n", dir.c_str());
@@ -156,6 +185,7 @@ int run_inspect(const std::string& dir, bool as_json) {
 void add_inspect(CLI::App& app, Runner* run) {
   auto dir = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
+  auto verify = std::make_shared<bool>(false);
   CLI::App* sub = app.add_subcommand("inspect",
                                      "Parse a checkpoint (config.json, index and shard headers; "
                                      "tensor data is not read), print the config, "
@@ -163,7 +193,10 @@ void add_inspect(CLI::App& app, Runner* run) {
                                      "2 with named errors otherwise.");
   sub->add_option("--model", *dir, "Checkpoint directory")->required();
   sub->add_flag("--json", *as_json, "Print one JSON document instead of tables");
-  sub->callback([=] { *run = [=] { return run_inspect(*dir, *as_json); }; });
+  sub->add_flag(
+      "--verify", *verify,
+      "Converted layout: recompute every tensor's sha256 against the manifest (reads all data)");
+  sub->callback([=] { *run = [=] { return run_inspect(*dir, *as_json, *verify); }; });
 }
 
 }  // namespace dsv41::cli

@@ -20,6 +20,8 @@ void add_derive_tokenizer(CLI::App& app, Runner* run);
 void add_bench(CLI::App& app, Runner* run);
 void add_generate(CLI::App& app, Runner* run);
 void add_serve(CLI::App& app, Runner* run);
+void add_convert(CLI::App& app, Runner* run);
+void add_validate(CLI::App& app, Runner* run);
 
 // Exit codes shared by all subcommands.
 inline constexpr int kExitOk = 0;

@@ -216,6 +216,10 @@ std::span<const uint8_t> Checkpoint::bytes(const std::string& name) const {
   return shards_[e->shard].bytes(*e->info);
 }
 
+void Checkpoint::release_bytes(const std::string& name, const uint8_t* p, std::size_t n) const {
+  if (const Entry* e = find(name)) shards_[e->shard].release_bytes(p, n);
+}
+
 void Checkpoint::release(const std::string& name) const {
   if (const Entry* e = find(name)) shards_[e->shard].release(*e->info);
 }

@@ -39,6 +39,8 @@ class Checkpoint {
   std::span<const uint8_t> bytes(const std::string& name) const;  // aborts if absent
   void release(
       const std::string& name) const;  // drop the tensor's resident pages (no-op if absent)
+  // Drops the resident pages of part of a tensor's bytes (a sub-span of bytes(name)).
+  void release_bytes(const std::string& name, const uint8_t* p, std::size_t n) const;
   uint64_t total_bytes() const { return total_bytes_; }
 
  private:

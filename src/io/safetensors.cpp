@@ -281,6 +281,10 @@ std::span<const uint8_t> SafetensorsFile::bytes(const TensorInfo& t) const {
   return {base + t.begin, std::size_t(t.nbytes())};
 }
 
+void SafetensorsFile::release_bytes(const uint8_t* p, std::size_t n) const {
+  file_->release(p, n);
+}
+
 void SafetensorsFile::release(const TensorInfo& t) const {
   const auto b = bytes(t);
   file_->release(b.data(), b.size());

@@ -48,6 +48,8 @@ class SafetensorsFile {
   std::span<const uint8_t> bytes(const TensorInfo& t) const;
   // Drops the resident pages of a tensor's bytes (see MappedFile::release).
   void release(const TensorInfo& t) const;
+  // Drops the resident pages of a sub-range of this file's mapping (bounded-memory streaming).
+  void release_bytes(const uint8_t* p, std::size_t n) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t header_size() const { return header_size_; }
 

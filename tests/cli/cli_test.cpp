@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_util.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "io/test_util.h"
@@ -30,27 +31,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::TempDir;
-
-struct CliRun {
-  int code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-  double seconds = 0;
-};
-
-CliRun run(const std::string& args) {
-  TempDir tmp;
-  const std::string cmd =
-      std::string(DSV41_BINARY) + " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
-  const auto t0 = std::chrono::steady_clock::now();
-  const int st = std::system(cmd.c_str());
-  CliRun r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = testing::read_file(tmp.file("out"));
-  r.err = testing::read_file(tmp.file("err"));
-  return r;
-}
 
 TEST(Cli, VersionAndUsage) {
   CliRun v = run("--version");

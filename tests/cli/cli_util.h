@@ -1,0 +1,35 @@
+// Runs the real dsv41 binary for CLI tests: exit code, stdout, stderr, wall time.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "io/test_util.h"
+
+namespace dsv41 {
+
+struct CliRun {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+  double seconds = 0;
+};
+
+inline CliRun run(const std::string& args) {
+  testing::TempDir tmp;
+  const std::string cmd =
+      std::string(DSV41_BINARY) + " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int st = std::system(cmd.c_str());
+  CliRun r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = testing::read_file(tmp.file("out"));
+  r.err = testing::read_file(tmp.file("err"));
+  return r;
+}
+
+}  // namespace dsv41
