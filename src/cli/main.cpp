@@ -3,6 +3,7 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "ops/kernels.h"
 
 #ifndef DSV41_VERSION
 #define DSV41_VERSION "0.0.0"
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : dsv41::cli::kExitUsage;
   }
   if (version) {
-    std::printf("dsv41 %s\n", DSV41_VERSION);
+    std::printf("dsv41 %s (kernels: %s)\n", DSV41_VERSION,
+                dsv41::ops::isa_name(dsv41::ops::active_isa()));
     return 0;
   }
   if (!run) {

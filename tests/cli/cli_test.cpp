@@ -36,6 +36,12 @@ TEST(Cli, VersionAndUsage) {
   CliRun v = run("--version");
   EXPECT_EQ(v.code, 0);
   EXPECT_EQ(v.out.rfind("dsv41 ", 0), 0u) << v.out;
+  EXPECT_NE(v.out.find("(kernels: "), std::string::npos) << v.out;
+  // The kernel tier can be forced down (tests, A/B benchmarks), never above what the CPU has.
+  CliRun scalar = run("--version", "DSV41_ISA=scalar");
+  EXPECT_NE(scalar.out.find("(kernels: scalar)"), std::string::npos) << scalar.out;
+  CliRun unknown = run("--version", "DSV41_ISA=sse9");
+  EXPECT_NE(unknown.err.find("unknown tier"), std::string::npos) << unknown.err;
   CliRun none = run("");
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.out.find("make-tiny"), std::string::npos);

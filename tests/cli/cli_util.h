@@ -18,10 +18,11 @@ struct CliRun {
   double seconds = 0;
 };
 
-inline CliRun run(const std::string& args) {
+// `env`: optional "NAME=value ..." assignments for the command.
+inline CliRun run(const std::string& args, const std::string& env = "") {
   testing::TempDir tmp;
-  const std::string cmd =
-      std::string(DSV41_BINARY) + " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(DSV41_BINARY) +
+                          " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
   const auto t0 = std::chrono::steady_clock::now();
   const int st = std::system(cmd.c_str());
   CliRun r;

@@ -94,10 +94,23 @@ std::string compare_fp4(
   return "";
 }
 
+// Drops the resident pages of the source tensors a check read, so validating a model keeps its RSS
+// bounded (the page cache still serves a tensor read twice, e.g. by an Engram bucket's neighbours).
+struct SourceReleaser {
+  const Checkpoint& src;
+  std::vector<std::string> names;
+  ~SourceReleaser() {
+    for (const auto& n : names) src.release(n);
+  }
+};
+
 std::string check_tensor(const Ctx& c, const ManifestTensor& t, std::span<const uint8_t> bytes) {
   const std::string& n = t.name;
+  SourceReleaser releaser{c.src, {}};
   auto src = [&](const std::string& name) -> std::span<const uint8_t> {
-    return c.src.find(name) ? c.src.bytes(name) : std::span<const uint8_t>();
+    if (!c.src.find(name)) return {};
+    releaser.names.push_back(name);
+    return c.src.bytes(name);
   };
   const bool expert = n.find(".ffn.experts.") != std::string::npos;
   if (expert && has_suffix(n, ".w13.weight")) {

@@ -1,0 +1,122 @@
+// AVX2 + FMA tier (built with -mavx2 -mfma). Decode-path GEMVs: each weight row is dequantized once
+// into a small fp32 buffer (scales folded in), then dotted with every token's activations, so the
+// weight bytes are read once however many tokens (<= 16) share the call. Must not hold static
+// initialisers: this file's code may only run after dispatch has checked the CPU.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/kernels.h"
+#include "ops/simd_common.h"
+
+namespace dsv41::ops {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// 8 E4M3 bytes -> 8 floats (exact): (em << 20) reinterpreted is the value times 2^-120 (subnormals
+// included), so one multiply by 2^120 finishes it; the sign bit moves to bit 31.
+inline __m256 e4m3x8(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i em = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F)), 20);
+  const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(em), _mm256_set1_ps(0x1p120f));
+  return _mm256_or_ps(v, _mm256_castsi256_ps(sg));
+}
+
+// 8 packed bytes (16 E2M1 values) -> two vectors of 8 floats in element order.
+inline void e2m1x16(const uint8_t* p, __m256& first, __m256& second) {
+  const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i lo = _mm256_and_si256(b, _mm256_set1_epi32(15)), hi = _mm256_srli_epi32(b, 4);
+  auto decode = [&](__m256i n) {
+    const __m256 v = _mm256_permutevar8x32_ps(mag, n);  // uses the low 3 bits
+    const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(n, _mm256_set1_epi32(8)), 28);
+    return _mm256_or_ps(v, _mm256_castsi256_ps(sg));
+  };
+  const __m256 l = decode(lo), h = decode(hi);  // elements 0,2,..,14 and 1,3,..,15
+  const __m256 a = _mm256_unpacklo_ps(l, h), c = _mm256_unpackhi_ps(l, h);
+  first = _mm256_permute2f128_ps(a, c, 0x20);
+  second = _mm256_permute2f128_ps(a, c, 0x31);
+}
+
+struct Avx2 {
+  static constexpr int kWidth = 8;
+  // buf[0..32) = 32 FP8 weights of one block times `s`.
+  static void fp8_block(const uint8_t* w, float s, float* buf, int64_t n) {
+    const __m256 sv = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf + i, _mm256_mul_ps(e4m3x8(w + i), sv));
+    for (; i < n; ++i) buf[i] = e4m3_scalar(w[i]) * s;
+  }
+  // buf[0..32) = 32 MXFP4 weights (16 bytes) times `s`.
+  static void fp4_block(const uint8_t* w, float s, float* buf) {
+    const __m256 sv = _mm256_set1_ps(s);
+    for (int k = 0; k < 2; ++k) {
+      __m256 a, b;
+      e2m1x16(w + 8 * k, a, b);
+      _mm256_storeu_ps(buf + 16 * k, _mm256_mul_ps(a, sv));
+      _mm256_storeu_ps(buf + 16 * k + 8, _mm256_mul_ps(b, sv));
+    }
+  }
+  static float dot(const float* a, const float* b, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    float s = hsum(_mm256_add_ps(acc0, acc1));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+  }
+  static float sum_squares(const float* x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), acc);
+    float s = hsum(acc);
+    for (; i < n; ++i) s += x[i] * x[i];
+    return s;
+  }
+  static float sum(const float* x, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+           a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
+      a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
+      a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + i + 16));
+      a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
+    }
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; ++i) s += x[i];
+    return s;
+  }
+  static void scale_mul(const float* x, const float* w, float r, int64_t n, float* y) {
+    const __m256 rv = _mm256_set1_ps(r);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(
+          y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));
+    for (; i < n; ++i) y[i] = w[i] * (x[i] * r);
+  }
+};
+
+}  // namespace
+
+extern const Kernels kAvx2Kernels = {
+    Isa::kAvx2,          &fp8_gemv_impl<Avx2>, &mxfp4_gemv_impl<Avx2>, &mxfp4_gate_up_impl<Avx2>,
+    &rmsnorm_impl<Avx2>, &read_sum_impl<Avx2>};
+
+}  // namespace dsv41::ops

@@ -1,0 +1,101 @@
+// AVX-512 tier (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma): the same kernel
+// bodies as AVX2 (ops/simd_common.h) over 16-wide vectors. No static initialisers here (see
+// kernels_avx2.cpp).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/kernels.h"
+#include "ops/simd_common.h"
+
+namespace dsv41::ops {
+namespace {
+
+// 16 E4M3 bytes -> 16 floats, exactly (see e4m3x8 in the AVX2 tier).
+inline __m512 e4m3x16(const uint8_t* p) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i em = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), 20);
+  const __m512i sg = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(em), _mm512_set1_ps(0x1p120f));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sg));
+}
+
+// 16 packed bytes (32 E2M1 values) -> two vectors of 16 floats in element order.
+inline void e2m1x32(const uint8_t* p, __m512& first, __m512& second) {
+  const __m512 mag = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
+                                    -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512 l =
+      _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)), mag);  // even elements
+  const __m512 h = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), mag);        // odd elements
+  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi_idx =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  first = _mm512_permutex2var_ps(l, lo_idx, h);
+  second = _mm512_permutex2var_ps(l, hi_idx, h);
+}
+
+struct Avx512 {
+  static void fp8_block(const uint8_t* w, float s, float* buf, int64_t n) {
+    const __m512 sv = _mm512_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(buf + i, _mm512_mul_ps(e4m3x16(w + i), sv));
+    for (; i < n; ++i) buf[i] = e4m3_scalar(w[i]) * s;
+  }
+  static void fp4_block(const uint8_t* w, float s, float* buf) {
+    const __m512 sv = _mm512_set1_ps(s);
+    __m512 a, b;
+    e2m1x32(w, a, b);
+    _mm512_storeu_ps(buf, _mm512_mul_ps(a, sv));
+    _mm512_storeu_ps(buf + 16, _mm512_mul_ps(b, sv));
+  }
+  static float dot(const float* a, const float* b, int64_t n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i + 16 <= n; i += 16)
+      acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    if (i < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+      acc1 =
+          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  }
+  static float sum(const float* x, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + i));
+      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + i + 16));
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; i < n; ++i) s += x[i];
+    return s;
+  }
+  static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
+  static void scale_mul(const float* x, const float* w, float r, int64_t n, float* y) {
+    const __m512 rv = _mm512_set1_ps(r);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(
+          y + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), rv)));
+    for (; i < n; ++i) y[i] = w[i] * (x[i] * r);
+  }
+};
+
+}  // namespace
+
+extern const Kernels kAvx512Kernels = {Isa::kAvx512,
+                                       &fp8_gemv_impl<Avx512>,
+                                       &mxfp4_gemv_impl<Avx512>,
+                                       &mxfp4_gate_up_impl<Avx512>,
+                                       &rmsnorm_impl<Avx512>,
+                                       &read_sum_impl<Avx512>};
+
+}  // namespace dsv41::ops

@@ -1,0 +1,85 @@
+// Tier detection (cpuid via the compiler's builtins) and the once-resolved kernel table.
+#include <cstdlib>
+#include <cstring>
+
+#include "core/log.h"
+#include "ops/kernels.h"
+
+namespace dsv41::ops {
+
+// Defined in the per-tier translation units.
+extern const Kernels kScalarKernels;
+extern const Kernels kAvx2Kernels;
+extern const Kernels kAvx512Kernels;
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma");
+  }
+  return false;
+}
+
+const Kernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx2:
+      return kAvx2Kernels;
+    case Isa::kAvx512:
+      return kAvx512Kernels;
+    default:
+      return kScalarKernels;
+  }
+}
+
+namespace {
+
+Isa resolve() {
+  Isa best = Isa::kScalar;
+  for (Isa i : {Isa::kAvx2, Isa::kAvx512})
+    if (isa_supported(i)) best = i;
+  if (const char* env = std::getenv("DSV41_ISA"); env && *env) {
+    for (int k = 0; k < kIsaCount; ++k) {
+      const Isa want = static_cast<Isa>(k);
+      if (std::strcmp(env, isa_name(want)) != 0) continue;
+      if (static_cast<int>(want) > static_cast<int>(best)) {
+        log::warn("DSV41_ISA={}: not supported by this CPU; using {}", env, isa_name(best));
+        return best;
+      }
+      return want;
+    }
+    log::warn("DSV41_ISA={}: unknown tier (scalar, avx2, avx512); using {}", env, isa_name(best));
+  }
+  return best;
+}
+
+}  // namespace
+
+Isa active_isa() {
+  static const Isa isa = resolve();
+  return isa;
+}
+
+const Kernels& kernels() {
+  return kernels_for(active_isa());
+}
+
+}  // namespace dsv41::ops

@@ -1,0 +1,51 @@
+// The CPU kernel layer's interface: one table of kernel entry points per ISA tier, filled once at
+// start-up from the CPU's features (or forced lower with DSV41_ISA=scalar|avx2|avx512 for tests and
+// A/B benchmarks). Each tier lives in its own translation units built with its own -m flags, so no
+// instruction of a higher tier can run on a CPU without it. The scalar tier is the reference
+// (ops/ref) every SIMD tier is tested against.
+//
+// Layouts (design.md §5, docs/convert.md): FP8 weights E4M3 [out, in] row-major with E8M0 scales
+// per 32x32 block [ceil(out/32), ceil(in/32)]; MXFP4 weights packed two per byte (element 2j in the
+// low nibble) [out, in/2] with E8M0 scales per row per 32 inputs [out, in/32]; the routed experts'
+// gate and up rows interleaved (row 2j = gate row j, row 2j+1 = up row j). Activations fp32,
+// accumulation fp32 (the reference tier accumulates in double).
+#pragma once
+
+#include <cstdint>
+
+namespace dsv41::ops {
+
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+inline constexpr int kIsaCount = 3;
+const char* isa_name(Isa isa);
+
+inline constexpr int kMaxDecodeTokens = 16;
+
+struct Kernels {
+  Isa isa;
+  // y[t * out + o] = sum_i W[o, i] x[t * in + i] for t < ntok (1..kMaxDecodeTokens), W FP8
+  // block-scaled.
+  void (*fp8_gemv)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+                   int64_t ntok, float* y);
+  // y[t * out + o] = sum_i W[o, i] x[t * in + i], W MXFP4 (row-scaled per 32 inputs).
+  void (*mxfp4_gemv)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                     const float* x, int64_t ntok, float* y);
+  // Fused gate/up over the interleaved w13 [2 * inter, dim] with the SwiGLU clamp epilogue:
+  // h[t * inter + j] = silu(min(g, limit)) * clamp(u, -limit, limit) * route[t],
+  // g = w13 row 2j . x_t, u = w13 row 2j+1 . x_t.
+  void (*mxfp4_gate_up)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
+                        const float* x, const float* route, int64_t ntok, float limit, float* h);
+  // y = w * x / sqrt(mean(x^2) + eps); y may alias x.
+  void (*rmsnorm)(const float* x, const float* w, int64_t n, float eps, float* y);
+  // Sum of x[0..n): a pure streaming read, the bandwidth probe of `dsv41 bench kernels`.
+  float (*read_sum)(const float* x, int64_t n);
+};
+
+// The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).
+const Kernels& kernels();
+Isa active_isa();
+// The table of one tier; only call its kernels when isa_supported(isa).
+const Kernels& kernels_for(Isa isa);
+bool isa_supported(Isa isa);
+
+}  // namespace dsv41::ops

@@ -1,0 +1,73 @@
+// Scalar reference of every kernel (the `scalar` tier): plain loops, double accumulation, exact
+// dequantization through core/dtypes. Written to be obviously right; SIMD tiers are tested against
+// it.
+#include <algorithm>
+#include <cmath>
+
+#include "core/dtypes.h"
+#include "ops/kernels.h"
+
+namespace dsv41::ops {
+namespace {
+
+void fp8_gemv(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+              int64_t ntok, float* y) {
+  const int64_t sin = (in + 31) / 32;
+  for (int64_t t = 0; t < ntok; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = 0;
+      for (int64_t i = 0; i < in; ++i)
+        acc += double(e4m3_to_float(w[o * in + i])) *
+               e8m0_to_double(scale[(o / 32) * sin + i / 32]) * x[t * in + i];
+      y[t * out + o] = float(acc);
+    }
+}
+
+double mxfp4_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
+  double acc = 0;
+  for (int64_t i = 0; i < in; ++i)
+    acc += double(e2m1_to_float(e2m1_nibble(row, std::size_t(i)))) * e8m0_to_double(srow[i / 32]) *
+           x[i];
+  return acc;
+}
+
+void mxfp4_gemv(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+                int64_t ntok, float* y) {
+  const int64_t sin = in / 32;
+  for (int64_t t = 0; t < ntok; ++t)
+    for (int64_t o = 0; o < out; ++o)
+      y[t * out + o] = float(mxfp4_dot(w + o * (in / 2), scale + o * sin, in, x + t * in));
+}
+
+void mxfp4_gate_up(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
+                   const float* x, const float* route, int64_t ntok, float limit, float* h) {
+  const int64_t rb = dim / 2, sb = dim / 32;
+  for (int64_t t = 0; t < ntok; ++t)
+    for (int64_t j = 0; j < inter; ++j) {
+      const double g = mxfp4_dot(w13 + (2 * j) * rb, s13 + (2 * j) * sb, dim, x + t * dim);
+      const double u = mxfp4_dot(w13 + (2 * j + 1) * rb, s13 + (2 * j + 1) * sb, dim, x + t * dim);
+      const double gc = std::min(g, double(limit));
+      const double uc = std::clamp(u, -double(limit), double(limit));
+      h[t * inter + j] = float(gc / (1 + std::exp(-gc)) * uc * route[t]);
+    }
+}
+
+void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* y) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
+  const double r = 1 / std::sqrt(s / double(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = float(w[i] * (x[i] * r));
+}
+
+float read_sum(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return float(s);
+}
+
+}  // namespace
+
+extern const Kernels kScalarKernels = {Isa::kScalar,  fp8_gemv, mxfp4_gemv,
+                                       mxfp4_gate_up, rmsnorm,  read_sum};
+
+}  // namespace dsv41::ops

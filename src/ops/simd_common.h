@@ -1,0 +1,99 @@
+// Kernel bodies shared by the SIMD tiers, written once over an ISA policy struct S (block decoders,
+// dot product, reductions). Included only by the per-tier translation units, and everything here
+// has internal linkage: each tier compiles its own copy with its own -m flags (an inline function
+// shared across tiers could otherwise be merged by the linker into the copy of a higher tier).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace dsv41::ops {
+namespace {
+
+constexpr int64_t kRowChunk = 2048;  // weights decoded per step (a multiple of 32; 8 KB of fp32)
+
+inline float e8m0_scalar(uint8_t s) {
+  return s == 255 ? NAN : std::ldexp(1.0f, int(s) - 127);
+}
+
+inline float e4m3_scalar(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+  if ((b & 0x7F) == 0x7F) v = NAN;
+  return (b & 0x80) ? -v : v;
+}
+
+template <typename S>
+void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+                   int64_t ntok, float* y) {
+  alignas(64) float buf[kRowChunk];
+  float acc[16];
+  const int64_t sin = (in + 31) / 32;
+  for (int64_t o = 0; o < out; ++o) {
+    std::fill(acc, acc + ntok, 0.0f);
+    const uint8_t* row = w + o * in;
+    const uint8_t* srow = scale + (o / 32) * sin;
+    for (int64_t c0 = 0; c0 < in; c0 += kRowChunk) {
+      const int64_t n = std::min(kRowChunk, in - c0);
+      for (int64_t b = 0; b < n; b += 32)
+        S::fp8_block(row + c0 + b, e8m0_scalar(srow[(c0 + b) / 32]), buf + b,
+                     std::min<int64_t>(32, n - b));
+      for (int64_t t = 0; t < ntok; ++t) acc[t] += S::dot(buf, x + t * in + c0, n);
+    }
+    for (int64_t t = 0; t < ntok; ++t) y[t * out + o] = acc[t];
+  }
+}
+
+// Dot products of one MXFP4 row with every token's activations, accumulated into acc[0..ntok).
+template <typename S>
+void fp4_row_dots(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x, int64_t ntok,
+                  float* acc) {
+  alignas(64) float buf[kRowChunk];
+  std::fill(acc, acc + ntok, 0.0f);
+  for (int64_t c0 = 0; c0 < in; c0 += kRowChunk) {
+    const int64_t n = std::min(kRowChunk, in - c0);
+    for (int64_t b = 0; b < n; b += 32)
+      S::fp4_block(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), buf + b);
+    for (int64_t t = 0; t < ntok; ++t) acc[t] += S::dot(buf, x + t * in + c0, n);
+  }
+}
+
+template <typename S>
+void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                     const float* x, int64_t ntok, float* y) {
+  float acc[16];
+  for (int64_t o = 0; o < out; ++o) {
+    fp4_row_dots<S>(w + o * (in / 2), scale + o * (in / 32), in, x, ntok, acc);
+    for (int64_t t = 0; t < ntok; ++t) y[t * out + o] = acc[t];
+  }
+}
+
+template <typename S>
+void mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
+                        const float* x, const float* route, int64_t ntok, float limit, float* h) {
+  float g[16], u[16];
+  for (int64_t j = 0; j < inter; ++j) {
+    fp4_row_dots<S>(w13 + (2 * j) * (dim / 2), s13 + (2 * j) * (dim / 32), dim, x, ntok, g);
+    fp4_row_dots<S>(w13 + (2 * j + 1) * (dim / 2), s13 + (2 * j + 1) * (dim / 32), dim, x, ntok, u);
+    for (int64_t t = 0; t < ntok; ++t) {
+      const float gc = std::min(g[t], limit), uc = std::clamp(u[t], -limit, limit);
+      h[t * inter + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
+    }
+  }
+}
+
+template <typename S>
+void rmsnorm_impl(const float* x, const float* w, int64_t n, float eps, float* y) {
+  const float r = 1.0f / std::sqrt(S::sum_squares(x, n) / float(n) + eps);
+  S::scale_mul(x, w, r, n, y);
+}
+
+template <typename S>
+float read_sum_impl(const float* x, int64_t n) {
+  return S::sum(x, n);
+}
+
+}  // namespace
+}  // namespace dsv41::ops

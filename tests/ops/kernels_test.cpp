@@ -1,0 +1,209 @@
+// Every kernel of every ISA tier against the scalar reference (ops/ref), on fresh random inputs
+// each run (the seed is printed on failure), over shapes with odd sizes, tails and chunk
+// boundaries, with outputs poisoned (NaN) before each call. Tiers the CPU lacks are skipped and say
+// so; the AVX2 tier is tested directly whatever the best tier is.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/dtypes.h"
+#include "ops/kernels.h"
+
+namespace dsv41::ops {
+namespace {
+
+uint64_t fresh_seed() {
+  static const uint64_t seed = std::random_device{}();
+  return seed;
+}
+
+struct Gen {
+  std::mt19937_64 rng{fresh_seed()};
+  float normal() { return std::normal_distribution<float>(0.0f, 1.0f)(rng); }
+  uint8_t byte() { return static_cast<uint8_t>(rng() & 0xFF); }
+  // E4M3 codes without the NaN codes (0x7F, 0xFF): weights never hold NaN.
+  uint8_t e4m3() {
+    for (;;) {
+      const uint8_t b = byte();
+      if ((b & 0x7F) != 0x7F) return b;
+    }
+  }
+  uint8_t e8m0() { return static_cast<uint8_t>(112 + rng() % 24); }
+};
+
+class KernelTier : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam()))
+      GTEST_SKIP() << isa_name(GetParam()) << " is not supported by this CPU";
+    k_ = &kernels_for(GetParam());
+    ref_ = &kernels_for(Isa::kScalar);
+  }
+  const Kernels* k_ = nullptr;
+  const Kernels* ref_ = nullptr;
+  Gen g_;
+};
+
+// |got - want| <= tol * scale for every element, where scale is the sum of |terms| of that output.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::vector<double>& scale, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i]))
+        << what << ": element " << i << " not written (seed " << fresh_seed() << ")";
+    ASSERT_LE(std::fabs(double(got[i]) - want[i]), tol * scale[i] + 1e-30)
+        << what << ": element " << i << " got " << got[i] << " want " << want[i] << " (seed "
+        << fresh_seed() << ")";
+  }
+}
+
+// Relative accumulation tolerance for fp32 sums of n terms (chunked, several accumulators): far
+// below the error of a wrong element, scale or order (~1/sqrt(n) of the scale), far above rounding.
+double sum_tol(int64_t n) {
+  return 1e-6 * (double(n) / 64 + 8);
+}
+
+TEST_P(KernelTier, Fp8Gemv) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 32},    {3, 40},         {33, 100},
+                                                           {64, 5120}, {40, 2048 + 96}, {2, 7}};
+  for (const auto& [out, in] : shapes)
+    for (int64_t ntok : {1, 2, 5, 16}) {
+      const int64_t sin = (in + 31) / 32;
+      std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
+          s(static_cast<std::size_t>((out + 31) / 32 * sin));
+      for (auto& b : w) b = g_.e4m3();
+      for (auto& b : s) b = g_.e8m0();
+      std::vector<float> x(static_cast<std::size_t>(ntok * in));
+      for (auto& v : x) v = g_.normal();
+      std::vector<float> y(std::size_t(ntok * out), NAN), want(y.size());
+      k_->fp8_gemv(w.data(), s.data(), out, in, x.data(), ntok, y.data());
+      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data(), ntok, want.data());
+      std::vector<double> scale(y.size());
+      for (int64_t t = 0; t < ntok; ++t)
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < in; ++i)
+            scale[std::size_t(t * out + o)] +=
+                std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
+                          e8m0_to_double(s[std::size_t((o / 32) * sin + i / 32)]) *
+                          x[std::size_t(t * in + i)]);
+      expect_close(y, want, scale, sum_tol(in),
+                   "fp8_gemv " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                       std::to_string(ntok));
+    }
+}
+
+std::vector<double> fp4_scale(const std::vector<uint8_t>& w, const std::vector<uint8_t>& s,
+                              int64_t out, int64_t in, const std::vector<float>& x, int64_t ntok) {
+  std::vector<double> scale(static_cast<std::size_t>(ntok * out));
+  for (int64_t t = 0; t < ntok; ++t)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i)
+        scale[std::size_t(t * out + o)] += std::fabs(
+            double(e2m1_to_float(e2m1_nibble(w.data() + o * (in / 2), std::size_t(i)))) *
+            e8m0_to_double(s[std::size_t(o * (in / 32) + i / 32)]) * x[std::size_t(t * in + i)]);
+  return scale;
+}
+
+TEST_P(KernelTier, Mxfp4Gemv) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 32}, {7, 64}, {65, 2080}, {32, 5120}, {3, 2304}};
+  for (const auto& [out, in] : shapes)
+    for (int64_t ntok : {1, 3, 16}) {
+      std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+          s(static_cast<std::size_t>(out * in / 32));
+      for (auto& b : w) b = g_.byte();
+      for (auto& b : s) b = g_.e8m0();
+      std::vector<float> x(static_cast<std::size_t>(ntok * in));
+      for (auto& v : x) v = g_.normal();
+      std::vector<float> y(std::size_t(ntok * out), NAN), want(y.size());
+      k_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), ntok, y.data());
+      ref_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), ntok, want.data());
+      expect_close(y, want, fp4_scale(w, s, out, in, x, ntok), sum_tol(in),
+                   "mxfp4_gemv " + std::to_string(out) + "x" + std::to_string(in));
+    }
+}
+
+TEST_P(KernelTier, Mxfp4GateUpWithClampEpilogue) {
+  for (const auto& [inter, dim] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {3, 64}, {17, 2304}, {8, 5120}})
+    for (int64_t ntok : {1, 4, 16}) {
+      std::vector<uint8_t> w(static_cast<std::size_t>(2 * inter * dim / 2)),
+          s(static_cast<std::size_t>(2 * inter * dim / 32));
+      for (auto& b : w) b = g_.byte();
+      for (auto& b : s)
+        b = static_cast<uint8_t>(g_.e8m0() - 4);  // keep g, u around the clamp of 10
+      std::vector<float> x(static_cast<std::size_t>(ntok * dim)),
+          route(static_cast<std::size_t>(ntok));
+      for (auto& v : x) v = g_.normal();
+      for (auto& r : route) r = std::fabs(g_.normal());
+      std::vector<float> h(std::size_t(ntok * inter), NAN), want(h.size());
+      k_->mxfp4_gate_up(w.data(), s.data(), inter, dim, x.data(), route.data(), ntok, 10.0f,
+                        h.data());
+      ref_->mxfp4_gate_up(w.data(), s.data(), inter, dim, x.data(), route.data(), ntok, 10.0f,
+                          want.data());
+      // Error bound through the epilogue: |d(silu(g) u)| <= (|u| |silu'| |dg| + |silu(g)| |du|)
+      // with |silu'| <= 1.1, |u| <= 10; the gate/up rows' term sums bound |dg|, |du|.
+      const auto sc = fp4_scale(w, s, 2 * inter, dim, x, ntok);
+      std::vector<double> scale(h.size());
+      for (int64_t t = 0; t < ntok; ++t)
+        for (int64_t j = 0; j < inter; ++j)
+          scale[std::size_t(t * inter + j)] =
+              route[std::size_t(t)] * (11.0 * sc[std::size_t(t * 2 * inter + 2 * j)] +
+                                       (10.0 + std::fabs(want[std::size_t(t * inter + j)])) *
+                                           sc[std::size_t(t * 2 * inter + 2 * j + 1)]);
+      expect_close(h, want, scale, sum_tol(dim),
+                   "mxfp4_gate_up " + std::to_string(inter) + "x" + std::to_string(dim));
+    }
+}
+
+TEST_P(KernelTier, RmsNorm) {
+  for (int64_t n : {1, 7, 8, 33, 512, 5120}) {
+    std::vector<float> x(static_cast<std::size_t>(n)), w(static_cast<std::size_t>(n));
+    for (auto& v : x) v = g_.normal() * 3;
+    for (auto& v : w) v = g_.normal();
+    std::vector<float> y(std::size_t(n), NAN), want(y.size());
+    k_->rmsnorm(x.data(), w.data(), n, 1e-20f, y.data());
+    ref_->rmsnorm(x.data(), w.data(), n, 1e-20f, want.data());
+    std::vector<double> scale(y.size());
+    for (std::size_t i = 0; i < y.size(); ++i) scale[i] = std::fabs(double(want[i])) + 1e-30;
+    expect_close(y, want, scale, 4e-6 + 1e-7 * std::sqrt(double(n)),
+                 "rmsnorm " + std::to_string(n));
+    // In place (y aliases x).
+    std::vector<float> inplace = x;
+    k_->rmsnorm(inplace.data(), w.data(), n, 1e-20f, inplace.data());
+    expect_close(inplace, want, scale, 4e-6 + 1e-7 * std::sqrt(double(n)), "rmsnorm in place");
+  }
+}
+
+TEST_P(KernelTier, ReadSum) {
+  for (int64_t n : {0, 1, 31, 32, 1000, 100000}) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    double scale = 0;
+    for (auto& v : x) scale += std::fabs(v = g_.normal());
+    const float got = k_->read_sum(x.data(), n), want = ref_->read_sum(x.data(), n);
+    EXPECT_LE(std::fabs(double(got) - want), sum_tol(n) * scale + 1e-30) << n;
+  }
+}
+
+TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
+  EXPECT_TRUE(isa_supported(active_isa()));
+  EXPECT_EQ(kernels().isa, active_isa());
+  for (int k = 0; k < kIsaCount; ++k) {
+    const Kernels& t = kernels_for(static_cast<Isa>(k));
+    EXPECT_EQ(static_cast<int>(t.isa), k);
+    EXPECT_TRUE(t.fp8_gemv && t.mxfp4_gemv && t.mxfp4_gate_up && t.rmsnorm && t.read_sum)
+        << isa_name(t.isa);
+  }
+  EXPECT_TRUE(isa_supported(Isa::kScalar));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, KernelTier,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+                         [](const ::testing::TestParamInfo<Isa>& i) {
+                           return std::string(isa_name(i.param));
+                         });
+
+}  // namespace
+}  // namespace dsv41::ops
