@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "ops/bench/kernel_bench.h"
 #include "text/tokenizer.h"
 
 namespace dsv41::cli {
@@ -88,6 +89,33 @@ void add_bench(CLI::App& app, Runner* run) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   tok->callback([=] { *run = [=] { return run_bench_tokenizer(*model, *mb); }; });
+
+  auto kopt = std::make_shared<ops::KernelBenchOptions>();
+  CLI::App* kb =
+      bench->add_subcommand("kernels",
+                            "Decode kernels at the model's real shapes on all threads: time, "
+                            "weight GB/s, GFLOP/s and the "
+                            "fraction of the read bandwidth measured beside each kernel; 16 vs 1 "
+                            "token; oneDNN bf16 matmul "
+                            "at prefill shapes. DSV41_ISA forces a lower tier for A/B runs.");
+  kb->add_option("--threads", kopt->threads, "Threads (0 = all cores)")->capture_default_str();
+  kb->add_option("--probe-mb", kopt->probe_mb, "Read-probe buffer (MiB)")
+      ->check(CLI::Range(16, 65536))
+      ->capture_default_str();
+  kb->add_option("--set-mb", kopt->min_set_mb,
+                 "Each kernel cycles through this many MiB of weight copies")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  kb->add_option("--reps", kopt->reps, "Best of this many runs")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  kb->add_flag("--quick", kopt->quick, "Small shapes only (smoke test)");
+  kb->callback([=] {
+    *run = [=] {
+      std::printf("%s\n", ops::run_kernel_bench(*kopt).c_str());
+      return kExitOk;
+    };
+  });
 }
 
 }  // namespace dsv41::cli
