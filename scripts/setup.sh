@@ -8,7 +8,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libicu-dev libonig-dev libcpp-httplib-dev
+  libicu-dev libonig-dev libcpp-httplib-dev libdnnl-dev
 )
 command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)

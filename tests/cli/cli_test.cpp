@@ -486,3 +486,33 @@ TEST(Cli, ServeRefusesABusyPortAndABadModel) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+TEST(Cli, BenchKernelsReportsBandwidthFractions) {
+  CliRun b = run("bench kernels --quick --probe-mb 32 --set-mb 8 --reps 1");
+  ASSERT_EQ(b.code, 0) << b.err;
+  auto j = nlohmann::json::parse(b.out);
+  EXPECT_EQ(j["bench"], "kernels");
+  EXPECT_GT(j["read_probe_gb_per_s"].get<double>(), 0.0);
+  ASSERT_EQ(j["kernels"].size(), 3u);
+  for (const auto& k : j["kernels"]) {
+    ASSERT_EQ(k["runs"].size(), 2u);
+    for (const auto& r : k["runs"]) {
+      EXPECT_GT(r["weight_gb_per_s"].get<double>(), 0.0);
+      EXPECT_GT(r["fraction_of_read_bandwidth"].get<double>(), 0.0);
+    }
+    EXPECT_TRUE(k["runs"][1].contains("cost_vs_1_token"));
+  }
+  ASSERT_EQ(j["reference_library"].size(), 1u);
+  EXPECT_GT(j["reference_library"][0]["gflop_per_s"].get<double>(), 0.0)
+      << j["reference_library"][0].dump();
+  // The forced tier is the one measured.
+  CliRun s = run("bench kernels --quick --probe-mb 32 --set-mb 1 --reps 1", "DSV41_ISA=scalar");
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(nlohmann::json::parse(s.out)["isa"], "scalar");
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -165,41 +166,47 @@ class Bench {
         copies);
   }
 
-  // oneDNN bf16 x bf16 -> f32 matmul [m, k] x [k, n] (prefill shapes), GFLOP/s.
-  json onednn_bf16(int64_t m, int64_t n, int64_t kdim) {
+  // oneDNN matmul [m, k] x [k, n] -> f32 (prefill shapes), GFLOP/s: bf16 inputs where the CPU has a
+  // bf16 path (oneDNN 2.6 needs AVX-512), otherwise f32 inputs, said in "op".
+  json onednn_matmul(int64_t m, int64_t n, int64_t kdim) {
     using namespace dnnl;
+    const auto* v = dnnl_version();
     json j = {{"library", "oneDNN"},
-              {"version", std::to_string(dnnl_version()->major) + "." +
-                              std::to_string(dnnl_version()->minor) + "." +
-                              std::to_string(dnnl_version()->patch)},
-              {"op", "matmul bf16 x bf16 -> f32"},
+              {"version", std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                              std::to_string(v->patch)},
               {"m", m},
               {"n", n},
               {"k", kdim}};
-    try {
-      engine eng(engine::kind::cpu, 0);
-      stream st(eng);
-      memory::desc a({m, kdim}, memory::data_type::bf16, memory::format_tag::ab);
-      memory::desc b({kdim, n}, memory::data_type::bf16, memory::format_tag::any);
-      memory::desc c({m, n}, memory::data_type::f32, memory::format_tag::ab);
-      matmul::primitive_desc pd(matmul::desc(a, b, c), eng);  // oneDNN 2.x API
-      memory am(a, eng),
-          bm_plain({{kdim, n}, memory::data_type::bf16, memory::format_tag::ab}, eng), cm(c, eng);
-      memory bm(pd.weights_desc(), eng);
-      std::fill_n(static_cast<uint16_t*>(am.get_data_handle()), m * kdim, uint16_t(0x3F00));
-      std::fill_n(static_cast<uint16_t*>(bm_plain.get_data_handle()), kdim * n, uint16_t(0x3E80));
-      reorder(bm_plain, bm).execute(st, bm_plain, bm);
-      matmul mm(pd);
-      auto once = [&] {
-        mm.execute(st, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-        st.wait();
-      };
-      once();
-      const double t = best_time(opt_.reps, once);
-      j["ms"] = t * 1e3;
-      j["gflop_per_s"] = 2.0 * double(m) * double(n) * double(kdim) / t / 1e9;
-    } catch (const std::exception& e) {
-      j["error"] = e.what();
+    for (auto dt : {memory::data_type::bf16, memory::data_type::f32}) {
+      const bool bf16 = dt == memory::data_type::bf16;
+      try {
+        engine eng(engine::kind::cpu, 0);
+        stream st(eng);
+        memory::desc a({m, kdim}, dt, memory::format_tag::ab);
+        memory::desc b({kdim, n}, dt, memory::format_tag::any);
+        memory::desc c({m, n}, memory::data_type::f32, memory::format_tag::ab);
+        matmul::primitive_desc pd(matmul::desc(a, b, c), eng);  // oneDNN 2.x API
+        memory am(a, eng), bm_plain({{kdim, n}, dt, memory::format_tag::ab}, eng), cm(c, eng),
+            bm(pd.weights_desc(), eng);
+        const std::size_t esz = bf16 ? 2 : 4;
+        std::memset(am.get_data_handle(), 0x3F, std::size_t(m * kdim) * esz);  // any finite values
+        std::memset(bm_plain.get_data_handle(), 0x3E, std::size_t(kdim * n) * esz);
+        reorder(bm_plain, bm).execute(st, bm_plain, bm);
+        matmul mm(pd);
+        auto once = [&] {
+          mm.execute(st, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+          st.wait();
+        };
+        once();
+        const double t = best_time(opt_.reps, once);
+        j["op"] = bf16 ? "matmul bf16 x bf16 -> f32"
+                       : "matmul f32 x f32 -> f32 (no bf16 path on this CPU)";
+        j["ms"] = t * 1e3;
+        j["gflop_per_s"] = 2.0 * double(m) * double(n) * double(kdim) / t / 1e9;
+        return j;
+      } catch (const std::exception& e) {
+        j[bf16 ? "bf16_error" : "f32_error"] = e.what();
+      }
     }
     return j;
   }
@@ -242,7 +249,7 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
   }
   json& ref = j["reference_library"];
   for (int64_t m : opt.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 2048})
-    ref.push_back(b.onednn_bf16(m, opt.quick ? 512 : 5120, opt.quick ? 1024 : 5120));
+    ref.push_back(b.onednn_matmul(m, opt.quick ? 512 : 5120, opt.quick ? 1024 : 5120));
   j["prefill_gemm_ours"] = "not implemented yet (ops issue: blocked FP8/bf16 GEMM)";
   const double wall = seconds_since(t0);
   const double other = std::max(0.0, (busy_cpu_seconds() - busy0) - (own_cpu_seconds() - own0));
