@@ -39,6 +39,9 @@ struct Kernels {
   void (*rmsnorm)(const float* x, const float* w, int64_t n, float eps, float* y);
   // Sum of x[0..n): a pure streaming read, the bandwidth probe of `dsv41 bench kernels`.
   float (*read_sum)(const float* x, int64_t n);
+  // mHC coefficient epilogue + Sinkhorn (ops/select.h hc_sinkhorn_ref), bit-identical to it.
+  void (*hc_sinkhorn)(const float* m, const float* base, const float* scale, int64_t hc, float eps,
+                      int64_t iters, float* pre, float* post, float* comb);
 };
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).

@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include <immintrin.h>
+
+#include "ops/select.h"
+
 namespace dsv41::ops {
 namespace {
 
@@ -88,6 +92,38 @@ template <typename S>
 void rmsnorm_impl(const float* x, const float* w, int64_t n, float eps, float* y) {
   const float r = 1.0f / std::sqrt(S::sum_squares(x, n) / float(n) + eps);
   S::scale_mul(x, w, r, n, y);
+}
+
+// hc = 4 (the model's hc_mult): the 4x4 Sinkhorn steps on SSE rows, each lane doing exactly the
+// reference's operations in its order (column sums add rows top to bottom; row sums add a
+// transposed copy left to right), so the result is bit-identical; the exps stay scalar (std::exp).
+// Other hc use the reference.
+inline void hc_sinkhorn_simd(const float* m, const float* base, const float* scale, int64_t hc,
+                             float eps, int64_t iters, float* pre, float* post, float* comb) {
+  if (hc != 4) return hc_sinkhorn_ref(m, base, scale, hc, eps, iters, pre, post, comb);
+  // Sigmoids and the row softmax exactly as the reference (scalar), then the iterations in SIMD.
+  hc_sinkhorn_ref(m, base, scale, hc, eps, 0, pre, post, comb);
+  __m128 r0 = _mm_loadu_ps(comb), r1 = _mm_loadu_ps(comb + 4), r2 = _mm_loadu_ps(comb + 8),
+         r3 = _mm_loadu_ps(comb + 12);
+  const __m128 e = _mm_set1_ps(eps);
+  auto col_step = [&] {
+    const __m128 d =
+        _mm_add_ps(_mm_add_ps(_mm_add_ps(_mm_add_ps(_mm_setzero_ps(), r0), r1), r2), r3);
+    const __m128 q = _mm_add_ps(d, e);
+    r0 = _mm_div_ps(r0, q), r1 = _mm_div_ps(r1, q), r2 = _mm_div_ps(r2, q), r3 = _mm_div_ps(r3, q);
+  };
+  auto row_step = [&] {
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);  // r_k now holds column k: lane j = c[j][k]
+    const __m128 d =
+        _mm_add_ps(_mm_add_ps(_mm_add_ps(_mm_add_ps(_mm_setzero_ps(), r0), r1), r2), r3);
+    const __m128 q = _mm_add_ps(d, e);
+    r0 = _mm_div_ps(r0, q), r1 = _mm_div_ps(r1, q), r2 = _mm_div_ps(r2, q), r3 = _mm_div_ps(r3, q);
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  };
+  col_step();
+  for (int64_t it = 1; it < iters; ++it) row_step(), col_step();
+  _mm_storeu_ps(comb, r0), _mm_storeu_ps(comb + 4, r1), _mm_storeu_ps(comb + 8, r2),
+      _mm_storeu_ps(comb + 12, r3);
 }
 
 template <typename S>

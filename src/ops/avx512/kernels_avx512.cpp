@@ -96,6 +96,7 @@ extern const Kernels kAvx512Kernels = {Isa::kAvx512,
                                        &mxfp4_gemv_impl<Avx512>,
                                        &mxfp4_gate_up_impl<Avx512>,
                                        &rmsnorm_impl<Avx512>,
-                                       &read_sum_impl<Avx512>};
+                                       &read_sum_impl<Avx512>,
+                                       &hc_sinkhorn_simd};
 
 }  // namespace dsv41::ops

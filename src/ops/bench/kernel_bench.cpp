@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "ops/kernels.h"
+#include "ops/select.h"
 
 namespace dsv41::ops {
 namespace {
@@ -246,6 +247,27 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
     k.push_back(b.fp8("fp8_gemv shared_experts.w2", 5120, 2304));
     k.push_back(b.mxfp4("mxfp4_gate_up expert w13", 2304, 5120, true));
     k.push_back(b.mxfp4("mxfp4_gemv expert w2", 5120, 2304, false));
+  }
+  {
+    // mHC coefficients per token (hc = 4): the tier's kernel against the plain reference loop.
+    const float m[24] = {0.1f, -0.2f, 0.3f,  0.05f, 0.4f, -0.1f, 0.2f, 0.0f,
+                         0.3f, 0.1f,  -0.3f, 0.2f,  0.5f, 0.1f,  0.0f, -0.4f,
+                         0.2f, 0.3f,  -0.1f, 0.1f,  0.0f, 0.2f,  0.4f, -0.2f};
+    const float base[24] = {}, scale[3] = {1.0f, 1.0f, 1.0f};
+    float pre[4], post[4], comb[16];
+    auto per_call_ns = [&](auto fn) {
+      constexpr int kCalls = 20000;
+      return best_time(opt.reps,
+                       [&] {
+                         for (int i = 0; i < kCalls; ++i)
+                           fn(m, base, scale, 4, 1e-6f, 20, pre, post, comb);
+                       }) /
+             kCalls * 1e9;
+    };
+    j["mhc_sinkhorn"] = {{"hc", 4},
+                         {"iterations", 20},
+                         {"ns_per_token_kernel", per_call_ns(kernels().hc_sinkhorn)},
+                         {"ns_per_token_reference_loop", per_call_ns(hc_sinkhorn_ref)}};
   }
   json& ref = j["reference_library"];
   for (int64_t m : opt.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 2048})

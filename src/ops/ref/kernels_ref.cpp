@@ -6,6 +6,7 @@
 
 #include "core/dtypes.h"
 #include "ops/kernels.h"
+#include "ops/select.h"
 
 namespace dsv41::ops {
 namespace {
@@ -67,7 +68,7 @@ float read_sum(const float* x, int64_t n) {
 
 }  // namespace
 
-extern const Kernels kScalarKernels = {Isa::kScalar,  fp8_gemv, mxfp4_gemv,
-                                       mxfp4_gate_up, rmsnorm,  read_sum};
+extern const Kernels kScalarKernels = {Isa::kScalar, fp8_gemv, mxfp4_gemv,     mxfp4_gate_up,
+                                       rmsnorm,      read_sum, hc_sinkhorn_ref};
 
 }  // namespace dsv41::ops
