@@ -116,31 +116,18 @@ long last_user_index(const std::vector<Msg>& msgs) {
 std::vector<Msg> merge_tool_messages(const std::vector<ChatMessage>& messages) {
   std::vector<Msg> out;
   for (const ChatMessage& m : messages) {
-    bool prev_user = !out.empty() && out.back().role == "user" && out.back().has_blocks;
-    if (m.role == "tool") {
-      Block b{true, m.content.value_or(""), m.tool_call_id};
-      if (prev_user) {
-        out.back().blocks.push_back(std::move(b));
-      } else {
+    const bool prev_user = !out.empty() && out.back().role == "user" && out.back().has_blocks;
+    if (m.role == "tool" || m.role == "user") {
+      const bool tool = m.role == "tool";
+      Block b{tool, m.content.value_or(""), tool ? m.tool_call_id : ""};
+      if (!prev_user) {
         Msg u;
         u.src = &m;
         u.role = "user";
         u.has_blocks = true;
-        u.blocks.push_back(std::move(b));
         out.push_back(std::move(u));
       }
-    } else if (m.role == "user") {
-      Block b{false, m.content.value_or(""), ""};
-      if (prev_user) {
-        out.back().blocks.push_back(std::move(b));
-      } else {
-        Msg u;
-        u.src = &m;
-        u.role = "user";
-        u.has_blocks = true;
-        u.blocks.push_back(std::move(b));
-        out.push_back(std::move(u));
-      }
+      out.back().blocks.push_back(std::move(b));
     } else {
       Msg o;
       o.src = &m;

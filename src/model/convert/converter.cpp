@@ -176,6 +176,21 @@ class Producer {
   std::vector<uint8_t> buf_;
 };
 
+// One journal line: a finished data file and its manifest entries.
+json journal_entry(const std::string& file, uint64_t bytes,
+                   const std::vector<ManifestTensor>& entries) {
+  json e = {{"file", file}, {"bytes", bytes}, {"tensors", json::array()}};
+  for (const auto& m : entries)
+    e["tensors"].push_back({{"name", m.name},
+                            {"dtype", std::string(dtype_name(m.dtype))},
+                            {"shape", m.shape},
+                            {"offset", m.offset},
+                            {"bytes", m.bytes},
+                            {"sha256", m.sha256},
+                            {"layout", m.layout}});
+  return e;
+}
+
 json identity_json(const SourceIdentity& id, bool bf16) {
   return {{"config_sha256", id.config_sha256},
           {"index_sha256", id.index_sha256},
@@ -250,15 +265,7 @@ Result<ConvertResult> convert_checkpoint(const ConvertOptions& opt) {
     std::ofstream j(out / kJournal, std::ios::trunc);
     j << identity.dump() << "\n";
     for (const auto& [file, entries] : done_files) {
-      json e = {{"file", file}, {"bytes", fs::file_size(out / file)}, {"tensors", json::array()}};
-      for (const auto& m : entries)
-        e["tensors"].push_back({{"name", m.name},
-                                {"dtype", std::string(dtype_name(m.dtype))},
-                                {"shape", m.shape},
-                                {"offset", m.offset},
-                                {"bytes", m.bytes},
-                                {"sha256", m.sha256},
-                                {"layout", m.layout}});
+      json e = journal_entry(file, fs::file_size(out / file), entries);
       j << e.dump() << "\n";
     }
     if (!j.good()) return Status::error((out / kJournal).string() + ": cannot write");
@@ -320,15 +327,7 @@ Result<ConvertResult> convert_checkpoint(const ConvertOptions& opt) {
         if (first_error.is_ok()) first_error = st;
         return;
       }
-      json e = {{"file", f.name}, {"bytes", size}, {"tensors", json::array()}};
-      for (const auto& m : entries)
-        e["tensors"].push_back({{"name", m.name},
-                                {"dtype", std::string(dtype_name(m.dtype))},
-                                {"shape", m.shape},
-                                {"offset", m.offset},
-                                {"bytes", m.bytes},
-                                {"sha256", m.sha256},
-                                {"layout", m.layout}});
+      json e = journal_entry(f.name, size, entries);
       std::ofstream j(out / kJournal, std::ios::app);
       j << e.dump() << "\n";
       j.flush();
