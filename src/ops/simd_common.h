@@ -29,6 +29,16 @@ inline float e4m3_scalar(uint8_t b) {
   return (b & 0x80) ? -v : v;
 }
 
+// acc[t] += buf . x_t for every token, four tokens per pass over buf (one load of each weight
+// vector feeds four FMAs), the rest one by one.
+template <typename S>
+inline void dots_all_tokens(const float* buf, int64_t n, const float* x, int64_t stride,
+                            int64_t ntok, float* acc) {
+  int64_t t = 0;
+  for (; t + 4 <= ntok; t += 4) S::dot4(buf, x + t * stride, stride, n, acc + t);
+  for (; t < ntok; ++t) acc[t] += S::dot(buf, x + t * stride, n);
+}
+
 template <typename S>
 void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
                    int64_t ntok, float* y) {
@@ -36,15 +46,19 @@ void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t 
   float acc[16];
   const int64_t sin = (in + 31) / 32;
   for (int64_t o = 0; o < out; ++o) {
-    std::fill(acc, acc + ntok, 0.0f);
     const uint8_t* row = w + o * in;
     const uint8_t* srow = scale + (o / 32) * sin;
+    if (ntok == 1) {  // one token: decode and multiply in registers, no buffer
+      y[o] = S::fp8_row_dot(row, srow, in, x);
+      continue;
+    }
+    std::fill(acc, acc + ntok, 0.0f);
     for (int64_t c0 = 0; c0 < in; c0 += kRowChunk) {
       const int64_t n = std::min(kRowChunk, in - c0);
       for (int64_t b = 0; b < n; b += 32)
         S::fp8_block(row + c0 + b, e8m0_scalar(srow[(c0 + b) / 32]), buf + b,
                      std::min<int64_t>(32, n - b));
-      for (int64_t t = 0; t < ntok; ++t) acc[t] += S::dot(buf, x + t * in + c0, n);
+      dots_all_tokens<S>(buf, n, x + c0, in, ntok, acc);
     }
     for (int64_t t = 0; t < ntok; ++t) y[t * out + o] = acc[t];
   }
@@ -54,13 +68,17 @@ void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t 
 template <typename S>
 void fp4_row_dots(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x, int64_t ntok,
                   float* acc) {
+  if (ntok == 1) {  // one token: decode and multiply in registers, no buffer
+    acc[0] = S::fp4_row_dot(row, srow, in, x);
+    return;
+  }
   alignas(64) float buf[kRowChunk];
   std::fill(acc, acc + ntok, 0.0f);
   for (int64_t c0 = 0; c0 < in; c0 += kRowChunk) {
     const int64_t n = std::min(kRowChunk, in - c0);
     for (int64_t b = 0; b < n; b += 32)
       S::fp4_block(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), buf + b);
-    for (int64_t t = 0; t < ntok; ++t) acc[t] += S::dot(buf, x + t * in + c0, n);
+    dots_all_tokens<S>(buf, n, x + c0, in, ntok, acc);
   }
 }
 

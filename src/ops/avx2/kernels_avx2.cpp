@@ -57,6 +57,40 @@ struct Avx2 {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf + i, _mm256_mul_ps(e4m3x8(w + i), sv));
     for (; i < n; ++i) buf[i] = e4m3_scalar(w[i]) * s;
   }
+  // One FP8 row (block scales srow, one per 32) dotted with x, decoded in registers.
+  static float fp8_row_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= in; i += 32) {
+      __m256 blk = _mm256_mul_ps(e4m3x8(row + i), _mm256_loadu_ps(x + i));
+      blk = _mm256_fmadd_ps(e4m3x8(row + i + 8), _mm256_loadu_ps(x + i + 8), blk);
+      blk = _mm256_fmadd_ps(e4m3x8(row + i + 16), _mm256_loadu_ps(x + i + 16), blk);
+      blk = _mm256_fmadd_ps(e4m3x8(row + i + 24), _mm256_loadu_ps(x + i + 24), blk);
+      acc = _mm256_fmadd_ps(blk, _mm256_set1_ps(e8m0_scalar(srow[i / 32])), acc);
+    }
+    float s = hsum(acc);
+    if (i < in) {
+      float tail = 0;
+      for (int64_t k = i; k < in; ++k) tail += e4m3_scalar(row[k]) * x[k];
+      s += tail * e8m0_scalar(srow[i / 32]);
+    }
+    return s;
+  }
+  // One MXFP4 row (in a multiple of 32) dotted with x, decoded in registers.
+  static float fp4_row_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < in; i += 32) {
+      __m256 a, b, c, d;
+      e2m1x16(row + i / 2, a, b);
+      e2m1x16(row + i / 2 + 8, c, d);
+      __m256 blk = _mm256_mul_ps(a, _mm256_loadu_ps(x + i));
+      blk = _mm256_fmadd_ps(b, _mm256_loadu_ps(x + i + 8), blk);
+      blk = _mm256_fmadd_ps(c, _mm256_loadu_ps(x + i + 16), blk);
+      blk = _mm256_fmadd_ps(d, _mm256_loadu_ps(x + i + 24), blk);
+      acc = _mm256_fmadd_ps(blk, _mm256_set1_ps(e8m0_scalar(srow[i / 32])), acc);
+    }
+    return hsum(acc);
+  }
   // buf[0..32) = 32 MXFP4 weights (16 bytes) times `s`.
   static void fp4_block(const uint8_t* w, float s, float* buf) {
     const __m256 sv = _mm256_set1_ps(s);
@@ -79,6 +113,24 @@ struct Avx2 {
     float s = hsum(_mm256_add_ps(acc0, acc1));
     for (; i < n; ++i) s += a[i] * b[i];
     return s;
+  }
+  // acc[k] += a . x_k for k < 4, x_k = x0 + k * stride: one load of `a` per four FMAs.
+  static void dot4(const float* a, const float* x0, int64_t stride, int64_t n, float* acc) {
+    const float *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+           s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 w = _mm256_loadu_ps(a + i);
+      s0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + i), s0);
+      s1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x1 + i), s1);
+      s2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x2 + i), s2);
+      s3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x3 + i), s3);
+    }
+    float r0 = hsum(s0), r1 = hsum(s1), r2 = hsum(s2), r3 = hsum(s3);
+    for (; i < n; ++i)
+      r0 += a[i] * x0[i], r1 += a[i] * x1[i], r2 += a[i] * x2[i], r3 += a[i] * x3[i];
+    acc[0] += r0, acc[1] += r1, acc[2] += r2, acc[3] += r3;
   }
   static float sum_squares(const float* x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();

@@ -44,6 +44,35 @@ struct Avx512 {
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(buf + i, _mm512_mul_ps(e4m3x16(w + i), sv));
     for (; i < n; ++i) buf[i] = e4m3_scalar(w[i]) * s;
   }
+  // One FP8 row (block scales srow, one per 32) dotted with x, decoded in registers.
+  static float fp8_row_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= in; i += 32) {
+      __m512 blk = _mm512_mul_ps(e4m3x16(row + i), _mm512_loadu_ps(x + i));
+      blk = _mm512_fmadd_ps(e4m3x16(row + i + 16), _mm512_loadu_ps(x + i + 16), blk);
+      acc = _mm512_fmadd_ps(blk, _mm512_set1_ps(e8m0_scalar(srow[i / 32])), acc);
+    }
+    float s = _mm512_reduce_add_ps(acc);
+    if (i < in) {
+      float tail = 0;
+      for (int64_t k = i; k < in; ++k) tail += e4m3_scalar(row[k]) * x[k];
+      s += tail * e8m0_scalar(srow[i / 32]);
+    }
+    return s;
+  }
+  // One MXFP4 row (in a multiple of 32) dotted with x, decoded in registers.
+  static float fp4_row_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in; i += 32) {
+      __m512 a, b;
+      e2m1x32(row + i / 2, a, b);
+      __m512 blk = _mm512_mul_ps(a, _mm512_loadu_ps(x + i));
+      blk = _mm512_fmadd_ps(b, _mm512_loadu_ps(x + i + 16), blk);
+      acc = _mm512_fmadd_ps(blk, _mm512_set1_ps(e8m0_scalar(srow[i / 32])), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+  }
   static void fp4_block(const uint8_t* w, float s, float* buf) {
     const __m512 sv = _mm512_set1_ps(s);
     __m512 a, b;
@@ -77,6 +106,30 @@ struct Avx512 {
     float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
     for (; i < n; ++i) s += x[i];
     return s;
+  }
+  // acc[k] += a . x_k for k < 4, x_k = x0 + k * stride: one load of `a` per four FMAs.
+  static void dot4(const float* a, const float* x0, int64_t stride, int64_t n, float* acc) {
+    const float *x1 = x0 + stride, *x2 = x1 + stride, *x3 = x2 + stride;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 w = _mm512_loadu_ps(a + i);
+      s0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x0 + i), s0);
+      s1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x1 + i), s1);
+      s2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x2 + i), s2);
+      s3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(x3 + i), s3);
+    }
+    if (i < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __m512 w = _mm512_maskz_loadu_ps(m, a + i);
+      s0 = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x0 + i), s0);
+      s1 = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x1 + i), s1);
+      s2 = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x2 + i), s2);
+      s3 = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, x3 + i), s3);
+    }
+    acc[0] += _mm512_reduce_add_ps(s0), acc[1] += _mm512_reduce_add_ps(s1);
+    acc[2] += _mm512_reduce_add_ps(s2), acc[3] += _mm512_reduce_add_ps(s3);
   }
   static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
   static void scale_mul(const float* x, const float* w, float r, int64_t n, float* y) {
