@@ -39,6 +39,10 @@ struct Kernels {
   void (*rmsnorm)(const float* x, const float* w, int64_t n, float eps, float* y);
   // Sum of x[0..n): a pure streaming read, the bandwidth probe of `dsv41 bench kernels`.
   float (*read_sum)(const float* x, int64_t n);
+  // RoPE on interleaved pairs of the last `dim` values of v[0..n): (a, b) -> (a c - b s, a s + b c)
+  // with c = cos[i], s = sin[i] for pair i (inverse: s -> -s). Bit-identical to the reference's
+  // rotation given the same cos/sin (separate multiplies and adds, no fused multiply-add).
+  void (*rope)(float* v, int64_t n, int64_t dim, const float* cos, const float* sin, bool inverse);
   // mHC coefficient epilogue + Sinkhorn (ops/select.h hc_sinkhorn_ref), bit-identical to it.
   void (*hc_sinkhorn)(const float* m, const float* base, const float* scale, int64_t hc, float eps,
                       int64_t iters, float* pre, float* post, float* comb);

@@ -144,6 +144,22 @@ inline void hc_sinkhorn_simd(const float* m, const float* base, const float* sca
       _mm_storeu_ps(comb + 12, r3);
 }
 
+// RoPE over interleaved pairs, 4 pairs (8 floats) per step with SSE/AVX-free scalar-equivalent
+// math: the pair swap and the sign pattern are lane shuffles, the products and sums separate
+// operations, so every value is bit-identical to the reference rotation.
+template <typename S>
+void rope_impl(float* v, int64_t n, int64_t dim, const float* cos, const float* sin, bool inverse) {
+  float* x = v + (n - dim);
+  const int64_t pairs = dim / 2;
+  int64_t i = S::rope_pairs(x, pairs, cos, sin, inverse);
+  for (; i < pairs; ++i) {
+    const float c = cos[i], s = inverse ? -sin[i] : sin[i];
+    const float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * c - b * s;
+    x[2 * i + 1] = a * s + b * c;
+  }
+}
+
 template <typename S>
 float read_sum_impl(const float* x, int64_t n) {
   return S::sum(x, n);

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/dtypes.h"
+#include "model/reference/ref_ops.h"
 #include "ops/kernels.h"
 
 namespace dsv41::ops {
@@ -192,13 +194,38 @@ TEST_P(KernelTier, ReadSum) {
   }
 }
 
+TEST_P(KernelTier, RopeBitIdenticalToTheReference) {
+  for (int64_t dim : {2, 6, 10, 64, 128}) {
+    for (int64_t n : {dim, dim + 448}) {
+      auto rope = ref::Rope<float>::make(dim, 160000.0, dim >= 64, 16.0, 65536.0, 32.0, 1.0);
+      for (int64_t pos : {int64_t(0), int64_t(1), int64_t(777), int64_t(65535)}) {
+        for (bool inverse : {false, true}) {
+          std::vector<float> v(static_cast<std::size_t>(n));
+          for (auto& x : v) x = g_.normal();
+          std::vector<float> want = v;
+          rope.apply(want.data(), n, pos, inverse);
+          std::vector<float> c(static_cast<std::size_t>(dim / 2)), sn(c.size());
+          for (std::size_t i = 0; i < c.size(); ++i) {
+            const float th = float(pos) * rope.freq[i];
+            c[i] = std::cos(th), sn[i] = std::sin(th);
+          }
+          k_->rope(v.data(), n, dim, c.data(), sn.data(), inverse);
+          ASSERT_EQ(0, std::memcmp(v.data(), want.data(), v.size() * 4))
+              << "dim " << dim << " n " << n << " pos " << pos << " inverse " << inverse;
+        }
+      }
+    }
+  }
+}
+
 TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
   EXPECT_TRUE(isa_supported(active_isa()));
   EXPECT_EQ(kernels().isa, active_isa());
   for (int k = 0; k < kIsaCount; ++k) {
     const Kernels& t = kernels_for(static_cast<Isa>(k));
     EXPECT_EQ(static_cast<int>(t.isa), k);
-    EXPECT_TRUE(t.fp8_gemv && t.mxfp4_gemv && t.mxfp4_gate_up && t.rmsnorm && t.read_sum)
+    EXPECT_TRUE(t.fp8_gemv && t.mxfp4_gemv && t.mxfp4_gate_up && t.rmsnorm && t.read_sum &&
+                t.rope && t.hc_sinkhorn)
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));

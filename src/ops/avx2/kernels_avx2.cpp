@@ -132,6 +132,28 @@ struct Avx2 {
       r0 += a[i] * x0[i], r1 += a[i] * x1[i], r2 += a[i] * x2[i], r3 += a[i] * x3[i];
     acc[0] += r0, acc[1] += r1, acc[2] += r2, acc[3] += r3;
   }
+  // RoPE on pairs [0, 4k) of x (see rope_impl); returns how many pairs it did.
+  static int64_t rope_pairs(float* x, int64_t pairs, const float* cos, const float* sin,
+                            bool inverse) {
+    int64_t i = 0;
+    const __m256 neg = _mm256_set1_ps(-0.0f);
+    for (; i + 4 <= pairs; i += 4) {
+      const __m256 v = _mm256_loadu_ps(x + 2 * i);  // a0 b0 a1 b1 a2 b2 a3 b3
+      const __m128 c4 = _mm_loadu_ps(cos + i), s4raw = _mm_loadu_ps(sin + i);
+      const __m128 s4 = inverse ? _mm_xor_ps(s4raw, _mm_set1_ps(-0.0f)) : s4raw;
+      // c and s duplicated per pair: c0 c0 c1 c1 | c2 c2 c3 c3.
+      const __m256 c = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
+      const __m256 s = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
+      const __m256 sw = _mm256_permute_ps(v, 0xB1);  // b0 a0 b1 a1 ...
+      // even lanes: a c - b s ; odd lanes: b c + a s  (= a s + b c: same two products, same sum)
+      const __m256 p = _mm256_mul_ps(v, c);   // a c | b c
+      const __m256 q = _mm256_mul_ps(sw, s);  // b s | a s
+      const __m256 qs =
+          _mm256_xor_ps(q, _mm256_blend_ps(neg, _mm256_setzero_ps(), 0xAA));  // -b s | a s
+      _mm256_storeu_ps(x + 2 * i, _mm256_add_ps(p, qs));
+    }
+    return i;
+  }
   static float sum_squares(const float* x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
@@ -169,6 +191,6 @@ struct Avx2 {
 
 extern const Kernels kAvx2Kernels = {
     Isa::kAvx2,          &fp8_gemv_impl<Avx2>, &mxfp4_gemv_impl<Avx2>, &mxfp4_gate_up_impl<Avx2>,
-    &rmsnorm_impl<Avx2>, &read_sum_impl<Avx2>, &hc_sinkhorn_simd};
+    &rmsnorm_impl<Avx2>, &read_sum_impl<Avx2>, &rope_impl<Avx2>,       &hc_sinkhorn_simd};
 
 }  // namespace dsv41::ops

@@ -131,6 +131,29 @@ struct Avx512 {
     acc[0] += _mm512_reduce_add_ps(s0), acc[1] += _mm512_reduce_add_ps(s1);
     acc[2] += _mm512_reduce_add_ps(s2), acc[3] += _mm512_reduce_add_ps(s3);
   }
+  // RoPE on pairs [0, 8k) of x (see rope_impl); returns how many pairs it did.
+  static int64_t rope_pairs(float* x, int64_t pairs, const float* cos, const float* sin,
+                            bool inverse) {
+    int64_t i = 0;
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512 sign = _mm512_castsi512_ps(_mm512_setr_epi32(
+        int(0x80000000u), 0, int(0x80000000u), 0, int(0x80000000u), 0, int(0x80000000u), 0,
+        int(0x80000000u), 0, int(0x80000000u), 0, int(0x80000000u), 0, int(0x80000000u), 0));
+    for (; i + 8 <= pairs; i += 8) {
+      const __m512 v = _mm512_loadu_ps(x + 2 * i);
+      const __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cos + i)));
+      __m512 s = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sin + i)));
+      if (inverse)
+        s = _mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(s), _mm512_set1_epi32(int(0x80000000u))));
+      const __m512 sw = _mm512_permute_ps(v, 0xB1);
+      const __m512 p = _mm512_mul_ps(v, c);
+      const __m512 q = _mm512_castsi512_ps(
+          _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(sw, s)), _mm512_castps_si512(sign)));
+      _mm512_storeu_ps(x + 2 * i, _mm512_add_ps(p, q));
+    }
+    return i;
+  }
   static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
   static void scale_mul(const float* x, const float* w, float r, int64_t n, float* y) {
     const __m512 rv = _mm512_set1_ps(r);
@@ -150,6 +173,7 @@ extern const Kernels kAvx512Kernels = {Isa::kAvx512,
                                        &mxfp4_gate_up_impl<Avx512>,
                                        &rmsnorm_impl<Avx512>,
                                        &read_sum_impl<Avx512>,
+                                       &rope_impl<Avx512>,
                                        &hc_sinkhorn_simd};
 
 }  // namespace dsv41::ops

@@ -66,9 +66,19 @@ float read_sum(const float* x, int64_t n) {
   return float(s);
 }
 
+void rope(float* v, int64_t n, int64_t dim, const float* cos, const float* sin, bool inverse) {
+  float* x = v + (n - dim);
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const float c = cos[i], s = inverse ? -sin[i] : sin[i];
+    const float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * c - b * s;
+    x[2 * i + 1] = a * s + b * c;
+  }
+}
+
 }  // namespace
 
-extern const Kernels kScalarKernels = {Isa::kScalar, fp8_gemv, mxfp4_gemv,     mxfp4_gate_up,
-                                       rmsnorm,      read_sum, hc_sinkhorn_ref};
+extern const Kernels kScalarKernels = {Isa::kScalar, fp8_gemv, mxfp4_gemv, mxfp4_gate_up,
+                                       rmsnorm,      read_sum, rope,       hc_sinkhorn_ref};
 
 }  // namespace dsv41::ops
