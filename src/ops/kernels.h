@@ -43,6 +43,12 @@ struct Kernels {
   // with c = cos[i], s = sin[i] for pair i (inverse: s -> -s). Bit-identical to the reference's
   // rotation given the same cos/sin (separate multiplies and adds, no fused multiply-add).
   void (*rope)(float* v, int64_t n, int64_t dim, const float* cos, const float* sin, bool inverse);
+  // Indexer scores over packed FP4 keys (ops/cache_pack.h index-key rows, di values each):
+  // score[j] = sum_h max(q_h . k_j, 0) * w[h], q given as nh packed index-key rows too (the queries
+  // are fake-quantized the same way). Every product of two E2M1 x 2^k values is exact, so the SIMD
+  // tiers compute each 32-block's dot in integers (E2M1 x 2 is an integer in [-12, 12]).
+  void (*indexer_scores)(const uint8_t* q, const float* w, int64_t nh, int64_t di,
+                         const uint8_t* keys, int64_t nkeys, float* scores);
   // mHC coefficient epilogue + Sinkhorn (ops/select.h hc_sinkhorn_ref), bit-identical to it.
   void (*hc_sinkhorn)(const float* m, const float* base, const float* scale, int64_t hc, float eps,
                       int64_t iters, float* pre, float* post, float* comb);

@@ -11,6 +11,7 @@
 
 #include "core/dtypes.h"
 #include "model/reference/ref_ops.h"
+#include "ops/cache_pack.h"
 #include "ops/kernels.h"
 
 namespace dsv41::ops {
@@ -218,6 +219,44 @@ TEST_P(KernelTier, RopeBitIdenticalToTheReference) {
   }
 }
 
+TEST_P(KernelTier, IndexerScoresOverPackedKeys) {
+  for (const auto& [nh, di] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {4, 64}, {32, 128}}) {
+    const int64_t row = index_key_bytes(di);
+    for (int64_t nkeys : {1, 7, 300}) {
+      std::vector<uint8_t> q(static_cast<std::size_t>(nh * row)),
+          keys(static_cast<std::size_t>(nkeys * row));
+      std::vector<float> v(static_cast<std::size_t>(di)), w(static_cast<std::size_t>(nh));
+      auto fill_row = [&](uint8_t* out, float mag) {
+        for (auto& x : v) x = g_.normal() * mag;
+        pack_index_key(v.data(), di, out);
+      };
+      for (int64_t h = 0; h < nh; ++h)
+        fill_row(q.data() + h * row, std::ldexp(1.0f, int(g_.byte() % 8) - 4));
+      for (int64_t j = 0; j < nkeys; ++j)
+        fill_row(keys.data() + j * row, std::ldexp(1.0f, int(g_.byte() % 8) - 4));
+      for (auto& x : w) x = g_.normal();
+      std::vector<float> got(static_cast<std::size_t>(nkeys), NAN), want(got.size());
+      k_->indexer_scores(q.data(), w.data(), nh, di, keys.data(), nkeys, got.data());
+      ref_->indexer_scores(q.data(), w.data(), nh, di, keys.data(), nkeys, want.data());
+      // Scale: sum over heads of |w_h| * sum_i |q_i k_i| (from the unpacked values).
+      std::vector<float> qf(static_cast<std::size_t>(nh * di)), kf(static_cast<std::size_t>(di));
+      for (int64_t h = 0; h < nh; ++h) unpack_index_key(q.data() + h * row, di, qf.data() + h * di);
+      std::vector<double> scale(got.size());
+      for (int64_t j = 0; j < nkeys; ++j) {
+        unpack_index_key(keys.data() + j * row, di, kf.data());
+        for (int64_t h = 0; h < nh; ++h)
+          for (int64_t i = 0; i < di; ++i)
+            scale[static_cast<std::size_t>(j)] += std::fabs(
+                double(w[static_cast<std::size_t>(h)]) * qf[static_cast<std::size_t>(h * di + i)] *
+                kf[static_cast<std::size_t>(i)]);
+      }
+      expect_close(got, want, scale, sum_tol(nh * di),
+                   "indexer " + std::to_string(nh) + "x" + std::to_string(di));
+    }
+  }
+}
+
 TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
   EXPECT_TRUE(isa_supported(active_isa()));
   EXPECT_EQ(kernels().isa, active_isa());
@@ -225,7 +264,7 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
     const Kernels& t = kernels_for(static_cast<Isa>(k));
     EXPECT_EQ(static_cast<int>(t.isa), k);
     EXPECT_TRUE(t.fp8_gemv && t.mxfp4_gemv && t.mxfp4_gate_up && t.rmsnorm && t.read_sum &&
-                t.rope && t.hc_sinkhorn)
+                t.rope && t.indexer_scores && t.hc_sinkhorn)
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));

@@ -191,6 +191,6 @@ struct Avx2 {
 
 extern const Kernels kAvx2Kernels = {
     Isa::kAvx2,          &fp8_gemv_impl<Avx2>, &mxfp4_gemv_impl<Avx2>, &mxfp4_gate_up_impl<Avx2>,
-    &rmsnorm_impl<Avx2>, &read_sum_impl<Avx2>, &rope_impl<Avx2>,       &hc_sinkhorn_simd};
+    &rmsnorm_impl<Avx2>, &read_sum_impl<Avx2>, &rope_impl<Avx2>, &indexer_scores_simd, &hc_sinkhorn_simd};
 
 }  // namespace dsv41::ops

@@ -173,7 +173,6 @@ extern const Kernels kAvx512Kernels = {Isa::kAvx512,
                                        &mxfp4_gate_up_impl<Avx512>,
                                        &rmsnorm_impl<Avx512>,
                                        &read_sum_impl<Avx512>,
-                                       &rope_impl<Avx512>,
-                                       &hc_sinkhorn_simd};
+                                       &rope_impl<Avx512>, &indexer_scores_simd, &hc_sinkhorn_simd};
 
 }  // namespace dsv41::ops

@@ -17,6 +17,7 @@
 
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "ops/cache_pack.h"
 #include "ops/kernels.h"
 #include "ops/select.h"
 
@@ -268,6 +269,40 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
                          {"iterations", 20},
                          {"ns_per_token_kernel", per_call_ns(kernels().hc_sinkhorn)},
                          {"ns_per_token_reference_loop", per_call_ns(hc_sinkhorn_ref)}};
+  }
+  {
+    // Indexer scoring (32 heads x 128, packed FP4 keys of 68 B): one query against many keys, as in
+    // decode with a long context; all threads split the keys.
+    const int64_t nh = 32, di = 128, row = index_key_bytes(di);
+    const int64_t nkeys = opt.quick ? 4096 : 262144;
+    std::vector<uint8_t> q(static_cast<std::size_t>(nh * row)),
+        keys(static_cast<std::size_t>(nkeys * row));
+    Rng rng(3);
+    for (auto& x : q) x = uint8_t(rng.next_u64());
+    for (auto& x : keys) x = uint8_t(rng.next_u64());
+    for (int64_t key = 0; key < nkeys; ++key)  // valid scales
+      for (int64_t blk = 0; blk < di / 32; ++blk)
+        keys[static_cast<std::size_t>(key * row + di / 2 + blk)] = 120;
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t blk = 0; blk < di / 32; ++blk)
+        q[static_cast<std::size_t>(h * row + di / 2 + blk)] = 127;
+    std::vector<float> w(static_cast<std::size_t>(nh), 0.1f),
+        scores(static_cast<std::size_t>(nkeys));
+    ThreadPool pool(opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency()));
+    const double t = best_time(opt.reps, [&] {
+      pool.parallel_for(static_cast<std::size_t>(nkeys),
+                        [&](std::size_t lo, std::size_t hi, std::size_t) {
+                          kernels().indexer_scores(q.data(), w.data(), nh, di,
+                                                   keys.data() + lo * static_cast<std::size_t>(row),
+                                                   int64_t(hi - lo), scores.data() + lo);
+                        });
+    });
+    j["indexer_scores"] = {{"heads", nh},
+                           {"head_dim", di},
+                           {"keys", nkeys},
+                           {"ms", t * 1e3},
+                           {"keys_per_s", double(nkeys) / t},
+                           {"key_gb_per_s", double(nkeys * row) / t / 1e9}};
   }
   json& ref = j["reference_library"];
   for (int64_t m : opt.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 2048})

@@ -3,8 +3,10 @@
 // it.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/dtypes.h"
+#include "ops/cache_pack.h"
 #include "ops/kernels.h"
 #include "ops/select.h"
 
@@ -76,9 +78,30 @@ void rope(float* v, int64_t n, int64_t dim, const float* cos, const float* sin, 
   }
 }
 
+// The reference's loop: unpack both sides to floats, dot left to right, ReLU, weight, sum over
+// heads.
+void indexer_scores(const uint8_t* q, const float* w, int64_t nh, int64_t di, const uint8_t* keys,
+                    int64_t nkeys, float* scores) {
+  const int64_t row = index_key_bytes(di);
+  std::vector<float> qf(static_cast<std::size_t>(nh * di)), kf(static_cast<std::size_t>(di));
+  for (int64_t h = 0; h < nh; ++h) unpack_index_key(q + h * row, di, qf.data() + h * di);
+  for (int64_t j = 0; j < nkeys; ++j) {
+    unpack_index_key(keys + j * row, di, kf.data());
+    float acc = 0;
+    for (int64_t h = 0; h < nh; ++h) {
+      float d = 0;
+      for (int64_t i = 0; i < di; ++i)
+        d += qf[static_cast<std::size_t>(h * di + i)] * kf[static_cast<std::size_t>(i)];
+      acc += std::max(d, 0.0f) * w[h];
+    }
+    scores[j] = acc;
+  }
+}
+
 }  // namespace
 
-extern const Kernels kScalarKernels = {Isa::kScalar, fp8_gemv, mxfp4_gemv, mxfp4_gate_up,
-                                       rmsnorm,      read_sum, rope,       hc_sinkhorn_ref};
+extern const Kernels kScalarKernels = {Isa::kScalar,  fp8_gemv,       mxfp4_gemv,
+                                       mxfp4_gate_up, rmsnorm,        read_sum,
+                                       rope,          indexer_scores, hc_sinkhorn_ref};
 
 }  // namespace dsv41::ops
