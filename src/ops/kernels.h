@@ -49,6 +49,14 @@ struct Kernels {
   // tiers compute each 32-block's dot in integers (E2M1 x 2 is an integer in [-12, 12]).
   void (*indexer_scores)(const uint8_t* q, const float* w, int64_t nh, int64_t di,
                          const uint8_t* keys, int64_t nkeys, float* scores);
+  // Sparse attention of one query position, all heads (MQA: the rows are keys and values at once):
+  // rows[r] is a packed cache row of `dim` values, a window row (FP8, kind 0) or a compressed row
+  // (FP4, kind 1) (ops/cache_pack.h). Per head h: softmax over r of (q_h . row_r) * scale with
+  // exp(sink[h] - max) added to the denominator only; out[h * dim ..] = sum_r p_r row_r. No rows:
+  // 0.
+  void (*sparse_attention)(const float* q, int64_t heads, int64_t dim, const uint8_t* const* rows,
+                           const uint8_t* kinds, int64_t nrows, float scale, const float* sink,
+                           float* out);
   // mHC coefficient epilogue + Sinkhorn (ops/select.h hc_sinkhorn_ref), bit-identical to it.
   void (*hc_sinkhorn)(const float* m, const float* base, const float* scale, int64_t hc, float eps,
                       int64_t iters, float* pre, float* post, float* comb);

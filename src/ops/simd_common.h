@@ -11,12 +11,21 @@
 
 #include <immintrin.h>
 
+#include "ops/cache_pack.h"
+#include "ops/kernels.h"
 #include "ops/select.h"
 
 namespace dsv41::ops {
 namespace {
 
-constexpr int64_t kRowChunk = 2048;  // weights decoded per step (a multiple of 32; 8 KB of fp32)
+constexpr int64_t kRowChunk = 2048;
+
+// Shapes beyond the SIMD kernels' stack buffers go to the scalar reference tier.
+inline void sparse_attention_fallback(const float* q, int64_t heads, int64_t dim,
+                                      const uint8_t* const* rows, const uint8_t* kinds,
+                                      int64_t nrows, float scale, const float* sink, float* out) {
+  kernels_for(Isa::kScalar).sparse_attention(q, heads, dim, rows, kinds, nrows, scale, sink, out);
+}  // weights decoded per step (a multiple of 32; 8 KB of fp32)
 
 inline float e8m0_scalar(uint8_t s) {
   return s == 255 ? NAN : std::ldexp(1.0f, int(s) - 127);
@@ -227,6 +236,48 @@ inline void indexer_scores_simd(const uint8_t* q, const float* w, int64_t nh, in
       acc += std::max(d, 0.0f) * w[h];
     }
     scores[j] = acc;
+  }
+}
+
+// Sparse attention (see Kernels::sparse_attention) in one pass with an online softmax: each row is
+// unpacked once and serves every head; per head a running maximum m, denominator l and accumulator,
+// rescaled by exp(m_old - m_new) when the maximum grows. The sink joins the denominator at the end.
+template <typename S>
+void sparse_attention_impl(const float* q, int64_t heads, int64_t dim, const uint8_t* const* rows,
+                           const uint8_t* kinds, int64_t nrows, float scale, const float* sink,
+                           float* out) {
+  constexpr int64_t kMaxHeads = 128, kMaxDim = 1024;
+  std::fill(out, out + heads * dim, 0.0f);
+  if (nrows == 0) return;
+  if (heads > kMaxHeads || dim > kMaxDim)
+    return sparse_attention_fallback(q, heads, dim, rows, kinds, nrows, scale, sink, out);
+  alignas(64) float row[kMaxDim];
+  float m[kMaxHeads], l[kMaxHeads];
+  std::fill(m, m + heads, -INFINITY);
+  std::fill(l, l + heads, 0.0f);
+  for (int64_t r = 0; r < nrows; ++r) {
+    if (kinds[r] == 0)
+      unpack_window_row(rows[r], dim, row);
+    else
+      unpack_compressed_row(rows[r], dim, row);
+    for (int64_t h = 0; h < heads; ++h) {
+      const float z = S::dot(q + h * dim, row, dim) * scale;
+      float* o = out + h * dim;
+      if (z > m[h]) {
+        const float alpha = std::exp(m[h] - z);  // 0 for the first row (m = -inf)
+        l[h] = l[h] * alpha + 1.0f;
+        S::scale_add(o, alpha, 1.0f, row, dim);
+        m[h] = z;
+      } else {
+        const float p = std::exp(z - m[h]);
+        l[h] += p;
+        S::scale_add(o, 1.0f, p, row, dim);
+      }
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    const float inv = 1.0f / (l[h] + std::exp(sink[h] - m[h]));
+    S::scale_add(out + h * dim, inv, 0.0f, row, dim);
   }
 }
 

@@ -257,6 +257,56 @@ TEST_P(KernelTier, IndexerScoresOverPackedKeys) {
   }
 }
 
+TEST_P(KernelTier, SparseAttentionWithSinkOverPackedRows) {
+  for (const auto& [heads, dim] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {4, 64}, {64, 512}}) {
+    for (int64_t nrows : {0, 1, 5, 200}) {
+      std::vector<std::vector<uint8_t>> packed(static_cast<std::size_t>(nrows));
+      std::vector<const uint8_t*> rows;
+      std::vector<uint8_t> kinds;
+      std::vector<float> v(static_cast<std::size_t>(dim)),
+          absmax(static_cast<std::size_t>(dim), 0.0f);
+      for (int64_t r = 0; r < nrows; ++r) {
+        const uint8_t kind = r % 3 == 0 ? 1 : 0;
+        for (auto& x : v) x = g_.normal();
+        auto& buf = packed[static_cast<std::size_t>(r)];
+        buf.resize(
+            static_cast<std::size_t>(kind ? compressed_row_bytes(dim) : window_row_bytes(dim)));
+        if (kind)
+          pack_compressed_row(v.data(), dim, buf.data());
+        else
+          pack_window_row(v.data(), dim, buf.data());
+        std::vector<float> u(v.size());
+        if (kind)
+          unpack_compressed_row(buf.data(), dim, u.data());
+        else
+          unpack_window_row(buf.data(), dim, u.data());
+        for (std::size_t i = 0; i < u.size(); ++i) absmax[i] = std::max(absmax[i], std::fabs(u[i]));
+        rows.push_back(buf.data());
+        kinds.push_back(kind);
+      }
+      std::vector<float> q(static_cast<std::size_t>(heads * dim)),
+          sink(static_cast<std::size_t>(heads));
+      for (auto& x : q) x = g_.normal();
+      for (auto& x : sink) x = g_.normal() * 2;
+      const float scale = 1.0f / std::sqrt(float(dim));
+      std::vector<float> got(static_cast<std::size_t>(heads * dim), NAN), want(got.size());
+      k_->sparse_attention(q.data(), heads, dim, rows.data(), kinds.data(), nrows, scale,
+                           sink.data(), got.data());
+      ref_->sparse_attention(q.data(), heads, dim, rows.data(), kinds.data(), nrows, scale,
+                             sink.data(), want.data());
+      // Each output is a weighted mean of row values (weights <= 1): errors scale with the rows'
+      // size.
+      std::vector<double> sc(got.size());
+      for (std::size_t i = 0; i < sc.size(); ++i)
+        sc[i] = absmax[i % static_cast<std::size_t>(dim)] + 1e-30;
+      expect_close(got, want, sc, 2e-5 + 1e-6 * double(dim) / 64,
+                   "attention " + std::to_string(heads) + "x" + std::to_string(dim) + " rows " +
+                       std::to_string(nrows));
+    }
+  }
+}
+
 TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
   EXPECT_TRUE(isa_supported(active_isa()));
   EXPECT_EQ(kernels().isa, active_isa());
@@ -264,7 +314,7 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
     const Kernels& t = kernels_for(static_cast<Isa>(k));
     EXPECT_EQ(static_cast<int>(t.isa), k);
     EXPECT_TRUE(t.fp8_gemv && t.mxfp4_gemv && t.mxfp4_gate_up && t.rmsnorm && t.read_sum &&
-                t.rope && t.indexer_scores && t.hc_sinkhorn)
+                t.rope && t.indexer_scores && t.sparse_attention && t.hc_sinkhorn)
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));

@@ -154,6 +154,15 @@ struct Avx2 {
     }
     return i;
   }
+  // o = o * alpha + p * x (p = 0: o *= alpha).
+  static void scale_add(float* o, float alpha, float p, const float* x, int64_t n) {
+    const __m256 a = _mm256_set1_ps(alpha), pv = _mm256_set1_ps(p);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i),
+                                              _mm256_mul_ps(_mm256_loadu_ps(o + i), a)));
+    for (; i < n; ++i) o[i] = o[i] * alpha + p * x[i];
+  }
   static float sum_squares(const float* x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
@@ -189,8 +198,15 @@ struct Avx2 {
 
 }  // namespace
 
-extern const Kernels kAvx2Kernels = {
-    Isa::kAvx2,          &fp8_gemv_impl<Avx2>, &mxfp4_gemv_impl<Avx2>, &mxfp4_gate_up_impl<Avx2>,
-    &rmsnorm_impl<Avx2>, &read_sum_impl<Avx2>, &rope_impl<Avx2>, &indexer_scores_simd, &hc_sinkhorn_simd};
+extern const Kernels kAvx2Kernels = {Isa::kAvx2,
+                                     &fp8_gemv_impl<Avx2>,
+                                     &mxfp4_gemv_impl<Avx2>,
+                                     &mxfp4_gate_up_impl<Avx2>,
+                                     &rmsnorm_impl<Avx2>,
+                                     &read_sum_impl<Avx2>,
+                                     &rope_impl<Avx2>,
+                                     &indexer_scores_simd,
+                                     &sparse_attention_impl<Avx2>,
+                                     &hc_sinkhorn_simd};
 
 }  // namespace dsv41::ops

@@ -154,6 +154,15 @@ struct Avx512 {
     }
     return i;
   }
+  // o = o * alpha + p * x (p = 0: o *= alpha).
+  static void scale_add(float* o, float alpha, float p, const float* x, int64_t n) {
+    const __m512 a = _mm512_set1_ps(alpha), pv = _mm512_set1_ps(p);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(o + i, _mm512_fmadd_ps(pv, _mm512_loadu_ps(x + i),
+                                              _mm512_mul_ps(_mm512_loadu_ps(o + i), a)));
+    for (; i < n; ++i) o[i] = o[i] * alpha + p * x[i];
+  }
   static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
   static void scale_mul(const float* x, const float* w, float r, int64_t n, float* y) {
     const __m512 rv = _mm512_set1_ps(r);
@@ -173,6 +182,9 @@ extern const Kernels kAvx512Kernels = {Isa::kAvx512,
                                        &mxfp4_gate_up_impl<Avx512>,
                                        &rmsnorm_impl<Avx512>,
                                        &read_sum_impl<Avx512>,
-                                       &rope_impl<Avx512>, &indexer_scores_simd, &hc_sinkhorn_simd};
+                                       &rope_impl<Avx512>,
+                                       &indexer_scores_simd,
+                                       &sparse_attention_impl<Avx512>,
+                                       &hc_sinkhorn_simd};
 
 }  // namespace dsv41::ops

@@ -304,6 +304,45 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
                            {"keys_per_s", double(nkeys) / t},
                            {"key_gb_per_s", double(nkeys * row) / t / 1e9}};
   }
+  {
+    // Decode attention of one token: 64 heads x 512 over the window (128 FP8 rows) and the top-k
+    // (512 FP4 compressed rows), single thread (one token's heads share the rows).
+    const int64_t heads = 64, dim = 512, nwin = 128, ncomp = opt.quick ? 64 : 512;
+    std::vector<std::vector<uint8_t>> packed;
+    std::vector<const uint8_t*> rows;
+    std::vector<uint8_t> kinds;
+    std::vector<float> v(static_cast<std::size_t>(dim));
+    Rng rng(4);
+    for (int64_t r = 0; r < nwin + ncomp; ++r) {
+      const uint8_t kind = r < nwin ? 0 : 1;
+      for (auto& x : v) x = float(rng.uniform(-1, 1));
+      packed.emplace_back(
+          static_cast<std::size_t>(kind ? compressed_row_bytes(dim) : window_row_bytes(dim)));
+      if (kind)
+        pack_compressed_row(v.data(), dim, packed.back().data());
+      else
+        pack_window_row(v.data(), dim, packed.back().data());
+      kinds.push_back(kind);
+    }
+    for (const auto& p : packed) rows.push_back(p.data());
+    std::vector<float> q(static_cast<std::size_t>(heads * dim), 0.01f),
+        sink(static_cast<std::size_t>(heads), 0.0f), out(static_cast<std::size_t>(heads * dim));
+    auto run = [&](const Kernels& tier) {
+      return best_time(opt.reps, [&] {
+        tier.sparse_attention(q.data(), heads, dim, rows.data(), kinds.data(), int64_t(rows.size()),
+                              0.04f, sink.data(), out.data());
+      });
+    };
+    const double t = run(kernels()), t_ref = run(kernels_for(Isa::kScalar));
+    j["sparse_attention"] = {
+        {"heads", heads},
+        {"dim", dim},
+        {"window_rows", nwin},
+        {"compressed_rows", ncomp},
+        {"us_per_token", t * 1e6},
+        {"us_per_token_scalar_reference", t_ref * 1e6},
+        {"gflop_per_s", 4.0 * double(heads * dim) * double(rows.size()) / t / 1e9}};
+  }
   json& ref = j["reference_library"];
   for (int64_t m : opt.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 2048})
     ref.push_back(b.onednn_matmul(m, opt.quick ? 512 : 5120, opt.quick ? 1024 : 5120));

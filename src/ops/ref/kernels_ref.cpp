@@ -98,10 +98,47 @@ void indexer_scores(const uint8_t* q, const float* w, int64_t nh, int64_t di, co
   }
 }
 
+// The reference's two passes (max, then exponentials and the weighted sum), per head.
+void sparse_attention(const float* q, int64_t heads, int64_t dim, const uint8_t* const* rows,
+                      const uint8_t* kinds, int64_t nrows, float scale, const float* sink,
+                      float* out) {
+  std::vector<float> v(static_cast<std::size_t>(nrows * dim)), z(static_cast<std::size_t>(nrows));
+  for (int64_t r = 0; r < nrows; ++r) {
+    float* dst = v.data() + r * dim;
+    if (kinds[r] == 0)
+      unpack_window_row(rows[r], dim, dst);
+    else
+      unpack_compressed_row(rows[r], dim, dst);
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    float* o = out + h * dim;
+    std::fill(o, o + dim, 0.0f);
+    if (nrows == 0) continue;
+    const float* qh = q + h * dim;
+    float mx = -INFINITY;
+    for (int64_t r = 0; r < nrows; ++r) {
+      double d = 0;
+      for (int64_t i = 0; i < dim; ++i)
+        d += double(qh[i]) * v[static_cast<std::size_t>(r * dim + i)];
+      z[static_cast<std::size_t>(r)] = float(d) * scale;
+      mx = std::max(mx, z[static_cast<std::size_t>(r)]);
+    }
+    double den = std::exp(double(sink[h]) - mx);
+    std::vector<double> acc(static_cast<std::size_t>(dim), 0.0);
+    for (int64_t r = 0; r < nrows; ++r) {
+      const double p = std::exp(double(z[static_cast<std::size_t>(r)]) - mx);
+      den += p;
+      for (int64_t i = 0; i < dim; ++i)
+        acc[static_cast<std::size_t>(i)] += p * v[static_cast<std::size_t>(r * dim + i)];
+    }
+    for (int64_t i = 0; i < dim; ++i) o[i] = float(acc[static_cast<std::size_t>(i)] / den);
+  }
+}
+
 }  // namespace
 
-extern const Kernels kScalarKernels = {Isa::kScalar,  fp8_gemv,       mxfp4_gemv,
-                                       mxfp4_gate_up, rmsnorm,        read_sum,
-                                       rope,          indexer_scores, hc_sinkhorn_ref};
+extern const Kernels kScalarKernels = {Isa::kScalar,     fp8_gemv,       mxfp4_gemv, mxfp4_gate_up,
+                                       rmsnorm,          read_sum,       rope,       indexer_scores,
+                                       sparse_attention, hc_sinkhorn_ref};
 
 }  // namespace dsv41::ops
