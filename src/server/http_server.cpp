@@ -171,8 +171,8 @@ struct StreamState {
 };
 
 // While the model works and nothing else is written, a few ignorable bytes go out every half second
-// (a space before a JSON body, an SSE comment in a stream): the only way this HTTP layer learns that
-// the client went away is a failing write. Returns false (stop) when the write fails.
+// (a space before a JSON body, an SSE comment in a stream): the only way this HTTP layer learns
+// that the client went away is a failing write. Returns false (stop) when the write fails.
 static bool heartbeat(StreamState& st, httplib::DataSink& sink, const std::string& filler) {
   const auto now = Clock::now();
   if (now - st.last_write < std::chrono::milliseconds(500)) return true;
@@ -232,14 +232,16 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   };
 
   if (!st->job.stream) {
-    // The answer is written in one piece at the end, but through a content provider so that a client
-    // that hangs up while the model works is noticed (see heartbeat()) and the request cancelled. The status line (200) goes out first; an engine failure (a bug, never bad
-    // input) is then reported as an error JSON body.
+    // The answer is written in one piece at the end, but through a content provider so that a
+    // client that hangs up while the model works is noticed (see heartbeat()) and the request
+    // cancelled. The status line (200) goes out first; an engine failure (a bug, never bad input)
+    // is then reported as an error JSON body.
     res.set_chunked_content_provider(
         "application/json",
         [this, st, note_tokens, id](std::size_t, httplib::DataSink& sink) {
           RequestOutput out;
-          if (!st->handle->next(out, std::chrono::milliseconds(100))) return heartbeat(*st, sink, " ");
+          if (!st->handle->next(out, std::chrono::milliseconds(100)))
+            return heartbeat(*st, sink, " ");
           note_tokens(out);
           st->builder->add(out);
           if (!out.finished) return heartbeat(*st, sink, " ");
@@ -270,7 +272,8 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
           if (st->job.chat && !send(st->builder->stream_preamble())) return false;
         }
         RequestOutput out;
-        if (!st->handle->next(out, std::chrono::milliseconds(100))) return heartbeat(*st, sink, ": keep-alive\n\n");
+        if (!st->handle->next(out, std::chrono::milliseconds(100)))
+          return heartbeat(*st, sink, ": keep-alive\n\n");
         note_tokens(out);
         for (const std::string& chunk : st->builder->stream_chunks(out))
           if (!send(chunk)) return false;  // client gone: the releaser cancels
