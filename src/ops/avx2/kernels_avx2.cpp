@@ -163,6 +163,28 @@ struct Avx2 {
                                               _mm256_mul_ps(_mm256_loadu_ps(o + i), a)));
     for (; i < n; ++i) o[i] = o[i] * alpha + p * x[i];
   }
+  // acc[r * astride + k] += w_r . x_k for four rows w_r = w + r * wstride and two tokens x0, x1.
+  static void dot4x2(const float* w, int64_t wstride, const float* x0, const float* x1, int64_t n,
+                     float* acc, int64_t astride) {
+    __m256 s[4][2];
+    for (auto& r : s) r[0] = r[1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 a = _mm256_loadu_ps(x0 + i), b = _mm256_loadu_ps(x1 + i);
+      for (int r = 0; r < 4; ++r) {
+        const __m256 wv = _mm256_loadu_ps(w + r * wstride + i);
+        s[r][0] = _mm256_fmadd_ps(wv, a, s[r][0]);
+        s[r][1] = _mm256_fmadd_ps(wv, b, s[r][1]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) {
+      float t0 = hsum(s[r][0]), t1 = hsum(s[r][1]);
+      for (int64_t k = i; k < n; ++k)
+        t0 += w[r * wstride + k] * x0[k], t1 += w[r * wstride + k] * x1[k];
+      acc[r * astride] += t0;
+      acc[r * astride + 1] += t1;
+    }
+  }
   static float sum_squares(const float* x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;

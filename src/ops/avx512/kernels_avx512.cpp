@@ -163,6 +163,34 @@ struct Avx512 {
                                               _mm512_mul_ps(_mm512_loadu_ps(o + i), a)));
     for (; i < n; ++i) o[i] = o[i] * alpha + p * x[i];
   }
+  // acc[r * astride + k] += w_r . x_k for four rows w_r = w + r * wstride and two tokens x0, x1.
+  static void dot4x2(const float* w, int64_t wstride, const float* x0, const float* x1, int64_t n,
+                     float* acc, int64_t astride) {
+    __m512 s[4][2];
+    for (auto& r : s) r[0] = r[1] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 a = _mm512_loadu_ps(x0 + i), b = _mm512_loadu_ps(x1 + i);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 wv = _mm512_loadu_ps(w + r * wstride + i);
+        s[r][0] = _mm512_fmadd_ps(wv, a, s[r][0]);
+        s[r][1] = _mm512_fmadd_ps(wv, b, s[r][1]);
+      }
+    }
+    if (i < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __m512 a = _mm512_maskz_loadu_ps(m, x0 + i), b = _mm512_maskz_loadu_ps(m, x1 + i);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 wv = _mm512_maskz_loadu_ps(m, w + r * wstride + i);
+        s[r][0] = _mm512_fmadd_ps(wv, a, s[r][0]);
+        s[r][1] = _mm512_fmadd_ps(wv, b, s[r][1]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) {
+      acc[r * astride] += _mm512_reduce_add_ps(s[r][0]);
+      acc[r * astride + 1] += _mm512_reduce_add_ps(s[r][1]);
+    }
+  }
   static float sum_squares(const float* x, int64_t n) { return dot(x, x, n); }
   static void scale_mul(const float* x, const float* w, float r, int64_t n, float* y) {
     const __m512 rv = _mm512_set1_ps(r);
