@@ -483,7 +483,7 @@ void ResponseBuilder::add(const RequestOutput& out) {
   }
 }
 
-std::string ResponseBuilder::build() const {
+std::string ResponseBuilder::build() {
   OJson r = OJson::object();
   r["id"] = id_;
   r["object"] = job_.chat ? "chat.completion" : "text_completion";
@@ -491,8 +491,7 @@ std::string ResponseBuilder::build() const {
   r["model"] = job_.model;
   OJson choice = OJson::object();
   choice["index"] = 0;
-  auto* self = const_cast<ResponseBuilder*>(this);  // logprobs_json advances the text offset
-  self->text_offset_ = 0;
+  text_offset_ = 0;  // logprobs_json advances it token by token
   if (job_.chat) {
     OJson msg = OJson::object();
     msg["role"] = "assistant";
@@ -513,7 +512,7 @@ std::string ResponseBuilder::build() const {
   } else {
     choice["text"] = text_;
   }
-  choice["logprobs"] = job_.want_logprobs ? self->logprobs_json(tokens_) : OJson(nullptr);
+  choice["logprobs"] = job_.want_logprobs ? logprobs_json(tokens_) : OJson(nullptr);
   choice["finish_reason"] = finish_reason();
   r["choices"] = OJson::array({std::move(choice)});
   r["usage"] = usage_json();

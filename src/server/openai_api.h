@@ -57,9 +57,9 @@ class ResponseBuilder {
   std::vector<std::string> stream_chunks(const RequestOutput& out);
   // Stream: the first chunk of a chat stream (role), sent before any output.
   std::string stream_preamble() const;
-  // Non-stream: feed every output, then build().
+  // Non-stream: feed every output, then build() once (it consumes the logprob text offsets).
   void add(const RequestOutput& out);
-  std::string build() const;
+  std::string build();
   bool finished() const { return finished_; }
   int64_t completion_tokens() const { return completion_tokens_; }
 

@@ -70,6 +70,7 @@ struct Ctx {
   std::map<std::string, std::span<const uint8_t>> out;  // output tensor bytes by name
   const ModelConfig& cfg;
   std::string fp8;
+  std::vector<EngramLayerLayout> engram;  // hash geometry, computed once (prime search)
 };
 
 // Compares FP4 rows of `out` (with scales `out_scale`) against rows of a source tensor; `map_row`
@@ -164,7 +165,7 @@ std::string check_tensor(const Ctx& c, const ManifestTensor& t, std::span<const 
     const std::size_t column = std::stoul(n.substr(cpos, n.find('.', cpos) - cpos));
     const bool weight = has_suffix(n, ".weight");
     const int64_t layer = std::stoll(prefix.substr(prefix.find('.') + 1));
-    for (const auto& lay : engram_layouts(c.cfg.text)) {
+    for (const auto& lay : c.engram) {
       if (lay.layer != layer) continue;
       if (column >= lay.primes.size()) return "no such hash column";
       auto s = src(prefix + ".engram.embed." + (weight ? "weight" : "scale"));
@@ -220,6 +221,7 @@ std::string check_tensor(const Ctx& c, const ManifestTensor& t, std::span<const 
 // Output names implied by the source names (this validator's own reading of design.md §5).
 std::set<std::string> expected_names(const Checkpoint& src, const ModelConfig& cfg, bool bf16) {
   std::set<std::string> out;
+  const auto engram = engram_layouts(cfg.text);
   for (const auto& n : src.tensor_names()) {
     const bool expert = n.find(".ffn.experts.") != std::string::npos;
     if (expert && (has_suffix(n, ".w1.weight") || has_suffix(n, ".w1.scale"))) {
@@ -230,7 +232,7 @@ std::set<std::string> expected_names(const Checkpoint& src, const ModelConfig& c
     } else if (has_suffix(n, ".engram.embed.weight") || has_suffix(n, ".engram.embed.scale")) {
       const std::string prefix = n.substr(0, n.find(".engram.embed."));
       const int64_t layer = std::stoll(prefix.substr(prefix.find('.') + 1));
-      for (const auto& lay : engram_layouts(cfg.text))
+      for (const auto& lay : engram)
         if (lay.layer == layer)
           for (std::size_t c = 0; c < lay.primes.size(); ++c)
             out.insert(fmt::format("{}.engram.embed.bucket.{}.{}", prefix, c,
@@ -304,7 +306,7 @@ Result<ValidateReport> validate_conversion(const ValidateOptions& opt) {
     }
     files[f.name] = std::move(*m);
   }
-  Ctx ctx{*ck, {}, *cfg, manifest->fp8};
+  Ctx ctx{*ck, {}, *cfg, manifest->fp8, engram_layouts(cfg->text)};
   for (const auto& t : manifest->tensors) {
     auto it = files.find(t.file);
     if (it == files.end() || t.offset + t.bytes > it->second->size()) continue;
