@@ -27,8 +27,13 @@ inline void sparse_attention_fallback(const float* q, int64_t heads, int64_t dim
   kernels_for(Isa::kScalar).sparse_attention(q, heads, dim, rows, kinds, nrows, scale, sink, out);
 }  // weights decoded per step (a multiple of 32; 8 KB of fp32)
 
+// 2^(s - 127) from its bits (0 -> the subnormal 2^-127, 255 -> NaN); std::ldexp per block cost more
+// than the block's arithmetic.
 inline float e8m0_scalar(uint8_t s) {
-  return s == 255 ? NAN : std::ldexp(1.0f, int(s) - 127);
+  const uint32_t bits = s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : uint32_t(s) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 inline float e4m3_scalar(uint8_t b) {
@@ -36,6 +41,202 @@ inline float e4m3_scalar(uint8_t b) {
   float v = e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
   if ((b & 0x7F) == 0x7F) v = NAN;
   return (b & 0x80) ? -v : v;
+}
+
+// ---- FP8 E4M3 through F16C -------------------------------------------------------------------
+// An E4M3 byte s.eeee.mmm placed as the half-precision bits s.0eeee.mmm0000000 is the same value
+// times 2^-8, subnormals included (both formats' subnormals scale alike), so decoding is an unpack,
+// a shift, a mask and vcvtph2ps: exact, and about 2.5x cheaper than building fp32 bits. The 2^8
+// goes into the block scale. (The NaN codes 0x7F/0xFF become finite; weights never hold NaN.)
+
+// 32 E4M3 bytes -> v[0..4) = elements [0,8), [8,16), [16,24), [24,32) times 2^-8. The in-lane
+// unpacks give lo = bytes 0-7 | 16-23 and hi = bytes 8-15 | 24-31, hence the half order below.
+inline void e4m3x32_f16(const uint8_t* p, __m256 v[4]) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i z = _mm256_setzero_si256(), keep = _mm256_set1_epi16(static_cast<short>(0xBFFF));
+  const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 1), keep);
+  const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 1), keep);
+  v[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
+  v[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
+  v[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
+  v[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
+}
+
+// The block scale 2^(s-127) times 2^8 (undoing the decoder's 2^-8) when that is a normal float; 0
+// when it is not (s >= 247 or s == 0, where the caller applies the two factors one after the
+// other).
+inline float e8m0_times_256(uint8_t s) {
+  if (s == 0 || s >= 247) return 0.0f;
+  const uint32_t bits = uint32_t(s + 8) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float hsum256(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// One FP8 row (block scales srow, one per 32 inputs) dotted with x: two independent chains per
+// block, the weights streamed with a software prefetch one KB ahead (the hardware prefetcher alone
+// left ~20% of a core's read bandwidth unused in a standalone measurement).
+inline float fp8_row_dot_f16(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float rare = 0;  // blocks whose scale times 2^8 is not a normal float
+  int64_t i = 0;
+  for (; i + 32 <= in; i += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + i + 1024), _MM_HINT_T0);
+    __m256 v[4];
+    e4m3x32_f16(row + i, v);
+    __m256 b0 = _mm256_mul_ps(v[0], _mm256_loadu_ps(x + i));
+    __m256 b1 = _mm256_mul_ps(v[1], _mm256_loadu_ps(x + i + 8));
+    b0 = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + i + 16), b0);
+    b1 = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + i + 24), b1);
+    const float sc = e8m0_times_256(srow[i / 32]);
+    if (sc != 0.0f) {
+      const __m256 sv = _mm256_set1_ps(sc);
+      acc0 = _mm256_fmadd_ps(b0, sv, acc0);
+      acc1 = _mm256_fmadd_ps(b1, sv, acc1);
+    } else {
+      rare += hsum256(_mm256_add_ps(b0, b1)) * 256.0f * e8m0_scalar(srow[i / 32]);
+    }
+  }
+  float s = hsum256(_mm256_add_ps(acc0, acc1)) + rare;
+  if (i < in) {
+    float tail = 0;
+    for (int64_t k = i; k < in; ++k) tail += e4m3_scalar(row[k]) * x[k];
+    s += tail * e8m0_scalar(srow[i / 32]);
+  }
+  return s;
+}
+
+// buf[0..n) = n (<= 32) FP8 weights of one block times the block scale `s`.
+inline void fp8_block_f16(const uint8_t* w, float s, float* buf, int64_t n) {
+  if (n < 32) {
+    for (int64_t i = 0; i < n; ++i) buf[i] = e4m3_scalar(w[i]) * s;
+    return;
+  }
+  __m256 v[4];
+  e4m3x32_f16(w, v);
+  const __m256 sv = _mm256_set1_ps(s), k = _mm256_set1_ps(256.0f);
+  for (int j = 0; j < 4; ++j)
+    _mm256_storeu_ps(buf + 8 * j, _mm256_mul_ps(_mm256_mul_ps(v[j], k), sv));
+}
+
+// ---- MXFP4 through int16 dot products ---------------------------------------------------------
+// A token's activations are rounded once per call to int16 per 32-block (step max|x| / 32767, so
+// each value moves by at most 1/65534 of its block's largest magnitude); then every weight block is
+// an exact integer dot product: E2M1 x 2 is an integer in [-12, 12], looked up from the nibbles
+// with a byte shuffle, placed in the high byte of an int16 lane (x 256, sign for free) and
+// multiplied with vpmaddwd. Four products per int32 lane stay below 2^30. One float multiply-add
+// per block applies (weight scale) x (activation step) / 512. This is the numerics decision of the
+// MXFP4 path (docs/perf.md): the rounding of the activations is the only difference from an fp32
+// dot product.
+constexpr int64_t kFp4ActMax = 8192;  // longer activations take the fp32 path
+
+struct Fp4Act {
+  // Per pair of blocks (64 values), in the order the nibble unpacking produces them: even
+  // elements of both blocks first (pairs 0-7 of block 0, of block 1, pairs 8-15 of each), then odd.
+  alignas(32) int16_t q[kFp4ActMax];
+  alignas(32) float step[kFp4ActMax / 32 + 8];  // x step / 512 per block, zero past the end
+};
+
+// Position inside its 64-value group of element k (0..31) of block `blk` (0, 1) of the pair.
+constexpr int fp4_act_slot(int blk, int k) {
+  return (k % 2) * 32 + (k / 2 / 8) * 16 + blk * 8 + (k / 2) % 8;
+}
+
+// Quantizes x[0..n) (n a multiple of 32, <= kFp4ActMax). A block holding NaN or infinity gets a NaN
+// step, so its outputs are NaN as the fp32 product's would be (or inf-NaN: never a finite lie).
+inline void fp4_act_prepare(const float* x, int64_t n, Fp4Act& a) {
+  const int64_t padded = (n + 63) / 64 * 64;  // a lone last block's pair partner is all zero
+  std::fill(a.q + n / 64 * 64, a.q + padded, int16_t{0});
+  std::fill(a.step + n / 32, a.step + kFp4ActMax / 32 + 8, 0.0f);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    __m256 mx = _mm256_setzero_ps();
+    bool finite = true;
+    for (int j = 0; j < 4; ++j) {
+      const __m256 v = _mm256_and_ps(_mm256_loadu_ps(xb + 8 * j), abs_mask);
+      // ordered comparison: NaN and inf fail it
+      finite &= _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(3.0e38f), _CMP_LE_OQ)) == 0xFF;
+      mx = _mm256_max_ps(mx, v);
+    }
+    const float m = [&] {
+      __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+      t = _mm_max_ss(t, _mm_movehdup_ps(t));
+      return _mm_cvtss_f32(t);
+    }();
+    int16_t* q = a.q + (b / 2) * 64;
+    const int blk = int(b % 2);
+    if (!finite || m == 0.0f) {
+      for (int k = 0; k < 32; ++k) q[fp4_act_slot(blk, k)] = 0;
+      a.step[b] = finite ? 0.0f : NAN;
+      continue;
+    }
+    const __m256 inv = _mm256_set1_ps(32767.0f / m);
+    alignas(32) int32_t r[32];
+    for (int j = 0; j < 4; ++j)  // round to nearest (MXCSR default), |r| <= 32767
+      _mm256_store_si256(reinterpret_cast<__m256i*>(r + 8 * j),
+                         _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * j), inv)));
+    for (int k = 0; k < 32; ++k)
+      q[fp4_act_slot(blk, k)] = static_cast<int16_t>(std::clamp(r[k], -32767, 32767));
+    a.step[b] = m / 32767.0f / 512.0f;
+  }
+}
+
+// Eight blocks' combined scales: 2^(e-127) (bits; 0 -> 2^-127, 255 -> NaN) times the steps.
+inline __m256 fp4_scales8(const uint8_t* srow, int64_t nblocks_left, const float* step) {
+  uint8_t tmp[8] = {};
+  const uint8_t* p = srow;
+  if (nblocks_left < 8) {
+    std::memcpy(tmp, srow, std::size_t(nblocks_left));
+    p = tmp;
+  }
+  const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i special =
+      _mm256_and_si256(_mm256_or_si256(_mm256_cmpeq_epi32(e, _mm256_setzero_si256()),
+                                       _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255))),
+                       _mm256_set1_epi32(0x00400000));
+  const __m256 w = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(e, 23), special));
+  return _mm256_mul_ps(w, _mm256_loadu_ps(step));
+}
+
+// One MXFP4 row (in a multiple of 32, srow one scale per block) dotted with prepared activations.
+inline float fp4_row_dot_i16(const uint8_t* row, const uint8_t* srow, int64_t in, const Fp4Act& a) {
+  const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
+                                       1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m256i nib = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
+  const int64_t nblocks = in / 32;
+  __m256 acc = _mm256_setzero_ps(), sv = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nblocks; b += 2) {
+    if ((b & 7) == 0) sv = fp4_scales8(srow + b, nblocks - b, a.step + b);
+    _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
+    const bool pair = b + 2 <= nblocks;
+    const __m256i v =
+        pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16))
+             : _mm256_inserti128_si256(
+                   z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16)), 0);
+    const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
+    const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+    const __m256i* xq = reinterpret_cast<const __m256i*>(a.q + b * 32);
+    const __m256i even = _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi8(z, we), xq[0]),
+                                          _mm256_madd_epi16(_mm256_unpackhi_epi8(z, we), xq[1]));
+    const __m256i odd = _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi8(z, wo), xq[2]),
+                                         _mm256_madd_epi16(_mm256_unpackhi_epi8(z, wo), xq[3]));
+    const int k = int(b & 7);
+    __m256 sc =
+        _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
+    if (!pair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);  // lanes 4-7: no second block
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even, odd)), sc, acc);
+  }
+  return hsum256(acc);
 }
 
 // acc[t] += buf . x_t for every token, four tokens per pass over buf (one load of each weight
@@ -91,15 +292,15 @@ void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t 
     const uint8_t* row = w + o * in;
     const uint8_t* srow = scale + (o / 32) * sin;
     for (int64_t b = 0; b < n; b += 32)
-      S::fp8_block(row + c0 + b, e8m0_scalar(srow[(c0 + b) / 32]), dst + b,
-                   std::min<int64_t>(32, n - b));
+      fp8_block_f16(row + c0 + b, e8m0_scalar(srow[(c0 + b) / 32]), dst + b,
+                    std::min<int64_t>(32, n - b));
   };
   int64_t o = 0;
   if (ntok > 1)
     for (; o + kTileRows <= out; o += kTileRows) tile_rows<S>(o, out, in, x, ntok, y, decode);
   for (; o < out; ++o) {
     if (ntok == 1) {  // one token: decode and multiply in registers, no buffer
-      y[o] = S::fp8_row_dot(w + o * in, scale + (o / 32) * sin, in, x);
+      y[o] = fp8_row_dot_f16(w + o * in, scale + (o / 32) * sin, in, x);
       continue;
     }
     std::fill(acc, acc + ntok, 0.0f);
@@ -116,10 +317,6 @@ void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t 
 template <typename S>
 void fp4_row_dots(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x, int64_t ntok,
                   float* acc) {
-  if (ntok == 1) {  // one token: decode and multiply in registers, no buffer
-    acc[0] = S::fp4_row_dot(row, srow, in, x);
-    return;
-  }
   alignas(64) float buf[kRowChunk];
   std::fill(acc, acc + ntok, 0.0f);
   for (int64_t c0 = 0; c0 < in; c0 += kRowChunk) {
@@ -140,6 +337,13 @@ void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
     for (int64_t b = 0; b < n; b += 32)
       S::fp4_block(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), dst + b);
   };
+  if (ntok == 1 && in <= kFp4ActMax) {
+    Fp4Act a;
+    fp4_act_prepare(x, in, a);
+    for (int64_t o = 0; o < out; ++o)
+      y[o] = fp4_row_dot_i16(w + o * (in / 2), scale + o * (in / 32), in, a);
+    return;
+  }
   int64_t o = 0;
   if (ntok > 1)
     for (; o + kTileRows <= out; o += kTileRows) tile_rows<S>(o, out, in, x, ntok, y, decode);
@@ -153,6 +357,19 @@ template <typename S>
 void mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
                         const float* x, const float* route, int64_t ntok, float limit, float* h) {
   float g[16], u[16];
+  if (ntok == 1 && dim <= kFp4ActMax) {
+    Fp4Act a;
+    fp4_act_prepare(x, dim, a);
+    for (int64_t j = 0; j < inter; ++j) {
+      const float gc = std::min(
+          fp4_row_dot_i16(w13 + 2 * j * (dim / 2), s13 + 2 * j * (dim / 32), dim, a), limit);
+      const float uc = std::clamp(
+          fp4_row_dot_i16(w13 + (2 * j + 1) * (dim / 2), s13 + (2 * j + 1) * (dim / 32), dim, a),
+          -limit, limit);
+      h[j] = gc / (1.0f + std::exp(-gc)) * uc * route[0];
+    }
+    return;
+  }
   for (int64_t j = 0; j < inter; ++j) {
     fp4_row_dots<S>(w13 + (2 * j) * (dim / 2), s13 + (2 * j) * (dim / 32), dim, x, ntok, g);
     fp4_row_dots<S>(w13 + (2 * j + 1) * (dim / 2), s13 + (2 * j + 1) * (dim / 32), dim, x, ntok, u);

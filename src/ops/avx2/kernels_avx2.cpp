@@ -14,24 +14,6 @@
 namespace dsv41::ops {
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-// 8 E4M3 bytes -> 8 floats (exact): (em << 20) reinterpreted is the value times 2^-120 (subnormals
-// included), so one multiply by 2^120 finishes it; the sign bit moves to bit 31.
-inline __m256 e4m3x8(const uint8_t* p) {
-  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i em = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F)), 20);
-  const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-  const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(em), _mm256_set1_ps(0x1p120f));
-  return _mm256_or_ps(v, _mm256_castsi256_ps(sg));
-}
-
 // 8 packed bytes (16 E2M1 values) -> two vectors of 8 floats in element order.
 inline void e2m1x16(const uint8_t* p, __m256& first, __m256& second) {
   const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
@@ -50,47 +32,6 @@ inline void e2m1x16(const uint8_t* p, __m256& first, __m256& second) {
 
 struct Avx2 {
   static constexpr int kWidth = 8;
-  // buf[0..32) = 32 FP8 weights of one block times `s`.
-  static void fp8_block(const uint8_t* w, float s, float* buf, int64_t n) {
-    const __m256 sv = _mm256_set1_ps(s);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf + i, _mm256_mul_ps(e4m3x8(w + i), sv));
-    for (; i < n; ++i) buf[i] = e4m3_scalar(w[i]) * s;
-  }
-  // One FP8 row (block scales srow, one per 32) dotted with x, decoded in registers.
-  static float fp8_row_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= in; i += 32) {
-      __m256 blk = _mm256_mul_ps(e4m3x8(row + i), _mm256_loadu_ps(x + i));
-      blk = _mm256_fmadd_ps(e4m3x8(row + i + 8), _mm256_loadu_ps(x + i + 8), blk);
-      blk = _mm256_fmadd_ps(e4m3x8(row + i + 16), _mm256_loadu_ps(x + i + 16), blk);
-      blk = _mm256_fmadd_ps(e4m3x8(row + i + 24), _mm256_loadu_ps(x + i + 24), blk);
-      acc = _mm256_fmadd_ps(blk, _mm256_set1_ps(e8m0_scalar(srow[i / 32])), acc);
-    }
-    float s = hsum(acc);
-    if (i < in) {
-      float tail = 0;
-      for (int64_t k = i; k < in; ++k) tail += e4m3_scalar(row[k]) * x[k];
-      s += tail * e8m0_scalar(srow[i / 32]);
-    }
-    return s;
-  }
-  // One MXFP4 row (in a multiple of 32) dotted with x, decoded in registers.
-  static float fp4_row_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < in; i += 32) {
-      __m256 a, b, c, d;
-      e2m1x16(row + i / 2, a, b);
-      e2m1x16(row + i / 2 + 8, c, d);
-      __m256 blk = _mm256_mul_ps(a, _mm256_loadu_ps(x + i));
-      blk = _mm256_fmadd_ps(b, _mm256_loadu_ps(x + i + 8), blk);
-      blk = _mm256_fmadd_ps(c, _mm256_loadu_ps(x + i + 16), blk);
-      blk = _mm256_fmadd_ps(d, _mm256_loadu_ps(x + i + 24), blk);
-      acc = _mm256_fmadd_ps(blk, _mm256_set1_ps(e8m0_scalar(srow[i / 32])), acc);
-    }
-    return hsum(acc);
-  }
   // buf[0..32) = 32 MXFP4 weights (16 bytes) times `s`.
   static void fp4_block(const uint8_t* w, float s, float* buf) {
     const __m256 sv = _mm256_set1_ps(s);
@@ -110,7 +51,7 @@ struct Avx2 {
     }
     for (; i + 8 <= n; i += 8)
       acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    float s = hsum(_mm256_add_ps(acc0, acc1));
+    float s = hsum256(_mm256_add_ps(acc0, acc1));
     for (; i < n; ++i) s += a[i] * b[i];
     return s;
   }
@@ -127,7 +68,7 @@ struct Avx2 {
       s2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x2 + i), s2);
       s3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x3 + i), s3);
     }
-    float r0 = hsum(s0), r1 = hsum(s1), r2 = hsum(s2), r3 = hsum(s3);
+    float r0 = hsum256(s0), r1 = hsum256(s1), r2 = hsum256(s2), r3 = hsum256(s3);
     for (; i < n; ++i)
       r0 += a[i] * x0[i], r1 += a[i] * x1[i], r2 += a[i] * x2[i], r3 += a[i] * x3[i];
     acc[0] += r0, acc[1] += r1, acc[2] += r2, acc[3] += r3;
@@ -178,7 +119,7 @@ struct Avx2 {
       }
     }
     for (int r = 0; r < 4; ++r) {
-      float t0 = hsum(s[r][0]), t1 = hsum(s[r][1]);
+      float t0 = hsum256(s[r][0]), t1 = hsum256(s[r][1]);
       for (int64_t k = i; k < n; ++k)
         t0 += w[r * wstride + k] * x0[k], t1 += w[r * wstride + k] * x1[k];
       acc[r * astride] += t0;
@@ -190,7 +131,7 @@ struct Avx2 {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
       acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), acc);
-    float s = hsum(acc);
+    float s = hsum256(acc);
     for (; i < n; ++i) s += x[i] * x[i];
     return s;
   }
@@ -204,7 +145,7 @@ struct Avx2 {
       a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + i + 16));
       a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
     }
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; i < n; ++i) s += x[i];
     return s;
   }

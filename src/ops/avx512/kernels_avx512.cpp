@@ -13,15 +13,6 @@
 namespace dsv41::ops {
 namespace {
 
-// 16 E4M3 bytes -> 16 floats, exactly (see e4m3x8 in the AVX2 tier).
-inline __m512 e4m3x16(const uint8_t* p) {
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i em = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), 20);
-  const __m512i sg = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
-  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(em), _mm512_set1_ps(0x1p120f));
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sg));
-}
-
 // 16 packed bytes (32 E2M1 values) -> two vectors of 16 floats in element order.
 inline void e2m1x32(const uint8_t* p, __m512& first, __m512& second) {
   const __m512 mag = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
@@ -38,41 +29,6 @@ inline void e2m1x32(const uint8_t* p, __m512& first, __m512& second) {
 }
 
 struct Avx512 {
-  static void fp8_block(const uint8_t* w, float s, float* buf, int64_t n) {
-    const __m512 sv = _mm512_set1_ps(s);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(buf + i, _mm512_mul_ps(e4m3x16(w + i), sv));
-    for (; i < n; ++i) buf[i] = e4m3_scalar(w[i]) * s;
-  }
-  // One FP8 row (block scales srow, one per 32) dotted with x, decoded in registers.
-  static float fp8_row_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
-    __m512 acc = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= in; i += 32) {
-      __m512 blk = _mm512_mul_ps(e4m3x16(row + i), _mm512_loadu_ps(x + i));
-      blk = _mm512_fmadd_ps(e4m3x16(row + i + 16), _mm512_loadu_ps(x + i + 16), blk);
-      acc = _mm512_fmadd_ps(blk, _mm512_set1_ps(e8m0_scalar(srow[i / 32])), acc);
-    }
-    float s = _mm512_reduce_add_ps(acc);
-    if (i < in) {
-      float tail = 0;
-      for (int64_t k = i; k < in; ++k) tail += e4m3_scalar(row[k]) * x[k];
-      s += tail * e8m0_scalar(srow[i / 32]);
-    }
-    return s;
-  }
-  // One MXFP4 row (in a multiple of 32) dotted with x, decoded in registers.
-  static float fp4_row_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < in; i += 32) {
-      __m512 a, b;
-      e2m1x32(row + i / 2, a, b);
-      __m512 blk = _mm512_mul_ps(a, _mm512_loadu_ps(x + i));
-      blk = _mm512_fmadd_ps(b, _mm512_loadu_ps(x + i + 16), blk);
-      acc = _mm512_fmadd_ps(blk, _mm512_set1_ps(e8m0_scalar(srow[i / 32])), acc);
-    }
-    return _mm512_reduce_add_ps(acc);
-  }
   static void fp4_block(const uint8_t* w, float s, float* buf) {
     const __m512 sv = _mm512_set1_ps(s);
     __m512 a, b;
