@@ -27,10 +27,13 @@ struct Kernels {
   // block-scaled.
   void (*fp8_gemv)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
                    int64_t ntok, float* y);
-  // y[t * out + o] = sum_i W[o, i] x[t * in + i], W MXFP4 (row-scaled per 32 inputs).
+  // y[t * out + o] = sum_i W[o, i] x[t * in + i], W MXFP4 (row-scaled per 32 inputs). With one
+  // token the SIMD tiers round each 32-block of x to int16 (step max|x_block| / 32767) and dot in
+  // integers (ops/simd_common.h); the rounding is the only difference from an fp32 dot product.
   void (*mxfp4_gemv)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                      const float* x, int64_t ntok, float* y);
-  // Fused gate/up over the interleaved w13 [2 * inter, dim] with the SwiGLU clamp epilogue:
+  // Fused gate/up over the interleaved w13 [2 * inter, dim] with the SwiGLU clamp epilogue (any
+  // ntok: above kMaxDecodeTokens the SIMD tiers run it as a GEMM, the grouped prefill variant):
   // h[t * inter + j] = silu(min(g, limit)) * clamp(u, -limit, limit) * route[t],
   // g = w13 row 2j . x_t, u = w13 row 2j+1 . x_t.
   void (*mxfp4_gate_up)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
@@ -60,6 +63,15 @@ struct Kernels {
   // mHC coefficient epilogue + Sinkhorn (ops/select.h hc_sinkhorn_ref), bit-identical to it.
   void (*hc_sinkhorn)(const float* m, const float* base, const float* scale, int64_t hc, float eps,
                       int64_t iters, float* pre, float* post, float* comb);
+  // Prefill GEMMs, any ntok: y[t * ldy + o] = sum_i W[o, i] x[t * in + i] (fp32 accumulation).
+  // Callers that split the rows of an FP8 matrix split at multiples of 32 (its scale blocks).
+  void (*fp8_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+                   int64_t ntok, float* y, int64_t ldy);
+  void (*bf16_gemm)(const uint16_t* w, int64_t out, int64_t in, const float* x, int64_t ntok,
+                    float* y, int64_t ldy);
+  // MXFP4 (one expert's tokens, gathered: the grouped prefill variant runs it per expert).
+  void (*mxfp4_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                     const float* x, int64_t ntok, float* y, int64_t ldy);
 };
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).

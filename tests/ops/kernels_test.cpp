@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -169,8 +170,8 @@ TEST_P(KernelTier, Mxfp4Gemv) {
 
 TEST_P(KernelTier, Mxfp4GateUpWithClampEpilogue) {
   for (const auto& [inter, dim] :
-       std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {3, 64}, {17, 2304}, {8, 5120}})
-    for (int64_t ntok : {1, 4, 16}) {
+       std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {3, 64}, {17, 2304}, {8, 5120}, {50, 96}})
+    for (int64_t ntok : {1, 4, 16, 17, 40}) {  // above 16: the grouped prefill (GEMM) path
       std::vector<uint8_t> w(static_cast<std::size_t>(2 * inter * dim / 2)),
           s(static_cast<std::size_t>(2 * inter * dim / 32));
       for (auto& b : w) b = g_.byte();
@@ -201,6 +202,102 @@ TEST_P(KernelTier, Mxfp4GateUpWithClampEpilogue) {
                                            sc[std::size_t(t * 2 * inter + 2 * j + 1)]);
       expect_close(h, want, scale, sum_tol(dim),
                    "mxfp4_gate_up " + std::to_string(inter) + "x" + std::to_string(dim));
+    }
+}
+
+// Runs a prefill GEMM of the tier and the reference into y with row stride ldy = out + 3 and checks
+// every valid element (fp32 vs double accumulation) and that the stride's gap stays untouched.
+void check_gemm(const std::function<void(float*, int64_t, bool)>& run, int64_t out, int64_t ntok,
+                const std::vector<double>& scale, int64_t in, const std::string& what) {
+  const int64_t ldy = out + 3;
+  std::vector<float> y(std::size_t(ntok * ldy), NAN), want(y.size(), NAN);
+  run(y.data(), ldy, false);
+  run(want.data(), ldy, true);
+  std::vector<float> got_v, want_v;
+  std::vector<double> scale_v;
+  for (int64_t t = 0; t < ntok; ++t) {
+    for (int64_t o = 0; o < out; ++o) {
+      got_v.push_back(y[std::size_t(t * ldy + o)]);
+      want_v.push_back(want[std::size_t(t * ldy + o)]);
+      scale_v.push_back(scale[std::size_t(t * out + o)]);
+    }
+    for (int64_t o = out; o < ldy; ++o)
+      ASSERT_TRUE(std::isnan(y[std::size_t(t * ldy + o)])) << what << ": wrote past out";
+  }
+  expect_close(got_v, want_v, scale_v, sum_tol(in), what);
+}
+
+const std::vector<std::pair<int64_t, int64_t>> kGemmShapes = {
+    {1, 32}, {7, 64}, {33, 288}, {100, 544}, {97, 96}};
+const std::vector<int64_t> kGemmTokens = {1, 15, 16, 17, 40, 400};  // 400: two super-blocks
+
+TEST_P(KernelTier, Fp8Gemm) {
+  for (auto [out, in] : kGemmShapes)
+    for (int64_t ntok : kGemmTokens) {
+      if (in == 96) in = 40;  // a tail inside one scale block
+      const int64_t sin = (in + 31) / 32;
+      std::vector<uint8_t> w(std::size_t(out * in)), s(std::size_t((out + 31) / 32 * sin));
+      for (auto& b : w) b = g_.e4m3();
+      for (auto& b : s) b = g_.e8m0();
+      std::vector<float> x(std::size_t(ntok * in));
+      for (auto& v : x) v = g_.normal();
+      std::vector<double> scale(std::size_t(ntok * out));
+      for (int64_t t = 0; t < ntok; ++t)
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < in; ++i)
+            scale[std::size_t(t * out + o)] +=
+                std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
+                          e8m0_to_double(s[std::size_t((o / 32) * sin + i / 32)]) *
+                          x[std::size_t(t * in + i)]);
+      check_gemm(
+          [&](float* y, int64_t ldy, bool ref) {
+            (ref ? ref_ : k_)->fp8_gemm(w.data(), s.data(), out, in, x.data(), ntok, y, ldy);
+          },
+          out, ntok, scale, in,
+          "fp8_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+              std::to_string(ntok));
+    }
+}
+
+TEST_P(KernelTier, Bf16Gemm) {
+  for (auto [out, in] : kGemmShapes)
+    for (int64_t ntok : kGemmTokens) {
+      if (in == 96) in = 77;  // not a multiple of 8
+      std::vector<uint16_t> w(std::size_t(out * in));
+      for (auto& b : w) b = float_to_bf16(g_.normal());
+      std::vector<float> x(std::size_t(ntok * in));
+      for (auto& v : x) v = g_.normal();
+      std::vector<double> scale(std::size_t(ntok * out));
+      for (int64_t t = 0; t < ntok; ++t)
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < in; ++i)
+            scale[std::size_t(t * out + o)] += std::fabs(
+                double(bf16_to_float(w[std::size_t(o * in + i)])) * x[std::size_t(t * in + i)]);
+      check_gemm(
+          [&](float* y, int64_t ldy, bool ref) {
+            (ref ? ref_ : k_)->bf16_gemm(w.data(), out, in, x.data(), ntok, y, ldy);
+          },
+          out, ntok, scale, in,
+          "bf16_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+              std::to_string(ntok));
+    }
+}
+
+TEST_P(KernelTier, Mxfp4Gemm) {
+  for (auto [out, in] : kGemmShapes)
+    for (int64_t ntok : kGemmTokens) {
+      std::vector<uint8_t> w(std::size_t(out * in / 2)), s(std::size_t(out * in / 32));
+      for (auto& b : w) b = g_.byte();
+      for (auto& b : s) b = g_.e8m0();
+      std::vector<float> x(std::size_t(ntok * in));
+      for (auto& v : x) v = g_.normal();
+      check_gemm(
+          [&](float* y, int64_t ldy, bool ref) {
+            (ref ? ref_ : k_)->mxfp4_gemm(w.data(), s.data(), out, in, x.data(), ntok, y, ldy);
+          },
+          out, ntok, fp4_scale(w, s, out, in, x, ntok), in,
+          "mxfp4_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+              std::to_string(ntok));
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include "ops/kernels.h"
 #include "ops/simd_common.h"
+#include "ops/simd_gemm.h"
 
 namespace dsv41::ops {
 namespace {
@@ -164,12 +165,15 @@ struct Avx2 {
 extern const Kernels kAvx2Kernels = {Isa::kAvx2,
                                      &fp8_gemv_impl<Avx2>,
                                      &mxfp4_gemv_impl<Avx2>,
-                                     &mxfp4_gate_up_impl<Avx2>,
+                                     &mxfp4_gate_up_any<Avx2>,
                                      &rmsnorm_impl<Avx2>,
                                      &read_sum_impl<Avx2>,
                                      &rope_impl<Avx2>,
                                      &indexer_scores_simd,
                                      &sparse_attention_impl<Avx2>,
-                                     &hc_sinkhorn_simd};
+                                     &hc_sinkhorn_simd,
+                                     &fp8_gemm_simd,
+                                     &bf16_gemm_simd,
+                                     &mxfp4_gemm_simd};
 
 }  // namespace dsv41::ops

@@ -9,6 +9,7 @@
 
 #include "ops/kernels.h"
 #include "ops/simd_common.h"
+#include "ops/simd_gemm.h"
 
 namespace dsv41::ops {
 namespace {
@@ -163,12 +164,15 @@ struct Avx512 {
 extern const Kernels kAvx512Kernels = {Isa::kAvx512,
                                        &fp8_gemv_impl<Avx512>,
                                        &mxfp4_gemv_impl<Avx512>,
-                                       &mxfp4_gate_up_impl<Avx512>,
+                                       &mxfp4_gate_up_any<Avx512>,
                                        &rmsnorm_impl<Avx512>,
                                        &read_sum_impl<Avx512>,
                                        &rope_impl<Avx512>,
                                        &indexer_scores_simd,
                                        &sparse_attention_impl<Avx512>,
-                                       &hc_sinkhorn_simd};
+                                       &hc_sinkhorn_simd,
+                                       &fp8_gemm_simd,
+                                       &bf16_gemm_simd,
+                                       &mxfp4_gemm_simd};
 
 }  // namespace dsv41::ops

@@ -13,8 +13,8 @@
 namespace dsv41::ops {
 namespace {
 
-void fp8_gemv(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
-              int64_t ntok, float* y) {
+void fp8_gemm(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+              int64_t ntok, float* y, int64_t ldy) {
   const int64_t sin = (in + 31) / 32;
   for (int64_t t = 0; t < ntok; ++t)
     for (int64_t o = 0; o < out; ++o) {
@@ -22,7 +22,22 @@ void fp8_gemv(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, c
       for (int64_t i = 0; i < in; ++i)
         acc += double(e4m3_to_float(w[o * in + i])) *
                e8m0_to_double(scale[(o / 32) * sin + i / 32]) * x[t * in + i];
-      y[t * out + o] = float(acc);
+      y[t * ldy + o] = float(acc);
+    }
+}
+
+void fp8_gemv(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+              int64_t ntok, float* y) {
+  fp8_gemm(w, scale, out, in, x, ntok, y, out);
+}
+
+void bf16_gemm(const uint16_t* w, int64_t out, int64_t in, const float* x, int64_t ntok, float* y,
+               int64_t ldy) {
+  for (int64_t t = 0; t < ntok; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = 0;
+      for (int64_t i = 0; i < in; ++i) acc += double(bf16_to_float(w[o * in + i])) * x[t * in + i];
+      y[t * ldy + o] = float(acc);
     }
 }
 
@@ -34,12 +49,17 @@ double mxfp4_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const floa
   return acc;
 }
 
-void mxfp4_gemv(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
-                int64_t ntok, float* y) {
+void mxfp4_gemm(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+                int64_t ntok, float* y, int64_t ldy) {
   const int64_t sin = in / 32;
   for (int64_t t = 0; t < ntok; ++t)
     for (int64_t o = 0; o < out; ++o)
-      y[t * out + o] = float(mxfp4_dot(w + o * (in / 2), scale + o * sin, in, x + t * in));
+      y[t * ldy + o] = float(mxfp4_dot(w + o * (in / 2), scale + o * sin, in, x + t * in));
+}
+
+void mxfp4_gemv(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+                int64_t ntok, float* y) {
+  mxfp4_gemm(w, scale, out, in, x, ntok, y, out);
 }
 
 void mxfp4_gate_up(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
@@ -137,8 +157,8 @@ void sparse_attention(const float* q, int64_t heads, int64_t dim, const uint8_t*
 
 }  // namespace
 
-extern const Kernels kScalarKernels = {Isa::kScalar,     fp8_gemv,       mxfp4_gemv, mxfp4_gate_up,
-                                       rmsnorm,          read_sum,       rope,       indexer_scores,
-                                       sparse_attention, hc_sinkhorn_ref};
+extern const Kernels kScalarKernels = {
+    Isa::kScalar,   fp8_gemv,         mxfp4_gemv,      mxfp4_gate_up, rmsnorm,   read_sum,  rope,
+    indexer_scores, sparse_attention, hc_sinkhorn_ref, fp8_gemm,      bf16_gemm, mxfp4_gemm};
 
 }  // namespace dsv41::ops
