@@ -72,6 +72,17 @@ struct Kernels {
   // MXFP4 (one expert's tokens, gathered: the grouped prefill variant runs it per expert).
   void (*mxfp4_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                      const float* x, int64_t ntok, float* y, int64_t ldy);
+  // Prefill attention, the banded window and the compressed rows under one softmax per query and
+  // head: query i < nq (q + i * heads * dim) sits at position p0 + i and attends to the window rows
+  // of positions max(0, p0 + i - window + 1) .. p0 + i, which `win` holds packed and contiguous
+  // (FP8 window rows of positions wpos0 .. wpos0 + nwin - 1; they must cover every query's band),
+  // then to its own compressed rows comp[cofs[i] .. cofs[i + 1]) (FP4). out + i * heads * dim.
+  // Equal to sparse_attention per query on that row list; the SIMD tiers unpack each window row
+  // once for all the queries whose band holds it.
+  void (*prefill_attention)(const float* q, int64_t nq, int64_t heads, int64_t dim,
+                            const uint8_t* win, int64_t wpos0, int64_t nwin, int64_t p0,
+                            int64_t window, const uint8_t* const* comp, const int64_t* cofs,
+                            float scale, const float* sink, float* out);
 };
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).

@@ -442,6 +442,74 @@ TEST_P(KernelTier, SparseAttentionWithSinkOverPackedRows) {
   }
 }
 
+// Prefill attention: a block of queries over a banded window (held from position wpos0) plus
+// per-query compressed rows, against the reference (the one-query kernel on each query's row list),
+// and against the tier's own one-query kernel on the same list (the banded path must not change
+// what a query sees).
+TEST_P(KernelTier, PrefillAttentionBandedWindowAndCompressed) {
+  struct Case {
+    int64_t heads, dim, nq, p0, window;
+  };
+  for (const Case& c : std::vector<Case>{
+           {1, 32, 1, 0, 4}, {4, 64, 9, 0, 4}, {4, 64, 7, 20, 8}, {8, 512, 20, 130, 128}}) {
+    const int64_t wpos0 = std::max<int64_t>(0, c.p0 - c.window + 1) - (c.p0 > 3 ? 2 : 0);
+    const int64_t nwin = c.p0 + c.nq - wpos0 + 1;  // one spare row past the last query
+    const int64_t wb = window_row_bytes(c.dim), cb = compressed_row_bytes(c.dim);
+    std::vector<uint8_t> win(std::size_t(nwin * wb));
+    std::vector<float> v(std::size_t(c.dim)), absmax(std::size_t(c.dim), 0.0f),
+        u(std::size_t(c.dim));
+    for (int64_t r = 0; r < nwin; ++r) {
+      for (auto& x : v) x = g_.normal();
+      pack_window_row(v.data(), c.dim, win.data() + r * wb);
+      unpack_window_row(win.data() + r * wb, c.dim, u.data());
+      for (std::size_t i = 0; i < u.size(); ++i) absmax[i] = std::max(absmax[i], std::fabs(u[i]));
+    }
+    std::vector<std::vector<uint8_t>> comp_store;
+    std::vector<int64_t> cofs = {0};
+    for (int64_t i = 0; i < c.nq; ++i) {
+      const int64_t n = int64_t(g_.rng() % 6);  // 0..5 compressed rows for this query
+      for (int64_t k = 0; k < n; ++k) {
+        for (auto& x : v) x = g_.normal();
+        comp_store.emplace_back(std::size_t(cb));
+        pack_compressed_row(v.data(), c.dim, comp_store.back().data());
+        unpack_compressed_row(comp_store.back().data(), c.dim, u.data());
+        for (std::size_t j = 0; j < u.size(); ++j) absmax[j] = std::max(absmax[j], std::fabs(u[j]));
+      }
+      cofs.push_back(cofs.back() + n);
+    }
+    std::vector<const uint8_t*> comp;
+    for (auto& r : comp_store) comp.push_back(r.data());
+    std::vector<float> q(std::size_t(c.nq * c.heads * c.dim)), sink(std::size_t(c.heads));
+    for (auto& x : q) x = g_.normal();
+    for (auto& x : sink) x = g_.normal() * 2;
+    const float scale = 1.0f / std::sqrt(float(c.dim));
+    std::vector<float> got(q.size(), NAN), want(q.size(), NAN), single(q.size(), NAN);
+    k_->prefill_attention(q.data(), c.nq, c.heads, c.dim, win.data(), wpos0, nwin, c.p0, c.window,
+                          comp.data(), cofs.data(), scale, sink.data(), got.data());
+    ref_->prefill_attention(q.data(), c.nq, c.heads, c.dim, win.data(), wpos0, nwin, c.p0, c.window,
+                            comp.data(), cofs.data(), scale, sink.data(), want.data());
+    for (int64_t i = 0; i < c.nq; ++i) {  // the tier's one-query kernel on the same row list
+      std::vector<const uint8_t*> rows;
+      std::vector<uint8_t> kinds;
+      const int64_t p = c.p0 + i;
+      for (int64_t k = std::max<int64_t>(0, p - c.window + 1); k <= p; ++k)
+        rows.push_back(win.data() + (k - wpos0) * wb), kinds.push_back(0);
+      for (int64_t k = cofs[std::size_t(i)]; k < cofs[std::size_t(i) + 1]; ++k)
+        rows.push_back(comp[std::size_t(k)]), kinds.push_back(1);
+      k_->sparse_attention(q.data() + i * c.heads * c.dim, c.heads, c.dim, rows.data(),
+                           kinds.data(), int64_t(rows.size()), scale, sink.data(),
+                           single.data() + i * c.heads * c.dim);
+    }
+    std::vector<double> sc(got.size());
+    for (std::size_t i = 0; i < sc.size(); ++i) sc[i] = absmax[i % std::size_t(c.dim)] + 1e-30;
+    const std::string what = "prefill attention " + std::to_string(c.heads) + "x" +
+                             std::to_string(c.dim) + " nq " + std::to_string(c.nq);
+    expect_close(got, want, sc, 2e-5 + 1e-6 * double(c.dim) / 64, what);
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], single[i]) << what << ": differs from the one-query kernel at " << i;
+  }
+}
+
 TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
   EXPECT_TRUE(isa_supported(active_isa()));
   EXPECT_EQ(kernels().isa, active_isa());
@@ -449,7 +517,8 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
     const Kernels& t = kernels_for(static_cast<Isa>(k));
     EXPECT_EQ(static_cast<int>(t.isa), k);
     EXPECT_TRUE(t.fp8_gemv && t.mxfp4_gemv && t.mxfp4_gate_up && t.rmsnorm && t.read_sum &&
-                t.rope && t.indexer_scores && t.sparse_attention && t.hc_sinkhorn)
+                t.rope && t.indexer_scores && t.sparse_attention && t.hc_sinkhorn && t.fp8_gemm &&
+                t.bf16_gemm && t.mxfp4_gemm && t.prefill_attention)
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));

@@ -174,6 +174,7 @@ extern const Kernels kAvx2Kernels = {Isa::kAvx2,
                                      &hc_sinkhorn_simd,
                                      &fp8_gemm_simd,
                                      &bf16_gemm_simd,
-                                     &mxfp4_gemm_simd};
+                                     &mxfp4_gemm_simd,
+                                     &prefill_attention_impl<Avx2>};
 
 }  // namespace dsv41::ops

@@ -173,6 +173,7 @@ extern const Kernels kAvx512Kernels = {Isa::kAvx512,
                                        &hc_sinkhorn_simd,
                                        &fp8_gemm_simd,
                                        &bf16_gemm_simd,
-                                       &mxfp4_gemm_simd};
+                                       &mxfp4_gemm_simd,
+                                       &prefill_attention_impl<Avx512>};
 
 }  // namespace dsv41::ops

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/check.h"
 #include "core/dtypes.h"
 #include "ops/cache_pack.h"
 #include "ops/kernels.h"
@@ -155,10 +156,29 @@ void sparse_attention(const float* q, int64_t heads, int64_t dim, const uint8_t*
   }
 }
 
+// Per query, the one-query reference on the row list the band and the query's compressed rows make.
+void prefill_attention(const float* q, int64_t nq, int64_t heads, int64_t dim, const uint8_t* win,
+                       int64_t wpos0, int64_t nwin, int64_t p0, int64_t window,
+                       const uint8_t* const* comp, const int64_t* cofs, float scale,
+                       const float* sink, float* out) {
+  const int64_t wb = window_row_bytes(dim);
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t p = p0 + i, lo = std::max<int64_t>(0, p - window + 1);
+    DSV41_CHECK(lo >= wpos0 && p < wpos0 + nwin);
+    std::vector<const uint8_t*> rows;
+    std::vector<uint8_t> kinds;
+    for (int64_t k = lo; k <= p; ++k) rows.push_back(win + (k - wpos0) * wb), kinds.push_back(0);
+    for (int64_t c = cofs[i]; c < cofs[i + 1]; ++c) rows.push_back(comp[c]), kinds.push_back(1);
+    sparse_attention(q + i * heads * dim, heads, dim, rows.data(), kinds.data(),
+                     int64_t(rows.size()), scale, sink, out + i * heads * dim);
+  }
+}
+
 }  // namespace
 
 extern const Kernels kScalarKernels = {
-    Isa::kScalar,   fp8_gemv,         mxfp4_gemv,      mxfp4_gate_up, rmsnorm,   read_sum,  rope,
-    indexer_scores, sparse_attention, hc_sinkhorn_ref, fp8_gemm,      bf16_gemm, mxfp4_gemm};
+    Isa::kScalar, fp8_gemv,  mxfp4_gemv,     mxfp4_gate_up,    rmsnorm,
+    read_sum,     rope,      indexer_scores, sparse_attention, hc_sinkhorn_ref,
+    fp8_gemm,     bf16_gemm, mxfp4_gemm,     prefill_attention};
 
 }  // namespace dsv41::ops
