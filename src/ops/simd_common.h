@@ -130,6 +130,67 @@ inline void fp8_block_f16(const uint8_t* w, float s, float* buf, int64_t n) {
     _mm256_storeu_ps(buf + 8 * j, _mm256_mul_ps(_mm256_mul_ps(v[j], k), sv));
 }
 
+// One token, FP8: all 32 rows of a scale-block row share the scale of each column block, so the
+// activations are scaled once per 32 rows (xs = x * scale * 2^8, exact: powers of two) and each
+// row's dot is then decode + FMA only, no per-block scale work (~1/3 fewer operations per weight
+// byte).
+constexpr int64_t kFp8ScaledMax = 16384;  // longer rows, or scales past 2^119, take the plain path
+
+// xs[i] = x[i] * 2^(s_b - 127 + 8) for the 32-row group's scales srow; false when some scale times
+// 2^8 is not a normal float (the caller then uses fp8_row_dot_f16).
+inline bool fp8_prescale(const uint8_t* srow, int64_t in, const float* x, float* xs) {
+  for (int64_t b = 0; b * 32 < in; ++b) {
+    const float sc = e8m0_times_256(srow[b]);
+    if (sc == 0.0f) return false;
+    const int64_t n = std::min<int64_t>(32, in - b * 32);
+    const __m256 sv = _mm256_set1_ps(sc);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(xs + b * 32 + i, _mm256_mul_ps(_mm256_loadu_ps(x + b * 32 + i), sv));
+    for (; i < n; ++i) xs[b * 32 + i] = x[b * 32 + i] * sc;
+  }
+  return true;
+}
+
+// Dot of one FP8 row with prescaled activations (the values times 2^-8 from the decoder meet the
+// 2^8 in xs). Four independent chains.
+inline float fp8_row_dot_prescaled(const uint8_t* row, int64_t in, const float* xs) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= in; i += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + i + 1024), _MM_HINT_T0);
+    __m256 v[4];
+    e4m3x32_f16(row + i, v);
+    a0 = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xs + i), a0);
+    a1 = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xs + i + 8), a1);
+    a2 = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xs + i + 16), a2);
+    a3 = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xs + i + 24), a3);
+  }
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  if (i < in) {
+    float tail = 0;
+    for (int64_t k = i; k < in; ++k) tail += e4m3_scalar(row[k]) * 0x1p-8f * xs[k];
+    s += tail;
+  }
+  return s;
+}
+
+// y[o] for rows [0, out) of a one-token FP8 GEMV (w at row 0 of a 32-row scale group).
+inline void fp8_gemv_one_token(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                               const float* x, float* y) {
+  const int64_t sin = (in + 31) / 32;
+  alignas(64) float xs[kFp8ScaledMax];
+  for (int64_t g = 0; g * 32 < out; ++g) {
+    const uint8_t* srow = scale + g * sin;
+    const int64_t o1 = std::min<int64_t>(out, (g + 1) * 32);
+    if (in <= kFp8ScaledMax && fp8_prescale(srow, in, x, xs)) {
+      for (int64_t o = g * 32; o < o1; ++o) y[o] = fp8_row_dot_prescaled(w + o * in, in, xs);
+    } else {
+      for (int64_t o = g * 32; o < o1; ++o) y[o] = fp8_row_dot_f16(w + o * in, srow, in, x);
+    }
+  }
+}
+
 // ---- MXFP4 through int16 dot products ---------------------------------------------------------
 // A token's activations are rounded once per call to int16 per 32-block (step max|x| / 32767, so
 // each value moves by at most 1/65534 of its block's largest magnitude); then every weight block is
@@ -298,14 +359,10 @@ void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t 
       fp8_block_f16(row + c0 + b, e8m0_scalar(srow[(c0 + b) / 32]), dst + b,
                     std::min<int64_t>(32, n - b));
   };
+  if (ntok == 1) return fp8_gemv_one_token(w, scale, out, in, x, y);
   int64_t o = 0;
-  if (ntok > 1)
-    for (; o + kTileRows <= out; o += kTileRows) tile_rows<S>(o, out, in, x, ntok, y, decode);
+  for (; o + kTileRows <= out; o += kTileRows) tile_rows<S>(o, out, in, x, ntok, y, decode);
   for (; o < out; ++o) {
-    if (ntok == 1) {  // one token: decode and multiply in registers, no buffer
-      y[o] = fp8_row_dot_f16(w + o * in, scale + (o / 32) * sin, in, x);
-      continue;
-    }
     std::fill(acc, acc + ntok, 0.0f);
     for (int64_t c0 = 0; c0 < in; c0 += kRowChunk) {
       const int64_t n = std::min(kRowChunk, in - c0);

@@ -103,6 +103,30 @@ TEST_P(KernelTier, Fp8Gemv) {
     }
 }
 
+// Scale exponents of 247 and more (2^120..2^127) cannot take the prescaled one-token path (the
+// activations times scale x 2^8 would leave the float range): those 32-row groups use the plain
+// per-block path; small weights keep the products finite.
+TEST_P(KernelTier, Fp8GemvHugeScales) {
+  const int64_t out = 70, in = 64, sin = 2;
+  std::vector<uint8_t> w(std::size_t(out * in)), s(std::size_t((out + 31) / 32 * sin));
+  for (auto& b : w) b = uint8_t((g_.byte() & 0x80) | (g_.byte() % 0x30));  // |value| < 0.5
+  for (auto& b : s) b = g_.e8m0();
+  s[1] = 250;  // group 0
+  s[4] = 247;  // group 2
+  std::vector<float> x(static_cast<std::size_t>(in));
+  for (auto& v : x) v = g_.normal();
+  std::vector<float> y(static_cast<std::size_t>(out), NAN), want(y.size());
+  k_->fp8_gemv(w.data(), s.data(), out, in, x.data(), 1, y.data());
+  ref_->fp8_gemv(w.data(), s.data(), out, in, x.data(), 1, want.data());
+  std::vector<double> scale(y.size());
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i)
+      scale[std::size_t(o)] +=
+          std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
+                    e8m0_to_double(s[std::size_t((o / 32) * sin + i / 32)]) * x[std::size_t(i)]);
+  expect_close(y, want, scale, sum_tol(in), "fp8_gemv huge scales");
+}
+
 std::vector<double> fp4_scale(const std::vector<uint8_t>& w, const std::vector<uint8_t>& s,
                               int64_t out, int64_t in, const std::vector<float>& x, int64_t ntok) {
   std::vector<double> scale(static_cast<std::size_t>(ntok * out));

@@ -387,6 +387,41 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
         {"us_per_token", t * 1e6},
         {"us_per_token_scalar_reference", t_ref * 1e6},
         {"gflop_per_s", 4.0 * double(heads * dim) * double(rows.size()) / t / 1e9}};
+
+    // Prefill: 16 consecutive queries (positions 1000..1015), each over its 128-row band of a
+    // contiguous window and the same compressed rows, single thread; against 16 one-query calls.
+    const int64_t nq = 16, p0 = 1000, wpos0 = p0 - nwin + 1, nwrows = nwin + nq - 1;
+    const int64_t wb = window_row_bytes(dim);
+    std::vector<uint8_t> win(static_cast<std::size_t>(nwrows * wb));
+    for (int64_t r = 0; r < nwrows; ++r)
+      std::memcpy(win.data() + r * wb, packed[std::size_t(r % nwin)].data(), std::size_t(wb));
+    std::vector<const uint8_t*> comp;
+    std::vector<int64_t> cofs = {0};
+    for (int64_t i = 0; i < nq; ++i) {
+      for (int64_t c = 0; c < ncomp; ++c) comp.push_back(rows[std::size_t(nwin + c)]);
+      cofs.push_back(cofs.back() + ncomp);
+    }
+    std::vector<float> qs(static_cast<std::size_t>(nq * heads * dim), 0.01f), outs(qs.size());
+    const double tp = best_time(opt.reps, [&] {
+      kernels().prefill_attention(qs.data(), nq, heads, dim, win.data(), wpos0, nwrows, p0, nwin,
+                                  comp.data(), cofs.data(), 0.04f, sink.data(), outs.data());
+    });
+    const double t1 = best_time(opt.reps, [&] {
+      for (int64_t i = 0; i < nq; ++i) {
+        std::vector<const uint8_t*> list;
+        for (int64_t pos = p0 + i - nwin + 1; pos <= p0 + i; ++pos)
+          list.push_back(win.data() + (pos - wpos0) * wb);
+        for (int64_t c = 0; c < ncomp; ++c) list.push_back(rows[std::size_t(nwin + c)]);
+        kernels().sparse_attention(qs.data() + i * heads * dim, heads, dim, list.data(),
+                                   kinds.data(), int64_t(list.size()), 0.04f, sink.data(),
+                                   outs.data() + i * heads * dim);
+      }
+    });
+    j["prefill_attention"] = {{"queries", nq},
+                              {"window", nwin},
+                              {"compressed_rows_per_query", ncomp},
+                              {"us_per_query", tp / double(nq) * 1e6},
+                              {"us_per_query_one_query_kernel", t1 / double(nq) * 1e6}};
   }
   json& ref = j["reference_library"];
   for (int64_t m : opt.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 2048})
