@@ -72,6 +72,22 @@ struct Kernels {
   // MXFP4 (one expert's tokens, gathered: the grouped prefill variant runs it per expert).
   void (*mxfp4_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                      const float* x, int64_t ntok, float* y, int64_t ldy);
+  // mHC coefficients of one token from its stream h [hc * d] (copy-major): m = (fn . h) / rms(h)
+  // with fn F32 [(2 + hc) * hc, hc * d] and norm_eps inside the rms, then hc_sinkhorn on m (the
+  // epilogue is bit-identical to the reference given m; m is an fp32 dot product in the tier's
+  // order).
+  void (*hc_mix)(const float* h, int64_t hc, int64_t d, const float* fn, const float* base,
+                 const float* scale, float norm_eps, float hc_eps, int64_t iters, float* pre,
+                 float* post, float* comb);
+  // The collapse fused with the RMSNorm that follows it: x = sum_j w[j] h[j] over the hc streams
+  // of d values (in j order, bit-identical to the reference's collapse), then
+  // x = norm_w * (x / rms(x)) (the rms sum in the tier's order).
+  void (*hc_collapse_rmsnorm)(const float* h, const float* w, int64_t hc, int64_t d,
+                              const float* norm_w, float eps, float* x);
+  // out[k * d + i] = post[k] y[i] + sum_j comb[j * hc + k] res[j * d + i] in j order
+  // (bit-identical to the reference's expand); out may not alias res.
+  void (*hc_expand)(const float* y, const float* res, const float* post, const float* comb,
+                    int64_t hc, int64_t d, float* out);
   // Prefill attention, the banded window and the compressed rows under one softmax per query and
   // head: query i < nq (q + i * heads * dim) sits at position p0 + i and attends to the window rows
   // of positions max(0, p0 + i - window + 1) .. p0 + i, which `win` holds packed and contiguous

@@ -478,6 +478,78 @@ inline void hc_sinkhorn_simd(const float* m, const float* base, const float* sca
       _mm_storeu_ps(comb + 12, r3);
 }
 
+// mHC coefficients (see Kernels::hc_mix): the rms and the (2 + hc) * hc row dots in the tier's
+// order (four rows per pass over h), then the bit-identical epilogue. More than 64 coefficients
+// (hc > 6) go to the scalar tier.
+template <typename S>
+void hc_mix_impl(const float* h, int64_t hc, int64_t d, const float* fn, const float* base,
+                 const float* scale, float norm_eps, float hc_eps, int64_t iters, float* pre,
+                 float* post, float* comb) {
+  const int64_t n = hc * d, mix = (2 + hc) * hc;
+  if (mix > 64)
+    return kernels_for(Isa::kScalar)
+        .hc_mix(h, hc, d, fn, base, scale, norm_eps, hc_eps, iters, pre, post, comb);
+  const float r = 1.0f / std::sqrt(S::sum_squares(h, n) / float(n) + norm_eps);
+  float m[64] = {};
+  int64_t row = 0;
+  for (; row + 4 <= mix; row += 4) S::dot4(h, fn + row * n, n, n, m + row);
+  for (; row < mix; ++row) m[row] = S::dot(fn + row * n, h, n);
+  for (row = 0; row < mix; ++row) m[row] *= r;
+  hc_sinkhorn_simd(m, base, scale, hc, hc_eps, iters, pre, post, comb);
+}
+
+// Collapse + RMSNorm in one pass over the streams (see Kernels::hc_collapse_rmsnorm): each x value
+// is the reference's sum (0 + w0 h0 + w1 h1 + ..., separate multiplies and adds in j order) and
+// its square joins the rms sum in the same pass; a second pass over x (in L1) applies
+// norm_w * (x * r) as the reference's rmsnorm does.
+inline void hc_collapse_rmsnorm_simd(const float* h, const float* w, int64_t hc, int64_t d,
+                                     const float* norm_w, float eps, float* x) {
+  __m256 ss = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    __m256 s = _mm256_setzero_ps();
+    for (int64_t j = 0; j < hc; ++j)
+      s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(h + j * d + i)));
+    _mm256_storeu_ps(x + i, s);
+    ss = _mm256_fmadd_ps(s, s, ss);
+  }
+  float sum = hsum256(ss);
+  for (; i < d; ++i) {
+    float s = 0;
+    for (int64_t j = 0; j < hc; ++j) s += w[j] * h[j * d + i];
+    x[i] = s;
+    sum += s * s;
+  }
+  const float r = 1.0f / std::sqrt(sum / float(d) + eps);
+  const __m256 rv = _mm256_set1_ps(r);
+  for (i = 0; i + 8 <= d; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(norm_w + i),
+                                          _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));
+  for (; i < d; ++i) x[i] = norm_w[i] * (x[i] * r);
+}
+
+// Expand (see Kernels::hc_expand): per output stream k, post[k] y + comb[j][k] res_j in j order
+// with separate multiplies and adds: bit-identical to the reference.
+inline void hc_expand_simd(const float* y, const float* res, const float* post, const float* comb,
+                           int64_t hc, int64_t d, float* out) {
+  for (int64_t k = 0; k < hc; ++k) {
+    const __m256 pk = _mm256_set1_ps(post[k]);
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+      __m256 s = _mm256_mul_ps(pk, _mm256_loadu_ps(y + i));
+      for (int64_t j = 0; j < hc; ++j)
+        s = _mm256_add_ps(
+            s, _mm256_mul_ps(_mm256_set1_ps(comb[j * hc + k]), _mm256_loadu_ps(res + j * d + i)));
+      _mm256_storeu_ps(out + k * d + i, s);
+    }
+    for (; i < d; ++i) {
+      float s = post[k] * y[i];
+      for (int64_t j = 0; j < hc; ++j) s += comb[j * hc + k] * res[j * d + i];
+      out[k * d + i] = s;
+    }
+  }
+}
+
 // RoPE over interleaved pairs, 4 pairs (8 floats) per step with SSE/AVX-free scalar-equivalent
 // math: the pair swap and the sign pattern are lane shuffles, the products and sums separate
 // operations, so every value is bit-identical to the reference rotation.

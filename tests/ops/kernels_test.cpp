@@ -534,6 +534,81 @@ TEST_P(KernelTier, PrefillAttentionBandedWindowAndCompressed) {
   }
 }
 
+// mHC expand: bit-identical to the model reference's expand (float) on every tier.
+TEST_P(KernelTier, HcExpandBitIdenticalToTheReference) {
+  for (int64_t hc : {1, 2, 4})
+    for (int64_t d : {5, 8, 100, 5120}) {
+      std::vector<float> y(static_cast<std::size_t>(d)), res(static_cast<std::size_t>(hc * d));
+      for (auto& v : y) v = g_.normal();
+      for (auto& v : res) v = g_.normal();
+      ref::HcMix<float> mx;
+      for (int64_t k = 0; k < hc; ++k) mx.post.push_back(std::fabs(g_.normal()));
+      for (int64_t k = 0; k < hc * hc; ++k) mx.comb.push_back(std::fabs(g_.normal()) / 2);
+      std::vector<float> got(res.size(), NAN), want(res.size());
+      k_->hc_expand(y.data(), res.data(), mx.post.data(), mx.comb.data(), hc, d, got.data());
+      ref::hc_expand(y.data(), res.data(), mx, hc, d, want.data());
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << "hc " << hc << " d " << d << " at " << i;
+    }
+}
+
+// Collapse + RMSNorm: the model reference's collapse then rmsnorm (float); only the rms sum's order
+// differs, so every element is within a few ulp of the reference's relative error.
+TEST_P(KernelTier, HcCollapseFusedWithRmsNorm) {
+  for (int64_t hc : {1, 3, 4})
+    for (int64_t d : {7, 64, 5120}) {
+      std::vector<float> h(static_cast<std::size_t>(hc * d)), nw(static_cast<std::size_t>(d));
+      for (auto& v : h) v = g_.normal();
+      for (auto& v : nw) v = g_.normal();
+      std::vector<float> w;
+      for (int64_t j = 0; j < hc; ++j) w.push_back(std::fabs(g_.normal()) + 0.1f);
+      std::vector<float> got(static_cast<std::size_t>(d), NAN), want(got.size());
+      k_->hc_collapse_rmsnorm(h.data(), w.data(), hc, d, nw.data(), 1e-6f, got.data());
+      ref::hc_collapse(h.data(), w, hc, d, want.data());
+      ref::rmsnorm(want.data(), nw.data(), d, 1e-6f, want.data());
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-6 * std::fabs(want[i]) + 1e-30)
+            << "hc " << hc << " d " << d << " at " << i;
+    }
+}
+
+// mHC coefficients (rms, the (2 + hc) * hc row dots, epilogue and Sinkhorn): the scalar tier
+// against the model reference in double; every tier against the scalar tier (pre, post and comb
+// are O(1); a wrong row, scale or rms moves them by far more than the tolerance).
+TEST_P(KernelTier, HcMixCoefficients) {
+  for (int64_t hc : {2, 4})
+    for (int64_t d : {16, 64, 300}) {
+      const int64_t n = hc * d, mix = (2 + hc) * hc;
+      ref::Mat<double> fn;
+      fn.rows = mix, fn.cols = n;
+      fn.v.resize(static_cast<std::size_t>(mix * n));
+      for (auto& v : fn.v) v = double(g_.normal() * 0.05f);
+      std::vector<double> hd(static_cast<std::size_t>(n)), based(static_cast<std::size_t>(mix)),
+          scaled = {0.9, 1.1, 1.3};
+      for (auto& v : hd) v = double(g_.normal());
+      for (auto& v : based) v = double(g_.normal() * 0.3f);
+      std::vector<float> h(hd.begin(), hd.end()), f(fn.v.begin(), fn.v.end()),
+          base(based.begin(), based.end()), scale(scaled.begin(), scaled.end());
+      const auto want = ref::hc_mixes(hd.data(), hc, d, fn, based, scaled, 1e-6, 1e-6, 20);
+      std::vector<float> pre(std::size_t(hc), NAN), post(std::size_t(hc), NAN),
+          comb(std::size_t(hc * hc), NAN), rpre = pre, rpost = post, rcomb = comb;
+      ref_->hc_mix(h.data(), hc, d, f.data(), base.data(), scale.data(), 1e-6f, 1e-6f, 20,
+                   rpre.data(), rpost.data(), rcomb.data());
+      k_->hc_mix(h.data(), hc, d, f.data(), base.data(), scale.data(), 1e-6f, 1e-6f, 20, pre.data(),
+                 post.data(), comb.data());
+      for (int64_t j = 0; j < hc; ++j) {
+        EXPECT_NEAR(rpre[std::size_t(j)], want.pre[std::size_t(j)], 1e-5);
+        EXPECT_NEAR(rpost[std::size_t(j)], want.post[std::size_t(j)], 1e-5);
+        EXPECT_NEAR(pre[std::size_t(j)], rpre[std::size_t(j)], 1e-5);
+        EXPECT_NEAR(post[std::size_t(j)], rpost[std::size_t(j)], 1e-5);
+      }
+      for (int64_t j = 0; j < hc * hc; ++j) {
+        EXPECT_NEAR(rcomb[std::size_t(j)], want.comb[std::size_t(j)], 1e-5);
+        EXPECT_NEAR(comb[std::size_t(j)], rcomb[std::size_t(j)], 1e-5);
+      }
+    }
+}
+
 TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
   EXPECT_TRUE(isa_supported(active_isa()));
   EXPECT_EQ(kernels().isa, active_isa());
@@ -542,7 +617,8 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
     EXPECT_EQ(static_cast<int>(t.isa), k);
     EXPECT_TRUE(t.fp8_gemv && t.mxfp4_gemv && t.mxfp4_gate_up && t.rmsnorm && t.read_sum &&
                 t.rope && t.indexer_scores && t.sparse_attention && t.hc_sinkhorn && t.fp8_gemm &&
-                t.bf16_gemm && t.mxfp4_gemm && t.prefill_attention)
+                t.bf16_gemm && t.mxfp4_gemm && t.prefill_attention && t.hc_mix &&
+                t.hc_collapse_rmsnorm && t.hc_expand)
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));

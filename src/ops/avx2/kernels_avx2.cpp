@@ -175,6 +175,9 @@ extern const Kernels kAvx2Kernels = {Isa::kAvx2,
                                      &fp8_gemm_simd,
                                      &bf16_gemm_simd,
                                      &mxfp4_gemm_simd,
+                                     &hc_mix_impl<Avx2>,
+                                     &hc_collapse_rmsnorm_simd,
+                                     &hc_expand_simd,
                                      &prefill_attention_impl<Avx2>};
 
 }  // namespace dsv41::ops

@@ -174,6 +174,9 @@ extern const Kernels kAvx512Kernels = {Isa::kAvx512,
                                        &fp8_gemm_simd,
                                        &bf16_gemm_simd,
                                        &mxfp4_gemm_simd,
+                                       &hc_mix_impl<Avx512>,
+                                       &hc_collapse_rmsnorm_simd,
+                                       &hc_expand_simd,
                                        &prefill_attention_impl<Avx512>};
 
 }  // namespace dsv41::ops

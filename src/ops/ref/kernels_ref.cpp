@@ -156,6 +156,44 @@ void sparse_attention(const float* q, int64_t heads, int64_t dim, const uint8_t*
   }
 }
 
+void hc_mix(const float* h, int64_t hc, int64_t d, const float* fn, const float* base,
+            const float* scale, float norm_eps, float hc_eps, int64_t iters, float* pre,
+            float* post, float* comb) {
+  const int64_t n = hc * d, mix = (2 + hc) * hc;
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += double(h[i]) * h[i];
+  const double r = 1 / std::sqrt(ss / double(n) + norm_eps);
+  std::vector<float> m(static_cast<std::size_t>(mix));
+  for (int64_t row = 0; row < mix; ++row) {
+    double acc = 0;
+    for (int64_t i = 0; i < n; ++i) acc += double(fn[row * n + i]) * h[i];
+    m[static_cast<std::size_t>(row)] = float(acc * r);
+  }
+  hc_sinkhorn_ref(m.data(), base, scale, hc, hc_eps, iters, pre, post, comb);
+}
+
+// The collapse in float exactly as the model reference (0 + w0 h0 + ...), then rmsnorm (double).
+void hc_collapse_rmsnorm(const float* h, const float* w, int64_t hc, int64_t d, const float* norm_w,
+                         float eps, float* x) {
+  for (int64_t i = 0; i < d; ++i) {
+    float s = 0;
+    for (int64_t j = 0; j < hc; ++j) s += w[j] * h[j * d + i];
+    x[i] = s;
+  }
+  rmsnorm(x, norm_w, d, eps, x);
+}
+
+// In float exactly as the model reference's expand.
+void hc_expand(const float* y, const float* res, const float* post, const float* comb, int64_t hc,
+               int64_t d, float* out) {
+  for (int64_t k = 0; k < hc; ++k)
+    for (int64_t i = 0; i < d; ++i) {
+      float s = post[k] * y[i];
+      for (int64_t j = 0; j < hc; ++j) s += comb[j * hc + k] * res[j * d + i];
+      out[k * d + i] = s;
+    }
+}
+
 // Per query, the one-query reference on the row list the band and the query's compressed rows make.
 void prefill_attention(const float* q, int64_t nq, int64_t heads, int64_t dim, const uint8_t* win,
                        int64_t wpos0, int64_t nwin, int64_t p0, int64_t window,
@@ -177,8 +215,8 @@ void prefill_attention(const float* q, int64_t nq, int64_t heads, int64_t dim, c
 }  // namespace
 
 extern const Kernels kScalarKernels = {
-    Isa::kScalar, fp8_gemv,  mxfp4_gemv,     mxfp4_gate_up,    rmsnorm,
-    read_sum,     rope,      indexer_scores, sparse_attention, hc_sinkhorn_ref,
-    fp8_gemm,     bf16_gemm, mxfp4_gemm,     prefill_attention};
+    Isa::kScalar, fp8_gemv,       mxfp4_gemv,          mxfp4_gate_up,   rmsnorm,          read_sum,
+    rope,         indexer_scores, sparse_attention,    hc_sinkhorn_ref, fp8_gemm,         bf16_gemm,
+    mxfp4_gemm,   hc_mix,         hc_collapse_rmsnorm, hc_expand,       prefill_attention};
 
 }  // namespace dsv41::ops
