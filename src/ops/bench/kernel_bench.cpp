@@ -314,6 +314,44 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
                          {"iterations", 20},
                          {"ns_per_token_kernel", per_call_ns(kernels().hc_sinkhorn)},
                          {"ns_per_token_reference_loop", per_call_ns(hc_sinkhorn_ref)}};
+    // The whole mHC step of one token at the real shape (hc 4 x 5120): coefficients (the
+    // 24 x 20480 F32 GEMV, 1.97 MB, + rms + Sinkhorn), collapse + RMSNorm, expand; one thread,
+    // against the scalar tier.
+    const int64_t hc = 4, d = 5120, n = hc * d, mix = (2 + hc) * hc;
+    std::vector<float> h(static_cast<std::size_t>(n)), fn(static_cast<std::size_t>(mix * n)),
+        nw(static_cast<std::size_t>(d), 1.0f), x(static_cast<std::size_t>(d)),
+        outh(static_cast<std::size_t>(n));
+    Rng rng(5);
+    for (auto& v : h) v = float(rng.uniform(-1, 1));
+    for (auto& v : fn) v = float(rng.uniform(-0.01, 0.01));
+    const float wts[4] = {0.5f, 0.6f, 0.7f, 0.8f};
+    auto timed_us = [&](const Kernels& t, int which) {
+      return best_time(opt.reps,
+                       [&] {
+                         for (int i = 0; i < 10; ++i) {
+                           if (which == 0)
+                             t.hc_mix(h.data(), hc, d, fn.data(), base, m, 1e-6f, 1e-6f, 20, pre,
+                                      post, comb);
+                           else if (which == 1)
+                             t.hc_collapse_rmsnorm(h.data(), wts, hc, d, nw.data(), 1e-6f,
+                                                   x.data());
+                           else
+                             t.hc_expand(x.data(), h.data(), wts, comb, hc, d, outh.data());
+                         }
+                       }) /
+             10 * 1e6;
+    };
+    const Kernels& sc = kernels_for(Isa::kScalar);
+    j["mhc_step"] = {
+        {"hc", hc},
+        {"dim", d},
+        {"mix_us", timed_us(kernels(), 0)},
+        {"mix_us_scalar_tier", timed_us(sc, 0)},
+        {"mix_fn_gb_per_s_warm_cache", double(mix * n * 4) / (timed_us(kernels(), 0) * 1e3)},
+        {"collapse_rmsnorm_us", timed_us(kernels(), 1)},
+        {"collapse_rmsnorm_us_scalar_tier", timed_us(sc, 1)},
+        {"expand_us", timed_us(kernels(), 2)},
+        {"expand_us_scalar_tier", timed_us(sc, 2)}};
   }
   {
     // Indexer scoring (32 heads x 128, packed FP4 keys of 68 B): one query against many keys, as in
