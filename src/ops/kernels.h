@@ -99,6 +99,14 @@ struct Kernels {
                             const uint8_t* win, int64_t wpos0, int64_t nwin, int64_t p0,
                             int64_t window, const uint8_t* const* comp, const int64_t* cofs,
                             float scale, const float* sink, float* out);
+  // Cache rows (ops/cache_pack.h layouts): the tier's packers and unpackers, bit-exact with the
+  // scalar ones (the scalar tier's entries) on every input.
+  void (*pack_window_row)(const float* x, int64_t n, uint8_t* out);
+  void (*unpack_window_row)(const uint8_t* in, int64_t n, float* x);
+  void (*pack_compressed_row)(const float* x, int64_t n, uint8_t* out);
+  void (*unpack_compressed_row)(const uint8_t* in, int64_t n, float* x);
+  void (*pack_index_key)(const float* x, int64_t n, uint8_t* out);
+  void (*unpack_index_key)(const uint8_t* in, int64_t n, float* x);
 };
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).

@@ -23,6 +23,11 @@ namespace {
 
 constexpr int64_t kRowChunk = 2048;
 
+// Defined in ops/simd_pack.h (included by every tier after this header): the tiers' cache-row
+// unpackers, used by the attention kernels below.
+void unpack_window_row_simd(const uint8_t* in, int64_t n, float* x);
+void unpack_compressed_row_simd(const uint8_t* in, int64_t n, float* x);
+
 // Shapes beyond the SIMD kernels' stack buffers go to the scalar reference tier.
 inline void sparse_attention_fallback(const float* q, int64_t heads, int64_t dim,
                                       const uint8_t* const* rows, const uint8_t* kinds,
@@ -693,9 +698,9 @@ void sparse_attention_impl(const float* q, int64_t heads, int64_t dim, const uin
       q, heads, dim, nrows,
       [&](int64_t r) {
         if (kinds[r] == 0)
-          unpack_window_row(rows[r], dim, buf);
+          unpack_window_row_simd(rows[r], dim, buf);
         else
-          unpack_compressed_row(rows[r], dim, buf);
+          unpack_compressed_row_simd(rows[r], dim, buf);
         return static_cast<const float*>(buf);
       },
       scale, sink, out);
@@ -721,7 +726,7 @@ void prefill_attention_impl(const float* q, int64_t nq, int64_t heads, int64_t d
   band.resize(std::size_t((hi_all - lo_all + 1) * dim));
   const int64_t wb = window_row_bytes(dim);
   for (int64_t k = lo_all; k <= hi_all; ++k)
-    unpack_window_row(win + (k - wpos0) * wb, dim, band.data() + (k - lo_all) * dim);
+    unpack_window_row_simd(win + (k - wpos0) * wb, dim, band.data() + (k - lo_all) * dim);
   alignas(64) float cbuf[kAttnMaxDim];
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t p = p0 + i, lo = std::max<int64_t>(0, p - window + 1), nband = p - lo + 1;
@@ -730,7 +735,7 @@ void prefill_attention_impl(const float* q, int64_t nq, int64_t heads, int64_t d
         q + i * heads * dim, heads, dim, nband + ncomp,
         [&](int64_t r) {
           if (r < nband) return static_cast<const float*>(band.data() + (lo - lo_all + r) * dim);
-          unpack_compressed_row(comp[c0 + r - nband], dim, cbuf);
+          unpack_compressed_row_simd(comp[c0 + r - nband], dim, cbuf);
           return static_cast<const float*>(cbuf);
         },
         scale, sink, out + i * heads * dim);

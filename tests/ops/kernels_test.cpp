@@ -609,6 +609,81 @@ TEST_P(KernelTier, HcMixCoefficients) {
     }
 }
 
+// Cache-row packers and unpackers of every tier against the scalar ones, bit for bit. Rows mix
+// blocks of very different magnitudes (down to float subnormals, up to the clamps), zeros and -0,
+// exact E2M1/E4M3 rounding midpoints, and (in some rows) NaN and infinity; unpackers get random
+// bytes, which include the E4M3 NaN codes and extreme scale bytes.
+TEST_P(KernelTier, CachePackersBitExact) {
+  auto same_bits = [](float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
+  };
+  const int64_t ns[] = {32, 128, 512, 96};
+  for (int rep = 0; rep < 200; ++rep) {
+    const int64_t n = ns[rep % 4];
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (int64_t b = 0; b < n; b += 16) {
+      const int kind = int(g_.rng() % 6);
+      const float mag = std::ldexp(1.0f, int(g_.rng() % 260) - 140);
+      for (int64_t i = b; i < b + 16; ++i) {
+        float v = g_.normal() * mag;
+        if (kind == 1) v = 0.0f;
+        if (kind == 2) v = (g_.rng() % 2) ? -0.0f : 0.0f;
+        if (kind == 3) {  // E2M1 midpoints and E4M3 half-quanta on a power-of-two grid
+          const float mids[] = {0.25f, 0.75f, 1.25f,   1.75f,        2.5f,
+                                3.5f,  5.0f,  1.0625f, 0.0146484375f};
+          v = mids[g_.rng() % 9] * std::ldexp(1.0f, int(g_.rng() % 8) - 4) *
+              ((g_.rng() % 2) ? -1.0f : 1.0f);
+        }
+        x[std::size_t(i)] = v;
+      }
+      if (g_.rng() % 2 == 0) x[std::size_t(b)] = 6.0f * mag;  // a block maximum on the grid
+    }
+    if (rep % 4 == 1) {  // a window block scaled by exactly 2^k whose values are E4M3 ties
+      const int k = int(g_.rng() % 200) - 100;
+      const float ties[] = {1.0625f,        1.1875f,        1.3125f,        1.4375f,
+                            0.5f * 0x1p-9f, 1.5f * 0x1p-9f, 2.5f * 0x1p-9f, 7.5f * 0x1p-9f,
+                            432.0f,         0.0146484375f,  3.75f};
+      x[0] = std::ldexp(448.0f, k);
+      for (int64_t i = 1; i < 32; ++i)
+        x[std::size_t(i)] = std::ldexp(ties[g_.rng() % 11], k) * ((g_.rng() % 2) ? -1.0f : 1.0f);
+    }
+    if (rep % 25 == 7) x[std::size_t(g_.rng() % std::size_t(n))] = NAN;
+    if (rep % 25 == 11) x[std::size_t(g_.rng() % std::size_t(n))] = -INFINITY;
+    using Pack = void (*)(const float*, int64_t, uint8_t*);
+    using Unpack = void (*)(const uint8_t*, int64_t, float*);
+    const struct {
+      Pack pk, rpk;
+      Unpack up, rup;
+      int64_t bytes;
+      const char* name;
+    } kinds[] = {
+        {k_->pack_window_row, ref_->pack_window_row, k_->unpack_window_row, ref_->unpack_window_row,
+         window_row_bytes(n), "window"},
+        {k_->pack_compressed_row, ref_->pack_compressed_row, k_->unpack_compressed_row,
+         ref_->unpack_compressed_row, compressed_row_bytes(n), "compressed"},
+        {k_->pack_index_key, ref_->pack_index_key, k_->unpack_index_key, ref_->unpack_index_key,
+         index_key_bytes(n), "index key"},
+    };
+    for (const auto& kd : kinds) {
+      std::vector<uint8_t> got(std::size_t(kd.bytes), 0xAB), want(std::size_t(kd.bytes), 0xCD);
+      kd.pk(x.data(), n, got.data());
+      kd.rpk(x.data(), n, want.data());
+      ASSERT_EQ(got, want) << kd.name << " pack, n " << n << " rep " << rep << " (seed "
+                           << fresh_seed() << ")";
+      std::vector<uint8_t> bytes(std::size_t(kd.bytes));
+      for (auto& b : bytes) b = g_.byte();
+      if (rep % 3 == 0) bytes = got;  // also what the packer wrote
+      std::vector<float> u(std::size_t(n), 1.0f), uw(std::size_t(n), 2.0f);
+      kd.up(bytes.data(), n, u.data());
+      kd.rup(bytes.data(), n, uw.data());
+      for (std::size_t i = 0; i < u.size(); ++i)
+        ASSERT_TRUE(same_bits(u[i], uw[i]))
+            << kd.name << " unpack, n " << n << " at " << i << ": " << u[i] << " vs " << uw[i]
+            << " (seed " << fresh_seed() << ")";
+    }
+  }
+}
+
 TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
   EXPECT_TRUE(isa_supported(active_isa()));
   EXPECT_EQ(kernels().isa, active_isa());
@@ -618,7 +693,9 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
     EXPECT_TRUE(t.fp8_gemv && t.mxfp4_gemv && t.mxfp4_gate_up && t.rmsnorm && t.read_sum &&
                 t.rope && t.indexer_scores && t.sparse_attention && t.hc_sinkhorn && t.fp8_gemm &&
                 t.bf16_gemm && t.mxfp4_gemm && t.prefill_attention && t.hc_mix &&
-                t.hc_collapse_rmsnorm && t.hc_expand)
+                t.hc_collapse_rmsnorm && t.hc_expand && t.pack_window_row && t.unpack_window_row &&
+                t.pack_compressed_row && t.unpack_compressed_row && t.pack_index_key &&
+                t.unpack_index_key)
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));

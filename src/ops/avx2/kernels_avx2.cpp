@@ -11,6 +11,7 @@
 #include "ops/kernels.h"
 #include "ops/simd_common.h"
 #include "ops/simd_gemm.h"
+#include "ops/simd_pack.h"
 
 namespace dsv41::ops {
 namespace {
@@ -178,6 +179,12 @@ extern const Kernels kAvx2Kernels = {Isa::kAvx2,
                                      &hc_mix_impl<Avx2>,
                                      &hc_collapse_rmsnorm_simd,
                                      &hc_expand_simd,
-                                     &prefill_attention_impl<Avx2>};
+                                     &prefill_attention_impl<Avx2>,
+                                     &pack_window_row_simd,
+                                     &unpack_window_row_simd,
+                                     &pack_compressed_row_simd,
+                                     &unpack_compressed_row_simd,
+                                     &pack_index_key_simd,
+                                     &unpack_index_key_simd};
 
 }  // namespace dsv41::ops

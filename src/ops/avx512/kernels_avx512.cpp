@@ -10,6 +10,7 @@
 #include "ops/kernels.h"
 #include "ops/simd_common.h"
 #include "ops/simd_gemm.h"
+#include "ops/simd_pack.h"
 
 namespace dsv41::ops {
 namespace {
@@ -177,6 +178,12 @@ extern const Kernels kAvx512Kernels = {Isa::kAvx512,
                                        &hc_mix_impl<Avx512>,
                                        &hc_collapse_rmsnorm_simd,
                                        &hc_expand_simd,
-                                       &prefill_attention_impl<Avx512>};
+                                       &prefill_attention_impl<Avx512>,
+                                       &pack_window_row_simd,
+                                       &unpack_window_row_simd,
+                                       &pack_compressed_row_simd,
+                                       &unpack_compressed_row_simd,
+                                       &pack_index_key_simd,
+                                       &unpack_index_key_simd};
 
 }  // namespace dsv41::ops

@@ -214,9 +214,28 @@ void prefill_attention(const float* q, int64_t nq, int64_t heads, int64_t dim, c
 
 }  // namespace
 
-extern const Kernels kScalarKernels = {
-    Isa::kScalar, fp8_gemv,       mxfp4_gemv,          mxfp4_gate_up,   rmsnorm,          read_sum,
-    rope,         indexer_scores, sparse_attention,    hc_sinkhorn_ref, fp8_gemm,         bf16_gemm,
-    mxfp4_gemm,   hc_mix,         hc_collapse_rmsnorm, hc_expand,       prefill_attention};
+extern const Kernels kScalarKernels = {Isa::kScalar,
+                                       fp8_gemv,
+                                       mxfp4_gemv,
+                                       mxfp4_gate_up,
+                                       rmsnorm,
+                                       read_sum,
+                                       rope,
+                                       indexer_scores,
+                                       sparse_attention,
+                                       hc_sinkhorn_ref,
+                                       fp8_gemm,
+                                       bf16_gemm,
+                                       mxfp4_gemm,
+                                       hc_mix,
+                                       hc_collapse_rmsnorm,
+                                       hc_expand,
+                                       prefill_attention,
+                                       pack_window_row,
+                                       unpack_window_row,
+                                       pack_compressed_row,
+                                       unpack_compressed_row,
+                                       pack_index_key,
+                                       unpack_index_key};
 
 }  // namespace dsv41::ops

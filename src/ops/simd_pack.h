@@ -1,0 +1,217 @@
+// Cache-row packers and unpackers of the SIMD tiers (256-bit AVX2 code shared by both tiers,
+// internal linkage as ops/simd_common.h), bit-exact with the scalar packers
+// (ops/ref/cache_pack.cpp) on every input: the per-block scale is computed by the same float
+// expression; dividing by a power-of-two scale equals multiplying by its exact reciprocal (one
+// rounding of the same exact value); E4M3 codes round the float mantissa to 3 bits half-to-even in
+// integers (subnormals: cvtps2dq of |v| * 2^9, which rounds half to even); E2M1 codes count the
+// midpoints below |v| (ties to the even code), as the scalar encoder walks them. Rows holding NaN
+// or infinity, scale bytes past 2^119 and the E4M3 NaN codes take the scalar functions, whose rules
+// for them are their own.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <immintrin.h>
+
+#include "core/dtypes.h"  // e4m3_from_double only (out of line: no tier-flagged inline copies)
+#include "ops/cache_pack.h"
+#include "ops/simd_common.h"
+
+namespace dsv41::ops {
+namespace {
+
+inline float float_from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// 2^ceil(log2 x) for a normal x > 0 (the scalar packer's pow2_ceil).
+inline float pow2_ceil_bits(float x) {
+  const uint32_t b = bits_of(x);
+  return (b & 0x7FFFFF) == 0 ? x : float_from_bits((b & 0x7F800000u) + 0x00800000u);
+}
+
+// max |x| over n (a multiple of 8) values, and whether all of them are finite.
+inline bool amax_finite(const float* x, int64_t n, float& amax) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 big = _mm256_set1_ps(3.4028234663852886e38f);
+  __m256 mx = _mm256_setzero_ps();
+  int ok = 0xFF;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    ok &= _mm256_movemask_ps(_mm256_cmp_ps(v, big, _CMP_LE_OQ));
+    mx = _mm256_max_ps(mx, v);
+  }
+  __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_max_ss(t, _mm_movehdup_ps(t));
+  amax = _mm_cvtss_f32(t);
+  return ok == 0xFF;
+}
+
+inline bool row_finite(const float* x, int64_t n) {
+  float unused;
+  return amax_finite(x, n, unused);
+}
+
+// E4M3 codes (in int32 lanes) of 8 finite values with |v| <= 448.
+inline __m256i e4m3_encode8(__m256 v) {
+  const __m256i sign =
+      _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(int(0x80000000u)));
+  const __m256 a = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u))), v);
+  const __m256i sub = _mm256_cvtps_epi32(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)));  // m * 2^-9
+  const __m256i b = _mm256_castps_si256(a);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 20), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7FFFF), odd));  // half to even
+  const __m256i norm =
+      _mm256_sub_epi32(_mm256_srli_epi32(rounded, 20), _mm256_set1_epi32((127 - 7) << 3));
+  const __m256 is_sub = _mm256_cmp_ps(a, _mm256_set1_ps(0x1p-6f), _CMP_LT_OQ);
+  const __m256i code = _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(norm), _mm256_castsi256_ps(sub), is_sub));
+  return _mm256_or_si256(code, _mm256_srli_epi32(sign, 24));
+}
+
+// E2M1 codes (int32 lanes, sign in bit 3) of 8 finite values with |v| <= 6, by midpoints.
+inline __m256i e2m1_encode8(__m256 v) {
+  const __m256i sign =
+      _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(int(0x80000000u)));
+  const __m256 a = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u))), v);
+  static constexpr float kMid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  __m256i code = _mm256_setzero_si256();
+  for (int c = 0; c < 7; ++c) {
+    const __m256 m = _mm256_set1_ps(kMid[c]);
+    __m256 up = _mm256_cmp_ps(a, m, _CMP_GT_OQ);
+    if (c % 2 == 1) up = _mm256_or_ps(up, _mm256_cmp_ps(a, m, _CMP_EQ_OQ));  // tie: the even code
+    code = _mm256_sub_epi32(code, _mm256_castps_si256(up));
+  }
+  return _mm256_or_si256(code, _mm256_srli_epi32(sign, 28));
+}
+
+// 32 int32 codes (four vectors, element order) -> 32 bytes.
+inline void store_bytes32(__m256i c0, __m256i c1, __m256i c2, __m256i c3, uint8_t* out) {
+  const __m256i p01 = _mm256_packus_epi32(c0, c1), p23 = _mm256_packus_epi32(c2, c3);
+  const __m256i q = _mm256_packus_epi16(p01, p23);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// 16 nibble codes (two vectors, element order) -> 8 bytes, element 2j in the low nibble.
+inline void store_nibbles16(__m256i c0, __m256i c1, uint8_t* out) {
+  const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);  // 16 x u16
+  const __m128i bytes =
+      _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));  // 16 x u8
+  const __m128i pairs = _mm_maddubs_epi16(bytes, _mm_set1_epi16(0x1001));           // lo + 16 * hi
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(pairs, pairs));
+}
+
+void pack_window_row_simd(const float* x, int64_t n, uint8_t* out) {
+  if (n % 32 != 0 || !row_finite(x, n)) return pack_window_row(x, n, out);
+  for (int64_t b = 0; b < n; b += 32) {
+    float amax;
+    amax_finite(x + b, 32, amax);
+    const float s = pow2_ceil_bits(std::max(amax, 1e-4f) * (1.0f / 448.0f));
+    const __m256 inv = _mm256_set1_ps(1.0f / s), lo = _mm256_set1_ps(-448.0f),
+                 hi = _mm256_set1_ps(448.0f);
+    __m256i c[4];
+    for (int j = 0; j < 4; ++j)
+      c[j] = e4m3_encode8(
+          _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + b + 8 * j), inv), lo), hi));
+    store_bytes32(c[0], c[1], c[2], c[3], out + b);
+    out[n + b / 32] = static_cast<uint8_t>(bits_of(s) >> 23);
+  }
+}
+
+void unpack_window_row_simd(const uint8_t* in, int64_t n, float* x) {
+  if (n % 32 != 0) return unpack_window_row(in, n, x);
+  for (int64_t b = 0; b < n; b += 32) {
+    const uint8_t sb = in[n + b / 32];
+    const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + b));
+    const __m256i nan_codes =
+        _mm256_cmpeq_epi8(_mm256_and_si256(codes, _mm256_set1_epi8(0x7F)), _mm256_set1_epi8(0x7F));
+    const float s256 = e8m0_times_256(sb);
+    if (s256 == 0.0f || sb == 0 || !_mm256_testz_si256(nan_codes, nan_codes)) {
+      for (int64_t i = b; i < b + 32; ++i) x[i] = e4m3_scalar(in[i]) * e8m0_scalar(sb);
+      continue;
+    }
+    __m256 v[4];
+    e4m3x32_f16(in + b, v);  // values times 2^-8, exact
+    const __m256 sv = _mm256_set1_ps(s256);
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(x + b + 8 * j, _mm256_mul_ps(v[j], sv));
+  }
+}
+
+// 8 packed bytes (16 E2M1 values) -> 16 floats in element order, times s (exact products).
+inline void e2m1x16_scaled(const uint8_t* p, float s, float* x) {
+  const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  auto decode = [&](__m256i nib) {
+    const __m256 v = _mm256_permutevar8x32_ps(mag, nib);  // the low 3 bits
+    const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
+    return _mm256_or_ps(v, _mm256_castsi256_ps(sg));
+  };
+  const __m256 l = decode(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+  const __m256 h = decode(_mm256_srli_epi32(b, 4));
+  const __m256 a = _mm256_unpacklo_ps(l, h), c = _mm256_unpackhi_ps(l, h);
+  const __m256 sv = _mm256_set1_ps(s);
+  _mm256_storeu_ps(x, _mm256_mul_ps(_mm256_permute2f128_ps(a, c, 0x20), sv));
+  _mm256_storeu_ps(x + 8, _mm256_mul_ps(_mm256_permute2f128_ps(a, c, 0x31), sv));
+}
+
+void pack_compressed_row_simd(const float* x, int64_t n, uint8_t* out) {
+  if (n % 16 != 0 || !row_finite(x, n)) return pack_compressed_row(x, n, out);
+  for (int64_t b = 0; b < n; b += 16) {
+    float amax;
+    amax_finite(x + b, 16, amax);
+    const uint8_t sc =
+        e4m3_from_double(double(std::max(amax, 6.0f * 0x1p-9f) / 6.0f));  // as the scalar packer
+    const __m256 sv = _mm256_set1_ps(e4m3_scalar(sc)), lo = _mm256_set1_ps(-6.0f),
+                 hi = _mm256_set1_ps(6.0f);
+    __m256i c[2];
+    for (int j = 0; j < 2; ++j)
+      c[j] = e2m1_encode8(
+          _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(x + b + 8 * j), sv), lo), hi));
+    store_nibbles16(c[0], c[1], out + b / 2);
+    out[n / 2 + b / 16] = sc;
+  }
+}
+
+void unpack_compressed_row_simd(const uint8_t* in, int64_t n, float* x) {
+  if (n % 16 != 0) return unpack_compressed_row(in, n, x);
+  for (int64_t b = 0; b < n; b += 16)
+    e2m1x16_scaled(in + b / 2, e4m3_scalar(in[n / 2 + b / 16]), x + b);
+}
+
+void pack_index_key_simd(const float* x, int64_t n, uint8_t* out) {
+  if (n % 32 != 0 || !row_finite(x, n)) return pack_index_key(x, n, out);
+  for (int64_t b = 0; b < n; b += 32) {
+    float amax;
+    amax_finite(x + b, 32, amax);
+    const float s = pow2_ceil_bits(std::max(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
+    const __m256 inv = _mm256_set1_ps(1.0f / s), lo = _mm256_set1_ps(-6.0f),
+                 hi = _mm256_set1_ps(6.0f);
+    __m256i c[4];
+    for (int j = 0; j < 4; ++j)
+      c[j] = e2m1_encode8(
+          _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + b + 8 * j), inv), lo), hi));
+    store_nibbles16(c[0], c[1], out + b / 2);
+    store_nibbles16(c[2], c[3], out + b / 2 + 8);
+    out[n / 2 + b / 32] = static_cast<uint8_t>(bits_of(s) >> 23);
+  }
+}
+
+void unpack_index_key_simd(const uint8_t* in, int64_t n, float* x) {
+  if (n % 32 != 0) return unpack_index_key(in, n, x);
+  for (int64_t b = 0; b < n; b += 16)
+    e2m1x16_scaled(in + b / 2, e8m0_scalar(in[n / 2 + b / 32]), x + b);
+}
+
+}  // namespace
+}  // namespace dsv41::ops
