@@ -14,7 +14,6 @@
 
 #include <immintrin.h>
 
-#include "core/dtypes.h"  // e4m3_from_double only (out of line: no tier-flagged inline copies)
 #include "ops/cache_pack.h"
 #include "ops/simd_common.h"
 
@@ -170,8 +169,11 @@ void pack_compressed_row_simd(const float* x, int64_t n, uint8_t* out) {
   for (int64_t b = 0; b < n; b += 16) {
     float amax;
     amax_finite(x + b, 16, amax);
-    const uint8_t sc =
-        e4m3_from_double(double(std::max(amax, 6.0f * 0x1p-9f) / 6.0f));  // as the scalar packer
+    // The scalar packer's e4m3_from_double(double(f)) of the same float f: saturating at 448,
+    // otherwise the same rounding as the vector encoder.
+    const float f = std::max(amax, 6.0f * 0x1p-9f) / 6.0f;
+    const uint8_t sc = static_cast<uint8_t>(
+        _mm256_cvtsi256_si32(e4m3_encode8(_mm256_set1_ps(std::min(f, 448.0f)))));
     const __m256 sv = _mm256_set1_ps(e4m3_scalar(sc)), lo = _mm256_set1_ps(-6.0f),
                  hi = _mm256_set1_ps(6.0f);
     __m256i c[2];

@@ -461,6 +461,39 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
                               {"us_per_query", tp / double(nq) * 1e6},
                               {"us_per_query_one_query_kernel", t1 / double(nq) * 1e6}};
   }
+  {
+    // Cache-row packing and unpacking per row (window 512, compressed 512, index key 128): the
+    // tier against the scalar packers, one thread.
+    std::vector<float> x(512), u(512);
+    Rng rng(6);
+    for (auto& v : x) v = float(rng.uniform(-3, 3));
+    std::vector<uint8_t> row(1024);
+    auto per_row_ns = [&](auto fn) {
+      constexpr int kCalls = 20000;
+      return best_time(opt.reps,
+                       [&] {
+                         for (int i = 0; i < kCalls; ++i) fn();
+                       }) /
+             kCalls * 1e9;
+    };
+    json& cp = j["cache_pack_ns_per_row"];
+    const Kernels& sc = kernels_for(Isa::kScalar);
+    const Kernels& best = kernels();
+    for (const Kernels* t : {&best, &sc}) {
+      const std::string tier = t == &sc ? "scalar" : isa_name(best.isa);
+      cp[tier] = {
+          {"pack_window_512", per_row_ns([&] { t->pack_window_row(x.data(), 512, row.data()); })},
+          {"unpack_window_512",
+           per_row_ns([&] { t->unpack_window_row(row.data(), 512, u.data()); })},
+          {"pack_compressed_512",
+           per_row_ns([&] { t->pack_compressed_row(x.data(), 512, row.data()); })},
+          {"unpack_compressed_512",
+           per_row_ns([&] { t->unpack_compressed_row(row.data(), 512, u.data()); })},
+          {"pack_index_key_128", per_row_ns([&] { t->pack_index_key(x.data(), 128, row.data()); })},
+          {"unpack_index_key_128",
+           per_row_ns([&] { t->unpack_index_key(row.data(), 128, u.data()); })}};
+    }
+  }
   json& ref = j["reference_library"];
   for (int64_t m : opt.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 2048})
     ref.push_back(b.onednn_matmul(m, opt.quick ? 512 : 5120, opt.quick ? 1024 : 5120));
