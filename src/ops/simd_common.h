@@ -28,13 +28,6 @@ constexpr int64_t kRowChunk = 2048;
 void unpack_window_row_simd(const uint8_t* in, int64_t n, float* x);
 void unpack_compressed_row_simd(const uint8_t* in, int64_t n, float* x);
 
-// Shapes beyond the SIMD kernels' stack buffers go to the scalar reference tier.
-inline void sparse_attention_fallback(const float* q, int64_t heads, int64_t dim,
-                                      const uint8_t* const* rows, const uint8_t* kinds,
-                                      int64_t nrows, float scale, const float* sink, float* out) {
-  kernels_for(Isa::kScalar).sparse_attention(q, heads, dim, rows, kinds, nrows, scale, sink, out);
-}  // weights decoded per step (a multiple of 32; 8 KB of fp32)
-
 // 2^(s - 127) from its bits (0 -> the subnormal 2^-127, 255 -> NaN); std::ldexp per block cost more
 // than the block's arithmetic.
 inline float e8m0_scalar(uint8_t s) {
@@ -638,107 +631,6 @@ inline void indexer_scores_simd(const uint8_t* q, const float* w, int64_t nh, in
       acc += std::max(d, 0.0f) * w[h];
     }
     scores[j] = acc;
-  }
-}
-
-// A violated caller contract (a programmer error): file:line and abort. Internal linkage on purpose
-// (core/check.h's inline helper could be merged with a copy built for a higher tier).
-[[noreturn]] inline void contract_failed(const char* file, int line, const char* what) {
-  std::fprintf(stderr, "%s:%d: %s\n", file, line, what);
-  std::abort();
-}
-
-constexpr int64_t kAttnMaxHeads = 128, kAttnMaxDim = 1024;  // the SIMD kernels' stack buffers
-
-// Attention of one query over nrows unpacked rows in one pass with an online softmax: row(r)
-// returns row r (valid until the next call), which serves every head; per head a running maximum
-// m, denominator l and accumulator, rescaled by exp(m_old - m_new) when the maximum grows. The sink
-// joins the denominator at the end. heads <= kAttnMaxHeads.
-template <typename S, typename RowFn>
-void attend_rows(const float* q, int64_t heads, int64_t dim, int64_t nrows, const RowFn& row,
-                 float scale, const float* sink, float* out) {
-  std::fill(out, out + heads * dim, 0.0f);
-  if (nrows == 0) return;
-  float m[kAttnMaxHeads], l[kAttnMaxHeads];
-  std::fill(m, m + heads, -INFINITY);
-  std::fill(l, l + heads, 0.0f);
-  for (int64_t r = 0; r < nrows; ++r) {
-    const float* v = row(r);
-    for (int64_t h = 0; h < heads; ++h) {
-      const float z = S::dot(q + h * dim, v, dim) * scale;
-      float* o = out + h * dim;
-      if (z > m[h]) {
-        const float alpha = std::exp(m[h] - z);  // 0 for the first row (m = -inf)
-        l[h] = l[h] * alpha + 1.0f;
-        S::scale_add(o, alpha, 1.0f, v, dim);
-        m[h] = z;
-      } else {
-        const float p = std::exp(z - m[h]);
-        l[h] += p;
-        S::scale_add(o, 1.0f, p, v, dim);
-      }
-    }
-  }
-  for (int64_t h = 0; h < heads; ++h) {
-    const float inv = 1.0f / (l[h] + std::exp(sink[h] - m[h]));
-    float* o = out + h * dim;
-    for (int64_t i = 0; i < dim; ++i) o[i] *= inv;
-  }
-}
-
-// Sparse attention (see Kernels::sparse_attention): each packed row unpacked once for all heads.
-template <typename S>
-void sparse_attention_impl(const float* q, int64_t heads, int64_t dim, const uint8_t* const* rows,
-                           const uint8_t* kinds, int64_t nrows, float scale, const float* sink,
-                           float* out) {
-  if (heads > kAttnMaxHeads || dim > kAttnMaxDim)
-    return sparse_attention_fallback(q, heads, dim, rows, kinds, nrows, scale, sink, out);
-  alignas(64) float buf[kAttnMaxDim];
-  attend_rows<S>(
-      q, heads, dim, nrows,
-      [&](int64_t r) {
-        if (kinds[r] == 0)
-          unpack_window_row_simd(rows[r], dim, buf);
-        else
-          unpack_compressed_row_simd(rows[r], dim, buf);
-        return static_cast<const float*>(buf);
-      },
-      scale, sink, out);
-}
-
-// Prefill attention (see Kernels::prefill_attention): the window rows of every query's band are
-// unpacked once into a thread-local buffer (prefill only; kept between calls), then each query runs
-// the one-pass softmax over its band and its compressed rows.
-template <typename S>
-void prefill_attention_impl(const float* q, int64_t nq, int64_t heads, int64_t dim,
-                            const uint8_t* win, int64_t wpos0, int64_t nwin, int64_t p0,
-                            int64_t window, const uint8_t* const* comp, const int64_t* cofs,
-                            float scale, const float* sink, float* out) {
-  if (nq <= 0) return;
-  if (heads > kAttnMaxHeads || dim > kAttnMaxDim)
-    return kernels_for(Isa::kScalar)
-        .prefill_attention(q, nq, heads, dim, win, wpos0, nwin, p0, window, comp, cofs, scale, sink,
-                           out);
-  const int64_t lo_all = std::max<int64_t>(0, p0 - window + 1), hi_all = p0 + nq - 1;
-  if (lo_all < wpos0 || hi_all >= wpos0 + nwin)
-    contract_failed(__FILE__, __LINE__, "the window rows do not cover every query's band");
-  thread_local std::vector<float> band;
-  band.resize(std::size_t((hi_all - lo_all + 1) * dim));
-  const int64_t wb = window_row_bytes(dim);
-  for (int64_t k = lo_all; k <= hi_all; ++k)
-    unpack_window_row_simd(win + (k - wpos0) * wb, dim, band.data() + (k - lo_all) * dim);
-  alignas(64) float cbuf[kAttnMaxDim];
-  for (int64_t i = 0; i < nq; ++i) {
-    const int64_t p = p0 + i, lo = std::max<int64_t>(0, p - window + 1), nband = p - lo + 1;
-    const int64_t c0 = cofs[i], ncomp = cofs[i + 1] - c0;
-    attend_rows<S>(
-        q + i * heads * dim, heads, dim, nband + ncomp,
-        [&](int64_t r) {
-          if (r < nband) return static_cast<const float*>(band.data() + (lo - lo_all + r) * dim);
-          unpack_compressed_row_simd(comp[c0 + r - nband], dim, cbuf);
-          return static_cast<const float*>(cbuf);
-        },
-        scale, sink, out + i * heads * dim);
   }
 }
 

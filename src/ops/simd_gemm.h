@@ -34,13 +34,13 @@ constexpr int kToks = 6;      // tokens per micro-tile (broadcast)
 constexpr int64_t kKc = 256;  // K chunk (a multiple of 32: whole scale blocks)
 constexpr int64_t kNc = 96;   // rows per decoded panel (a multiple of kRows)
 
-// c[t * 16 + r] = sum_k a[k * 16 + r] * b[k * 6 + t] over k < kc. Twelve named accumulators, not
-// an array: GCC kept an accumulator array in memory in some instantiations (a store per FMA pair,
-// 3x slower in a standalone loop on this machine's Zen 3).
-inline void gemm_micro_16x6(const float* a, const float* b, int64_t kc, float* c) {
+// c[t * 16 + r] = sum_k a[k * lda + r] * b[k * 6 + t] over k < kc (lda = 16 for packed panels).
+// Twelve named accumulators, not an array: GCC kept an accumulator array in memory in some
+// instantiations (a store per FMA pair, 3x slower in a standalone loop on this machine's Zen 3).
+inline void gemm_micro_16x6(const float* a, int64_t lda, const float* b, int64_t kc, float* c) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int64_t k = 0; k < kc; ++k, a += kRows, b += kToks) {
+  for (int64_t k = 0; k < kc; ++k, a += lda, b += kToks) {
     const __m256 a0 = _mm256_loadu_ps(a), a1 = _mm256_loadu_ps(a + 8);
     __m256 bv = _mm256_broadcast_ss(b);
     c00 = _mm256_fmadd_ps(a0, bv, c00), c01 = _mm256_fmadd_ps(a1, bv, c01);
@@ -139,7 +139,7 @@ void gemm_rows(int64_t out, int64_t in, const float* x, int64_t ntok, float* y, 
         for (int64_t tb = 0; tb < tblocks; ++tb) {
           const int64_t nt = std::min<int64_t>(kToks, nts - tb * kToks);
           for (int64_t tile = 0; tile < tiles; ++tile) {
-            gemm_micro_16x6(panel + tile * kRows * kKc, block_panel(chunk, tb), kc, c);
+            gemm_micro_16x6(panel + tile * kRows * kKc, kRows, block_panel(chunk, tb), kc, c);
             gemm_store_tile(c, nt, std::min<int64_t>(kRows, nr - tile * kRows), chunk > 0,
                             y + (ts0 + tb * kToks) * ldy + n0 + tile * kRows, ldy);
           }

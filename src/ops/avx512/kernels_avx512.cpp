@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ops/kernels.h"
+#include "ops/simd_attention.h"
 #include "ops/simd_common.h"
 #include "ops/simd_gemm.h"
 #include "ops/simd_pack.h"
