@@ -231,8 +231,23 @@ void mxfp4_gemm_simd(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
 template <typename S>
 void mxfp4_gate_up_any(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
                        const float* x, const float* route, int64_t ntok, float limit, float* h) {
-  if (ntok <= kMaxDecodeTokens)
-    return mxfp4_gate_up_impl<S>(w13, s13, inter, dim, x, route, ntok, limit, h);
+  if (ntok == 1) return mxfp4_gate_up_impl<S>(w13, s13, inter, dim, x, route, ntok, limit, h);
+  if (ntok <= kMaxDecodeTokens) {  // several tokens: the tiled GEMV over 96 rows at a time
+    constexpr int64_t kPairs = kNc / 2;
+    float gu[kMaxDecodeTokens * kNc];
+    for (int64_t j0 = 0; j0 < inter; j0 += kPairs) {
+      const int64_t jn = std::min(kPairs, inter - j0);
+      mxfp4_gemv_impl<S>(w13 + 2 * j0 * (dim / 2), s13 + 2 * j0 * (dim / 32), 2 * jn, dim, x, ntok,
+                         gu);
+      for (int64_t t = 0; t < ntok; ++t)
+        for (int64_t j = 0; j < jn; ++j) {
+          const float gc = std::min(gu[t * 2 * jn + 2 * j], limit);
+          const float uc = std::clamp(gu[t * 2 * jn + 2 * j + 1], -limit, limit);
+          h[t * inter + j0 + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
+        }
+    }
+    return;
+  }
   thread_local std::vector<float> gu;
   constexpr int64_t kPairs = kNc / 2;  // one decoded panel
   if (gu.size() < std::size_t(ntok * 2 * kPairs)) gu.resize(std::size_t(ntok * 2 * kPairs));

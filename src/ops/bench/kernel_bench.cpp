@@ -80,10 +80,11 @@ class Bench {
     return double(n * 4) / t / 1e9;
   }
 
-  // One decode GEMV case: `bytes_of_matrix` weight bytes per matrix; run(copy, ntok, row range)
+  // One decode GEMV case: `matrix_bytes` weight bytes per matrix of weight_rows rows (the flops;
+  // out is the rows the threads split: gate/up pairs count once); run(copy, ntok, row range)
   // does the rows [r0, r1) of copy `c`.
-  json gemv_case(const std::string& name, int64_t out, int64_t in, std::size_t matrix_bytes,
-                 int64_t row_align,
+  json gemv_case(const std::string& name, int64_t out, int64_t in, int64_t weight_rows,
+                 std::size_t matrix_bytes, int64_t row_align,
                  const std::function<void(std::size_t, int64_t, int64_t, int64_t, float*)>& run,
                  std::size_t copies) {
     json j;
@@ -111,7 +112,7 @@ class Bench {
       json r = {{"tokens", ntok},
                 {"us_per_matrix", t * 1e6},
                 {"weight_gb_per_s", gbs},
-                {"gflop_per_s", 2.0 * double(out) * double(in) * double(ntok) / t / 1e9},
+                {"gflop_per_s", 2.0 * double(weight_rows) * double(in) * double(ntok) / t / 1e9},
                 {"read_probe_gb_per_s", probe_gbs},
                 {"fraction_of_read_bandwidth", gbs / probe_gbs}};
       if (ntok == 1) t1 = t;
@@ -134,7 +135,7 @@ class Bench {
     }
     std::vector<float> x(std::size_t(16 * in), 0.5f);
     return gemv_case(
-        name, out, in, bytes, 32,
+        name, out, in, out, bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
           k_.fp8_gemv(w[c].data() + r0 * in, s[c].data() + (r0 / 32) * int64_t(sin), r1 - r0, in,
                       x.data(), ntok, y);
@@ -155,7 +156,7 @@ class Bench {
     }
     std::vector<float> x(std::size_t(16 * in), 0.5f), route(16, 0.3f);
     return gemv_case(
-        name, out, in, bytes, 32,
+        name, out, in, int64_t(rows), bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
           if (gate_up) {
             k_.mxfp4_gate_up(w[c].data() + 2 * r0 * (in / 2), s[c].data() + 2 * r0 * (in / 32),
