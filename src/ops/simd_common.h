@@ -583,6 +583,63 @@ inline int32_t i8_dot32(__m256i a, __m256i b) {
   return _mm_cvtsi128_si32(s);
 }
 
+// 16 packed bytes (32 E2M1 values) -> 32 uint8 = 2 x value + 12, in [0, 24] (the element order of
+// fp4_block_to_i8): unsigned, so one vpmaddubsw multiplies it with signed query bytes directly.
+inline __m256i fp4_block_to_u8_offset(const uint8_t* p) {
+  const __m128i lut = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_setr_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(v, m)),
+                           _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+}
+
+// Eight int32 vectors -> one vector of their eight lane sums (element j = sum of m[j]'s lanes).
+inline __m256i hsum8_epi32(const __m256i m[8]) {
+  const __m256i t01 = _mm256_hadd_epi32(m[0], m[1]), t23 = _mm256_hadd_epi32(m[2], m[3]);
+  const __m256i t45 = _mm256_hadd_epi32(m[4], m[5]), t67 = _mm256_hadd_epi32(m[6], m[7]);
+  const __m256i u0 = _mm256_hadd_epi32(t01, t23), u1 = _mm256_hadd_epi32(t45, t67);
+  // u0 = [k0 k1 k2 k3 (low halves) | k0 k1 k2 k3 (high halves)], u1 the same for k4..k7
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+// Scores of eight consecutive keys (nb <= 4 blocks of 32), lanes = keys: per (head, block) eight
+// exact integer dots q . (k + 12) - 12 sum(q), one float multiply by the two blocks' scales (x 1/4)
+// and an add in block order, then ReLU and the head weight, heads in order: the same operations as
+// the one-key path below, so the same results.
+inline void indexer_scores_8keys(const __m256i* qi, const float* qs, const int32_t* qsum,
+                                 const float* w, int64_t nh, int64_t nb, const uint8_t* keys,
+                                 int64_t row, int64_t di, float* scores) {
+  __m256i ku[4][8];
+  __m256 ksv[4];
+  for (int64_t b = 0; b < nb; ++b) {
+    alignas(32) float ks[8];
+    for (int j = 0; j < 8; ++j) {
+      ku[b][j] = fp4_block_to_u8_offset(keys + j * row + 16 * b);
+      ks[j] = e8m0_scalar(keys[j * row + di / 2 + b]);
+    }
+    ksv[b] = _mm256_load_ps(ks);
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t h = 0; h < nh; ++h) {
+    __m256 d = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i q = qi[h * nb + b];
+      __m256i m[8];
+      for (int j = 0; j < 8; ++j) m[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ku[b][j], q), ones);
+      const __m256i dots =
+          _mm256_sub_epi32(hsum8_epi32(m), _mm256_set1_epi32(12 * qsum[h * nb + b]));
+      const __m256 sc = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(qs[h * nb + b]), ksv[b]),
+                                      _mm256_set1_ps(0.25f));
+      d = _mm256_add_ps(d, _mm256_mul_ps(_mm256_cvtepi32_ps(dots), sc));
+    }
+    acc = _mm256_add_ps(acc,
+                        _mm256_mul_ps(_mm256_max_ps(d, _mm256_setzero_ps()), _mm256_set1_ps(w[h])));
+  }
+  _mm256_storeu_ps(scores, acc);
+}
+
 // Indexer scores (see Kernels::indexer_scores) as a small GEMM: the queries are decoded to int8
 // once per call, each key once; every (head, 32-block) dot is then exact in integers and scaled by
 // the two blocks' powers of two (x 1/4 for the doubled values). Block results are summed in float
@@ -612,14 +669,25 @@ inline void indexer_scores_simd(const uint8_t* q, const float* w, int64_t nh, in
   }
   __m256i qi[kMaxBlocks];
   float qs[kMaxBlocks];
+  int32_t qsum[kMaxBlocks];
   for (int64_t h = 0; h < nh; ++h)
     for (int64_t b = 0; b < nb; ++b) {
       qi[h * nb + b] = fp4_block_to_i8(q + h * row + 16 * b);
       qs[h * nb + b] = e8m0_scalar(q[h * row + di / 2 + b]);
+      alignas(32) int8_t qb[32];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(qb), qi[h * nb + b]);
+      qsum[h * nb + b] = 0;
+      for (int8_t v : qb) qsum[h * nb + b] += v;
     }
+  int64_t j0 = 0;
+  if (nb <= 4) {  // the model's shape (128 dims): eight keys per pass, across vector lanes
+    j0 = nkeys / 8 * 8;
+    for (int64_t j = 0; j < j0; j += 8)
+      indexer_scores_8keys(qi, qs, qsum, w, nh, nb, keys + j * row, row, di, scores + j);
+  }
   __m256i ki[8];
   float ks[8];
-  for (int64_t j = 0; j < nkeys; ++j) {
+  for (int64_t j = j0; j < nkeys; ++j) {
     const uint8_t* k = keys + j * row;
     for (int64_t b = 0; b < nb; ++b)
       ki[b] = fp4_block_to_i8(k + 16 * b), ks[b] = e8m0_scalar(k[di / 2 + b]);

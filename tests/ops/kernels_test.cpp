@@ -412,6 +412,12 @@ TEST_P(KernelTier, IndexerScoresOverPackedKeys) {
       }
       expect_close(got, want, scale, sum_tol(nh * di),
                    "indexer " + std::to_string(nh) + "x" + std::to_string(di));
+      // Keys scored eight at a time (across vector lanes) equal keys scored one by one.
+      for (int64_t j = 0; j < nkeys; ++j) {
+        float one = NAN;
+        k_->indexer_scores(q.data(), w.data(), nh, di, keys.data() + j * row, 1, &one);
+        ASSERT_EQ(one, got[std::size_t(j)]) << "key " << j << " of " << nkeys;
+      }
     }
   }
 }
