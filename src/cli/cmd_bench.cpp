@@ -93,11 +93,12 @@ void add_bench(CLI::App& app, Runner* run) {
   auto kopt = std::make_shared<ops::KernelBenchOptions>();
   CLI::App* kb =
       bench->add_subcommand("kernels",
-                            "Decode kernels at the model's real shapes on all threads: time, "
-                            "weight GB/s, GFLOP/s and the "
-                            "fraction of the read bandwidth measured beside each kernel; 16 vs 1 "
-                            "token; oneDNN bf16 matmul "
-                            "at prefill shapes. DSV41_ISA forces a lower tier for A/B runs.");
+                            "The kernels at the model's real shapes, JSON: decode GEMVs on all "
+                            "threads (time, weight GB/s, GFLOP/s, fraction of the read bandwidth "
+                            "measured beside each; 16 vs 1 token), prefill GEMMs beside oneDNN's "
+                            "matmul (bf16 where the CPU has it, else f32) with the ratio, "
+                            "attention, indexer, mHC, cache packing. DSV41_ISA forces a lower "
+                            "tier for A/B runs.");
   kb->add_option("--threads", kopt->threads, "Threads (0 = all cores)")->capture_default_str();
   kb->add_option("--probe-mb", kopt->probe_mb, "Read-probe buffer (MiB)")
       ->check(CLI::Range(16, 65536))
