@@ -268,6 +268,211 @@ class Bench {
   std::vector<float> probe_;
 };
 
+// mHC: the Sinkhorn epilogue against the plain loop, and the whole step at the real shape.
+void bench_mhc(const KernelBenchOptions& opt, json& j) {
+  // mHC coefficients per token (hc = 4): the tier's kernel against the plain reference loop.
+  const float m[24] = {0.1f, -0.2f, 0.3f,  0.05f, 0.4f, -0.1f, 0.2f, 0.0f,
+                       0.3f, 0.1f,  -0.3f, 0.2f,  0.5f, 0.1f,  0.0f, -0.4f,
+                       0.2f, 0.3f,  -0.1f, 0.1f,  0.0f, 0.2f,  0.4f, -0.2f};
+  const float base[24] = {}, scale[3] = {1.0f, 1.0f, 1.0f};
+  float pre[4], post[4], comb[16];
+  auto per_call_ns = [&](auto fn) {
+    constexpr int kCalls = 20000;
+    return best_time(opt.reps,
+                     [&] {
+                       for (int i = 0; i < kCalls; ++i)
+                         fn(m, base, scale, 4, 1e-6f, 20, pre, post, comb);
+                     }) /
+           kCalls * 1e9;
+  };
+  j["mhc_sinkhorn"] = {{"hc", 4},
+                       {"iterations", 20},
+                       {"ns_per_token_kernel", per_call_ns(kernels().hc_sinkhorn)},
+                       {"ns_per_token_reference_loop", per_call_ns(hc_sinkhorn_ref)}};
+  // The whole mHC step of one token at the real shape (hc 4 x 5120): coefficients (the
+  // 24 x 20480 F32 GEMV, 1.97 MB, + rms + Sinkhorn), collapse + RMSNorm, expand; one thread,
+  // against the scalar tier.
+  const int64_t hc = 4, d = 5120, n = hc * d, mix = (2 + hc) * hc;
+  std::vector<float> h(static_cast<std::size_t>(n)), fn(static_cast<std::size_t>(mix * n)),
+      nw(static_cast<std::size_t>(d), 1.0f), x(static_cast<std::size_t>(d)),
+      outh(static_cast<std::size_t>(n));
+  Rng rng(5);
+  for (auto& v : h) v = float(rng.uniform(-1, 1));
+  for (auto& v : fn) v = float(rng.uniform(-0.01, 0.01));
+  const float wts[4] = {0.5f, 0.6f, 0.7f, 0.8f};
+  auto timed_us = [&](const Kernels& t, int which) {
+    return best_time(opt.reps,
+                     [&] {
+                       for (int i = 0; i < 10; ++i) {
+                         if (which == 0)
+                           t.hc_mix(h.data(), hc, d, fn.data(), base, m, 1e-6f, 1e-6f, 20, pre,
+                                    post, comb);
+                         else if (which == 1)
+                           t.hc_collapse_rmsnorm(h.data(), wts, hc, d, nw.data(), 1e-6f, x.data());
+                         else
+                           t.hc_expand(x.data(), h.data(), wts, comb, hc, d, outh.data());
+                       }
+                     }) /
+           10 * 1e6;
+  };
+  const Kernels& sc = kernels_for(Isa::kScalar);
+  j["mhc_step"] = {
+      {"hc", hc},
+      {"dim", d},
+      {"mix_us", timed_us(kernels(), 0)},
+      {"mix_us_scalar_tier", timed_us(sc, 0)},
+      {"mix_fn_gb_per_s_warm_cache", double(mix * n * 4) / (timed_us(kernels(), 0) * 1e3)},
+      {"collapse_rmsnorm_us", timed_us(kernels(), 1)},
+      {"collapse_rmsnorm_us_scalar_tier", timed_us(sc, 1)},
+      {"expand_us", timed_us(kernels(), 2)},
+      {"expand_us_scalar_tier", timed_us(sc, 2)}};
+}
+
+// Indexer scoring: one query against many keys on all threads.
+void bench_indexer(const KernelBenchOptions& opt, json& j) {
+  // Indexer scoring (32 heads x 128, packed FP4 keys of 68 B): one query against many keys, as in
+  // decode with a long context; all threads split the keys.
+  const int64_t nh = 32, di = 128, row = index_key_bytes(di);
+  const int64_t nkeys = opt.quick ? 4096 : 262144;
+  std::vector<uint8_t> q(static_cast<std::size_t>(nh * row)),
+      keys(static_cast<std::size_t>(nkeys * row));
+  Rng rng(3);
+  for (auto& x : q) x = uint8_t(rng.next_u64());
+  for (auto& x : keys) x = uint8_t(rng.next_u64());
+  for (int64_t key = 0; key < nkeys; ++key)  // valid scales
+    for (int64_t blk = 0; blk < di / 32; ++blk)
+      keys[static_cast<std::size_t>(key * row + di / 2 + blk)] = 120;
+  for (int64_t h = 0; h < nh; ++h)
+    for (int64_t blk = 0; blk < di / 32; ++blk)
+      q[static_cast<std::size_t>(h * row + di / 2 + blk)] = 127;
+  std::vector<float> w(static_cast<std::size_t>(nh), 0.1f), scores(static_cast<std::size_t>(nkeys));
+  ThreadPool pool(opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency()));
+  const double t = best_time(opt.reps, [&] {
+    pool.parallel_for(static_cast<std::size_t>(nkeys),
+                      [&](std::size_t lo, std::size_t hi, std::size_t) {
+                        kernels().indexer_scores(q.data(), w.data(), nh, di,
+                                                 keys.data() + lo * static_cast<std::size_t>(row),
+                                                 int64_t(hi - lo), scores.data() + lo);
+                      });
+  });
+  j["indexer_scores"] = {{"heads", nh},
+                         {"head_dim", di},
+                         {"keys", nkeys},
+                         {"ms", t * 1e3},
+                         {"keys_per_s", double(nkeys) / t},
+                         {"key_gb_per_s", double(nkeys * row) / t / 1e9}};
+}
+
+// Sparse attention of one decode query, and the banded prefill variant.
+void bench_attention(const KernelBenchOptions& opt, json& j) {
+  // Decode attention of one token: 64 heads x 512 over the window (128 FP8 rows) and the top-k
+  // (512 FP4 compressed rows), single thread (one token's heads share the rows).
+  const int64_t heads = 64, dim = 512, nwin = 128, ncomp = opt.quick ? 64 : 512;
+  std::vector<std::vector<uint8_t>> packed;
+  std::vector<const uint8_t*> rows;
+  std::vector<uint8_t> kinds;
+  std::vector<float> v(static_cast<std::size_t>(dim));
+  Rng rng(4);
+  for (int64_t r = 0; r < nwin + ncomp; ++r) {
+    const uint8_t kind = r < nwin ? 0 : 1;
+    for (auto& x : v) x = float(rng.uniform(-1, 1));
+    packed.emplace_back(
+        static_cast<std::size_t>(kind ? compressed_row_bytes(dim) : window_row_bytes(dim)));
+    if (kind)
+      pack_compressed_row(v.data(), dim, packed.back().data());
+    else
+      pack_window_row(v.data(), dim, packed.back().data());
+    kinds.push_back(kind);
+  }
+  for (const auto& p : packed) rows.push_back(p.data());
+  std::vector<float> q(static_cast<std::size_t>(heads * dim), 0.01f),
+      sink(static_cast<std::size_t>(heads), 0.0f), out(static_cast<std::size_t>(heads * dim));
+  auto run = [&](const Kernels& tier) {
+    return best_time(opt.reps, [&] {
+      tier.sparse_attention(q.data(), heads, dim, rows.data(), kinds.data(), int64_t(rows.size()),
+                            0.04f, sink.data(), out.data());
+    });
+  };
+  const double t = run(kernels()), t_ref = run(kernels_for(Isa::kScalar));
+  j["sparse_attention"] = {
+      {"heads", heads},
+      {"dim", dim},
+      {"window_rows", nwin},
+      {"compressed_rows", ncomp},
+      {"us_per_token", t * 1e6},
+      {"us_per_token_scalar_reference", t_ref * 1e6},
+      {"gflop_per_s", 4.0 * double(heads * dim) * double(rows.size()) / t / 1e9}};
+
+  // Prefill: 16 consecutive queries (positions 1000..1015), each over its 128-row band of a
+  // contiguous window and the same compressed rows, single thread; against 16 one-query calls.
+  const int64_t nq = 16, p0 = 1000, wpos0 = p0 - nwin + 1, nwrows = nwin + nq - 1;
+  const int64_t wb = window_row_bytes(dim);
+  std::vector<uint8_t> win(static_cast<std::size_t>(nwrows * wb));
+  for (int64_t r = 0; r < nwrows; ++r)
+    std::memcpy(win.data() + r * wb, packed[std::size_t(r % nwin)].data(), std::size_t(wb));
+  std::vector<const uint8_t*> comp;
+  std::vector<int64_t> cofs = {0};
+  for (int64_t i = 0; i < nq; ++i) {
+    for (int64_t c = 0; c < ncomp; ++c) comp.push_back(rows[std::size_t(nwin + c)]);
+    cofs.push_back(cofs.back() + ncomp);
+  }
+  std::vector<float> qs(static_cast<std::size_t>(nq * heads * dim), 0.01f), outs(qs.size());
+  const double tp = best_time(opt.reps, [&] {
+    kernels().prefill_attention(qs.data(), nq, heads, dim, win.data(), wpos0, nwrows, p0, nwin,
+                                comp.data(), cofs.data(), 0.04f, sink.data(), outs.data());
+  });
+  const double t1 = best_time(opt.reps, [&] {
+    for (int64_t i = 0; i < nq; ++i) {
+      std::vector<const uint8_t*> list;
+      for (int64_t pos = p0 + i - nwin + 1; pos <= p0 + i; ++pos)
+        list.push_back(win.data() + (pos - wpos0) * wb);
+      for (int64_t c = 0; c < ncomp; ++c) list.push_back(rows[std::size_t(nwin + c)]);
+      kernels().sparse_attention(qs.data() + i * heads * dim, heads, dim, list.data(), kinds.data(),
+                                 int64_t(list.size()), 0.04f, sink.data(),
+                                 outs.data() + i * heads * dim);
+    }
+  });
+  j["prefill_attention"] = {{"queries", nq},
+                            {"window", nwin},
+                            {"compressed_rows_per_query", ncomp},
+                            {"us_per_query", tp / double(nq) * 1e6},
+                            {"us_per_query_one_query_kernel", t1 / double(nq) * 1e6}};
+}
+
+// Cache-row packing and unpacking per row, the tier against the scalar packers.
+void bench_cache_pack(const KernelBenchOptions& opt, json& j) {
+  // Cache-row packing and unpacking per row (window 512, compressed 512, index key 128): the
+  // tier against the scalar packers, one thread.
+  std::vector<float> x(512), u(512);
+  Rng rng(6);
+  for (auto& v : x) v = float(rng.uniform(-3, 3));
+  std::vector<uint8_t> row(1024);
+  auto per_row_ns = [&](auto fn) {
+    constexpr int kCalls = 20000;
+    return best_time(opt.reps,
+                     [&] {
+                       for (int i = 0; i < kCalls; ++i) fn();
+                     }) /
+           kCalls * 1e9;
+  };
+  json& cp = j["cache_pack_ns_per_row"];
+  const Kernels& sc = kernels_for(Isa::kScalar);
+  const Kernels& best = kernels();
+  for (const Kernels* t : {&best, &sc}) {
+    const std::string tier = t == &sc ? "scalar" : isa_name(best.isa);
+    cp[tier] = {
+        {"pack_window_512", per_row_ns([&] { t->pack_window_row(x.data(), 512, row.data()); })},
+        {"unpack_window_512", per_row_ns([&] { t->unpack_window_row(row.data(), 512, u.data()); })},
+        {"pack_compressed_512",
+         per_row_ns([&] { t->pack_compressed_row(x.data(), 512, row.data()); })},
+        {"unpack_compressed_512",
+         per_row_ns([&] { t->unpack_compressed_row(row.data(), 512, u.data()); })},
+        {"pack_index_key_128", per_row_ns([&] { t->pack_index_key(x.data(), 128, row.data()); })},
+        {"unpack_index_key_128",
+         per_row_ns([&] { t->unpack_index_key(row.data(), 128, u.data()); })}};
+  }
+}
+
 }  // namespace
 
 std::string run_kernel_bench(const KernelBenchOptions& opt) {
@@ -295,206 +500,10 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
     k.push_back(b.mxfp4("mxfp4_gate_up expert w13", 2304, 5120, true));
     k.push_back(b.mxfp4("mxfp4_gemv expert w2", 5120, 2304, false));
   }
-  {
-    // mHC coefficients per token (hc = 4): the tier's kernel against the plain reference loop.
-    const float m[24] = {0.1f, -0.2f, 0.3f,  0.05f, 0.4f, -0.1f, 0.2f, 0.0f,
-                         0.3f, 0.1f,  -0.3f, 0.2f,  0.5f, 0.1f,  0.0f, -0.4f,
-                         0.2f, 0.3f,  -0.1f, 0.1f,  0.0f, 0.2f,  0.4f, -0.2f};
-    const float base[24] = {}, scale[3] = {1.0f, 1.0f, 1.0f};
-    float pre[4], post[4], comb[16];
-    auto per_call_ns = [&](auto fn) {
-      constexpr int kCalls = 20000;
-      return best_time(opt.reps,
-                       [&] {
-                         for (int i = 0; i < kCalls; ++i)
-                           fn(m, base, scale, 4, 1e-6f, 20, pre, post, comb);
-                       }) /
-             kCalls * 1e9;
-    };
-    j["mhc_sinkhorn"] = {{"hc", 4},
-                         {"iterations", 20},
-                         {"ns_per_token_kernel", per_call_ns(kernels().hc_sinkhorn)},
-                         {"ns_per_token_reference_loop", per_call_ns(hc_sinkhorn_ref)}};
-    // The whole mHC step of one token at the real shape (hc 4 x 5120): coefficients (the
-    // 24 x 20480 F32 GEMV, 1.97 MB, + rms + Sinkhorn), collapse + RMSNorm, expand; one thread,
-    // against the scalar tier.
-    const int64_t hc = 4, d = 5120, n = hc * d, mix = (2 + hc) * hc;
-    std::vector<float> h(static_cast<std::size_t>(n)), fn(static_cast<std::size_t>(mix * n)),
-        nw(static_cast<std::size_t>(d), 1.0f), x(static_cast<std::size_t>(d)),
-        outh(static_cast<std::size_t>(n));
-    Rng rng(5);
-    for (auto& v : h) v = float(rng.uniform(-1, 1));
-    for (auto& v : fn) v = float(rng.uniform(-0.01, 0.01));
-    const float wts[4] = {0.5f, 0.6f, 0.7f, 0.8f};
-    auto timed_us = [&](const Kernels& t, int which) {
-      return best_time(opt.reps,
-                       [&] {
-                         for (int i = 0; i < 10; ++i) {
-                           if (which == 0)
-                             t.hc_mix(h.data(), hc, d, fn.data(), base, m, 1e-6f, 1e-6f, 20, pre,
-                                      post, comb);
-                           else if (which == 1)
-                             t.hc_collapse_rmsnorm(h.data(), wts, hc, d, nw.data(), 1e-6f,
-                                                   x.data());
-                           else
-                             t.hc_expand(x.data(), h.data(), wts, comb, hc, d, outh.data());
-                         }
-                       }) /
-             10 * 1e6;
-    };
-    const Kernels& sc = kernels_for(Isa::kScalar);
-    j["mhc_step"] = {
-        {"hc", hc},
-        {"dim", d},
-        {"mix_us", timed_us(kernels(), 0)},
-        {"mix_us_scalar_tier", timed_us(sc, 0)},
-        {"mix_fn_gb_per_s_warm_cache", double(mix * n * 4) / (timed_us(kernels(), 0) * 1e3)},
-        {"collapse_rmsnorm_us", timed_us(kernels(), 1)},
-        {"collapse_rmsnorm_us_scalar_tier", timed_us(sc, 1)},
-        {"expand_us", timed_us(kernels(), 2)},
-        {"expand_us_scalar_tier", timed_us(sc, 2)}};
-  }
-  {
-    // Indexer scoring (32 heads x 128, packed FP4 keys of 68 B): one query against many keys, as in
-    // decode with a long context; all threads split the keys.
-    const int64_t nh = 32, di = 128, row = index_key_bytes(di);
-    const int64_t nkeys = opt.quick ? 4096 : 262144;
-    std::vector<uint8_t> q(static_cast<std::size_t>(nh * row)),
-        keys(static_cast<std::size_t>(nkeys * row));
-    Rng rng(3);
-    for (auto& x : q) x = uint8_t(rng.next_u64());
-    for (auto& x : keys) x = uint8_t(rng.next_u64());
-    for (int64_t key = 0; key < nkeys; ++key)  // valid scales
-      for (int64_t blk = 0; blk < di / 32; ++blk)
-        keys[static_cast<std::size_t>(key * row + di / 2 + blk)] = 120;
-    for (int64_t h = 0; h < nh; ++h)
-      for (int64_t blk = 0; blk < di / 32; ++blk)
-        q[static_cast<std::size_t>(h * row + di / 2 + blk)] = 127;
-    std::vector<float> w(static_cast<std::size_t>(nh), 0.1f),
-        scores(static_cast<std::size_t>(nkeys));
-    ThreadPool pool(opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency()));
-    const double t = best_time(opt.reps, [&] {
-      pool.parallel_for(static_cast<std::size_t>(nkeys),
-                        [&](std::size_t lo, std::size_t hi, std::size_t) {
-                          kernels().indexer_scores(q.data(), w.data(), nh, di,
-                                                   keys.data() + lo * static_cast<std::size_t>(row),
-                                                   int64_t(hi - lo), scores.data() + lo);
-                        });
-    });
-    j["indexer_scores"] = {{"heads", nh},
-                           {"head_dim", di},
-                           {"keys", nkeys},
-                           {"ms", t * 1e3},
-                           {"keys_per_s", double(nkeys) / t},
-                           {"key_gb_per_s", double(nkeys * row) / t / 1e9}};
-  }
-  {
-    // Decode attention of one token: 64 heads x 512 over the window (128 FP8 rows) and the top-k
-    // (512 FP4 compressed rows), single thread (one token's heads share the rows).
-    const int64_t heads = 64, dim = 512, nwin = 128, ncomp = opt.quick ? 64 : 512;
-    std::vector<std::vector<uint8_t>> packed;
-    std::vector<const uint8_t*> rows;
-    std::vector<uint8_t> kinds;
-    std::vector<float> v(static_cast<std::size_t>(dim));
-    Rng rng(4);
-    for (int64_t r = 0; r < nwin + ncomp; ++r) {
-      const uint8_t kind = r < nwin ? 0 : 1;
-      for (auto& x : v) x = float(rng.uniform(-1, 1));
-      packed.emplace_back(
-          static_cast<std::size_t>(kind ? compressed_row_bytes(dim) : window_row_bytes(dim)));
-      if (kind)
-        pack_compressed_row(v.data(), dim, packed.back().data());
-      else
-        pack_window_row(v.data(), dim, packed.back().data());
-      kinds.push_back(kind);
-    }
-    for (const auto& p : packed) rows.push_back(p.data());
-    std::vector<float> q(static_cast<std::size_t>(heads * dim), 0.01f),
-        sink(static_cast<std::size_t>(heads), 0.0f), out(static_cast<std::size_t>(heads * dim));
-    auto run = [&](const Kernels& tier) {
-      return best_time(opt.reps, [&] {
-        tier.sparse_attention(q.data(), heads, dim, rows.data(), kinds.data(), int64_t(rows.size()),
-                              0.04f, sink.data(), out.data());
-      });
-    };
-    const double t = run(kernels()), t_ref = run(kernels_for(Isa::kScalar));
-    j["sparse_attention"] = {
-        {"heads", heads},
-        {"dim", dim},
-        {"window_rows", nwin},
-        {"compressed_rows", ncomp},
-        {"us_per_token", t * 1e6},
-        {"us_per_token_scalar_reference", t_ref * 1e6},
-        {"gflop_per_s", 4.0 * double(heads * dim) * double(rows.size()) / t / 1e9}};
-
-    // Prefill: 16 consecutive queries (positions 1000..1015), each over its 128-row band of a
-    // contiguous window and the same compressed rows, single thread; against 16 one-query calls.
-    const int64_t nq = 16, p0 = 1000, wpos0 = p0 - nwin + 1, nwrows = nwin + nq - 1;
-    const int64_t wb = window_row_bytes(dim);
-    std::vector<uint8_t> win(static_cast<std::size_t>(nwrows * wb));
-    for (int64_t r = 0; r < nwrows; ++r)
-      std::memcpy(win.data() + r * wb, packed[std::size_t(r % nwin)].data(), std::size_t(wb));
-    std::vector<const uint8_t*> comp;
-    std::vector<int64_t> cofs = {0};
-    for (int64_t i = 0; i < nq; ++i) {
-      for (int64_t c = 0; c < ncomp; ++c) comp.push_back(rows[std::size_t(nwin + c)]);
-      cofs.push_back(cofs.back() + ncomp);
-    }
-    std::vector<float> qs(static_cast<std::size_t>(nq * heads * dim), 0.01f), outs(qs.size());
-    const double tp = best_time(opt.reps, [&] {
-      kernels().prefill_attention(qs.data(), nq, heads, dim, win.data(), wpos0, nwrows, p0, nwin,
-                                  comp.data(), cofs.data(), 0.04f, sink.data(), outs.data());
-    });
-    const double t1 = best_time(opt.reps, [&] {
-      for (int64_t i = 0; i < nq; ++i) {
-        std::vector<const uint8_t*> list;
-        for (int64_t pos = p0 + i - nwin + 1; pos <= p0 + i; ++pos)
-          list.push_back(win.data() + (pos - wpos0) * wb);
-        for (int64_t c = 0; c < ncomp; ++c) list.push_back(rows[std::size_t(nwin + c)]);
-        kernels().sparse_attention(qs.data() + i * heads * dim, heads, dim, list.data(),
-                                   kinds.data(), int64_t(list.size()), 0.04f, sink.data(),
-                                   outs.data() + i * heads * dim);
-      }
-    });
-    j["prefill_attention"] = {{"queries", nq},
-                              {"window", nwin},
-                              {"compressed_rows_per_query", ncomp},
-                              {"us_per_query", tp / double(nq) * 1e6},
-                              {"us_per_query_one_query_kernel", t1 / double(nq) * 1e6}};
-  }
-  {
-    // Cache-row packing and unpacking per row (window 512, compressed 512, index key 128): the
-    // tier against the scalar packers, one thread.
-    std::vector<float> x(512), u(512);
-    Rng rng(6);
-    for (auto& v : x) v = float(rng.uniform(-3, 3));
-    std::vector<uint8_t> row(1024);
-    auto per_row_ns = [&](auto fn) {
-      constexpr int kCalls = 20000;
-      return best_time(opt.reps,
-                       [&] {
-                         for (int i = 0; i < kCalls; ++i) fn();
-                       }) /
-             kCalls * 1e9;
-    };
-    json& cp = j["cache_pack_ns_per_row"];
-    const Kernels& sc = kernels_for(Isa::kScalar);
-    const Kernels& best = kernels();
-    for (const Kernels* t : {&best, &sc}) {
-      const std::string tier = t == &sc ? "scalar" : isa_name(best.isa);
-      cp[tier] = {
-          {"pack_window_512", per_row_ns([&] { t->pack_window_row(x.data(), 512, row.data()); })},
-          {"unpack_window_512",
-           per_row_ns([&] { t->unpack_window_row(row.data(), 512, u.data()); })},
-          {"pack_compressed_512",
-           per_row_ns([&] { t->pack_compressed_row(x.data(), 512, row.data()); })},
-          {"unpack_compressed_512",
-           per_row_ns([&] { t->unpack_compressed_row(row.data(), 512, u.data()); })},
-          {"pack_index_key_128", per_row_ns([&] { t->pack_index_key(x.data(), 128, row.data()); })},
-          {"unpack_index_key_128",
-           per_row_ns([&] { t->unpack_index_key(row.data(), 128, u.data()); })}};
-    }
-  }
+  bench_mhc(opt, j);
+  bench_indexer(opt, j);
+  bench_attention(opt, j);
+  bench_cache_pack(opt, j);
   json& ref = j["reference_library"];
   for (int64_t m : opt.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 2048})
     ref.push_back(b.onednn_matmul(m, opt.quick ? 512 : 5120, opt.quick ? 1024 : 5120));
