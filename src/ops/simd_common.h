@@ -353,9 +353,16 @@ void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t 
   auto decode = [&](int64_t o, int64_t c0, int64_t n, float* dst) {
     const uint8_t* row = w + o * in;
     const uint8_t* srow = scale + (o / 32) * sin;
-    for (int64_t b = 0; b < n; b += 32)
+    for (int64_t b = 0; b < n; b += 32) {
+      // The same row one chunk ahead, or past its end the row a tile further (a prefetch never
+      // faults, even past the matrix): four row streams defeat the hardware prefetcher.
+      _mm_prefetch(
+          reinterpret_cast<const char*>(row + c0 + b + kTileChunk +
+                                        (c0 + b + kTileChunk < in ? 0 : (kTileRows - 1) * in)),
+          _MM_HINT_T0);
       fp8_block_f16(row + c0 + b, e8m0_scalar(srow[(c0 + b) / 32]), dst + b,
                     std::min<int64_t>(32, n - b));
+    }
   };
   if (ntok == 1) return fp8_gemv_one_token(w, scale, out, in, x, y);
   int64_t o = 0;
@@ -392,8 +399,14 @@ void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
   auto decode = [&](int64_t o, int64_t c0, int64_t n, float* dst) {
     const uint8_t* row = w + o * (in / 2);
     const uint8_t* srow = scale + o * (in / 32);
-    for (int64_t b = 0; b < n; b += 32)
+    for (int64_t b = 0; b < n; b += 32) {
+      if (b % 128 == 0)  // one chunk ahead, as the FP8 decode (64-byte lines: every 128 values)
+        _mm_prefetch(reinterpret_cast<const char*>(
+                         row + (c0 + b + kTileChunk) / 2 +
+                         (c0 + b + kTileChunk < in ? 0 : (kTileRows - 1) * (in / 2))),
+                     _MM_HINT_T0);
       S::fp4_block(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), dst + b);
+    }
   };
   if (ntok == 1 && in <= kFp4ActMax) {
     Fp4Act a;
