@@ -60,6 +60,14 @@ inline bool row_finite(const float* x, int64_t n) {
   return amax_finite(x, n, unused);
 }
 
+// Values j*8 .. j*8+7 of the block at x + b, and std::clamp(v, lo, hi) of 8 non-NaN values.
+inline __m256 load8(const float* x, int64_t b, int j) {
+  return _mm256_loadu_ps(x + b + 8 * j);
+}
+inline __m256 clamp8(__m256 v, __m256 lo, __m256 hi) {
+  return _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+}
+
 // E4M3 codes (in int32 lanes) of 8 finite values with |v| <= 448.
 inline __m256i e4m3_encode8(__m256 v) {
   const __m256i sign =
@@ -121,8 +129,7 @@ void pack_window_row_simd(const float* x, int64_t n, uint8_t* out) {
                  hi = _mm256_set1_ps(448.0f);
     __m256i c[4];
     for (int j = 0; j < 4; ++j)
-      c[j] = e4m3_encode8(
-          _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + b + 8 * j), inv), lo), hi));
+      c[j] = e4m3_encode8(clamp8(_mm256_mul_ps(load8(x, b, j), inv), lo, hi));
     store_bytes32(c[0], c[1], c[2], c[3], out + b);
     out[n + b / 32] = static_cast<uint8_t>(bits_of(s) >> 23);
   }
@@ -178,8 +185,7 @@ void pack_compressed_row_simd(const float* x, int64_t n, uint8_t* out) {
                  hi = _mm256_set1_ps(6.0f);
     __m256i c[2];
     for (int j = 0; j < 2; ++j)
-      c[j] = e2m1_encode8(
-          _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(x + b + 8 * j), sv), lo), hi));
+      c[j] = e2m1_encode8(clamp8(_mm256_div_ps(load8(x, b, j), sv), lo, hi));
     store_nibbles16(c[0], c[1], out + b / 2);
     out[n / 2 + b / 16] = sc;
   }
@@ -201,8 +207,7 @@ void pack_index_key_simd(const float* x, int64_t n, uint8_t* out) {
                  hi = _mm256_set1_ps(6.0f);
     __m256i c[4];
     for (int j = 0; j < 4; ++j)
-      c[j] = e2m1_encode8(
-          _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + b + 8 * j), inv), lo), hi));
+      c[j] = e2m1_encode8(clamp8(_mm256_mul_ps(load8(x, b, j), inv), lo, hi));
     store_nibbles16(c[0], c[1], out + b / 2);
     store_nibbles16(c[2], c[3], out + b / 2 + 8);
     out[n / 2 + b / 32] = static_cast<uint8_t>(bits_of(s) >> 23);
