@@ -1,6 +1,6 @@
-// AVX2 + FMA tier (built with -mavx2 -mfma). Decode-path GEMVs: each weight row is dequantized once
-// into a small fp32 buffer (scales folded in), then dotted with every token's activations, so the
-// weight bytes are read once however many tokens (<= 16) share the call. Must not hold static
+// AVX2 + FMA tier (built with -mavx2 -mfma -mf16c): the ISA policy struct (fp32 dots, tiles, RoPE,
+// reductions) that the shared kernel bodies (ops/simd_common.h, simd_gemm.h, simd_attention.h,
+// simd_pack.h) are instantiated with, and this tier's kernel table. Must not hold static
 // initialisers: this file's code may only run after dispatch has checked the CPU.
 #include <immintrin.h>
 
@@ -97,15 +97,6 @@ struct Avx2 {
       _mm256_storeu_ps(x + 2 * i, _mm256_add_ps(p, qs));
     }
     return i;
-  }
-  // o = o * alpha + p * x (p = 0: o *= alpha).
-  static void scale_add(float* o, float alpha, float p, const float* x, int64_t n) {
-    const __m256 a = _mm256_set1_ps(alpha), pv = _mm256_set1_ps(p);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(x + i),
-                                              _mm256_mul_ps(_mm256_loadu_ps(o + i), a)));
-    for (; i < n; ++i) o[i] = o[i] * alpha + p * x[i];
   }
   // acc[r * astride + k] += w_r . x_k for four rows w_r = w + r * wstride and two tokens x0, x1.
   static void dot4x2(const float* w, int64_t wstride, const float* x0, const float* x1, int64_t n,

@@ -1,6 +1,7 @@
-// AVX-512 tier (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma): the same kernel
-// bodies as AVX2 (ops/simd_common.h) over 16-wide vectors. No static initialisers here (see
-// kernels_avx2.cpp).
+// AVX-512 tier (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c): its policy
+// struct works on 16-wide vectors (fp32 dots, tiles, RoPE, reductions); the decode GEMVs, GEMMs,
+// attention, packers and mHC kernels are the shared 256-bit bodies (ops/simd_*.h), compiled here
+// with this tier's flags. No static initialisers here (see kernels_avx2.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -112,15 +113,6 @@ struct Avx512 {
       _mm512_storeu_ps(x + 2 * i, _mm512_add_ps(p, q));
     }
     return i;
-  }
-  // o = o * alpha + p * x (p = 0: o *= alpha).
-  static void scale_add(float* o, float alpha, float p, const float* x, int64_t n) {
-    const __m512 a = _mm512_set1_ps(alpha), pv = _mm512_set1_ps(p);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(o + i, _mm512_fmadd_ps(pv, _mm512_loadu_ps(x + i),
-                                              _mm512_mul_ps(_mm512_loadu_ps(o + i), a)));
-    for (; i < n; ++i) o[i] = o[i] * alpha + p * x[i];
   }
   // acc[r * astride + k] += w_r . x_k for four rows w_r = w + r * wstride and two tokens x0, x1.
   static void dot4x2(const float* w, int64_t wstride, const float* x0, const float* x1, int64_t n,
