@@ -28,13 +28,21 @@ constexpr int64_t kRowChunk = 2048;
 void unpack_window_row_simd(const uint8_t* in, int64_t n, float* x);
 void unpack_compressed_row_simd(const uint8_t* in, int64_t n, float* x);
 
+inline float float_from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
 // 2^(s - 127) from its bits (0 -> the subnormal 2^-127, 255 -> NaN); std::ldexp per block cost more
 // than the block's arithmetic.
 inline float e8m0_scalar(uint8_t s) {
-  const uint32_t bits = s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : uint32_t(s) << 23;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return float_from_bits(s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : uint32_t(s) << 23);
 }
 
 inline float e4m3_scalar(uint8_t b) {
@@ -67,11 +75,7 @@ inline void e4m3x32_f16(const uint8_t* p, __m256 v[4]) {
 // when it is not (s >= 247 or s == 0, where the caller applies the two factors one after the
 // other).
 inline float e8m0_times_256(uint8_t s) {
-  if (s == 0 || s >= 247) return 0.0f;
-  const uint32_t bits = uint32_t(s + 8) << 23;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return s == 0 || s >= 247 ? 0.0f : float_from_bits(uint32_t(s + 8) << 23);
 }
 
 inline float hsum256(__m256 v) {
@@ -80,6 +84,28 @@ inline float hsum256(__m256 v) {
   lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
   lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
   return _mm_cvtss_f32(lo);
+}
+
+inline float hmax256(__m256 v) {
+  __m128 t = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_max_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+
+// max |x| over n (a multiple of 8) values, and whether all of them are finite.
+inline bool amax_finite(const float* x, int64_t n, float& amax) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 big = _mm256_set1_ps(3.4028234663852886e38f);
+  __m256 mx = _mm256_setzero_ps();
+  int ok = 0xFF;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    ok &= _mm256_movemask_ps(_mm256_cmp_ps(v, big, _CMP_LE_OQ));
+    mx = _mm256_max_ps(mx, v);
+  }
+  amax = hmax256(mx);
+  return ok == 0xFF;
 }
 
 // One FP8 row (block scales srow, one per 32 inputs) dotted with x: two independent chains per
@@ -214,27 +240,16 @@ constexpr int fp4_act_slot(int blk, int k) {
 
 // Quantizes x[0..n) (n a multiple of 32, <= kFp4ActMax). A block holding NaN or infinity gets a NaN
 // step, so its outputs are NaN as the fp32 product's would be (or inf-NaN: never a finite lie).
-inline void fp4_act_prepare(const float* x, int64_t n, Fp4Act& a) {
+// False when a nonzero block's largest magnitude is below 2^-96: 32767 / max would overflow and the
+// step underflow, so such calls take the fp32 path.
+inline bool fp4_act_prepare(const float* x, int64_t n, Fp4Act& a) {
   const int64_t padded = (n + 63) / 64 * 64;  // a lone last block's pair partner is all zero
   std::fill(a.q + n / 64 * 64, a.q + padded, int16_t{0});
   std::fill(a.step + n / 32, a.step + kFp4ActMax / 32 + 8, 0.0f);
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int64_t b = 0; b < n / 32; ++b) {
     const float* xb = x + b * 32;
-    __m256 mx = _mm256_setzero_ps();
-    bool finite = true;
-    for (int j = 0; j < 4; ++j) {
-      const __m256 v = _mm256_and_ps(_mm256_loadu_ps(xb + 8 * j), abs_mask);
-      // ordered comparison: NaN and inf fail it
-      finite &= _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(3.0e38f), _CMP_LE_OQ)) == 0xFF;
-      mx = _mm256_max_ps(mx, v);
-    }
-    const float m = [&] {
-      __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-      t = _mm_max_ps(t, _mm_movehl_ps(t, t));
-      t = _mm_max_ss(t, _mm_movehdup_ps(t));
-      return _mm_cvtss_f32(t);
-    }();
+    float m;
+    const bool finite = amax_finite(xb, 32, m);
     int16_t* q = a.q + (b / 2) * 64;
     const int blk = int(b % 2);
     if (!finite || m == 0.0f) {
@@ -242,6 +257,7 @@ inline void fp4_act_prepare(const float* x, int64_t n, Fp4Act& a) {
       a.step[b] = finite ? 0.0f : NAN;
       continue;
     }
+    if (m < 0x1p-96f) return false;
     const __m256 inv = _mm256_set1_ps(32767.0f / m);
     alignas(32) int32_t r[32];
     for (int j = 0; j < 4; ++j)  // round to nearest (MXCSR default), |r| <= 32767
@@ -251,6 +267,7 @@ inline void fp4_act_prepare(const float* x, int64_t n, Fp4Act& a) {
       q[fp4_act_slot(blk, k)] = static_cast<int16_t>(std::clamp(r[k], -32767, 32767));
     a.step[b] = m / 32767.0f / 512.0f;
   }
+  return true;
 }
 
 // Eight blocks' combined scales: 2^(e-127) (bits; 0 -> 2^-127, 255 -> NaN) times the steps.
@@ -408,9 +425,8 @@ void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
       S::fp4_block(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), dst + b);
     }
   };
-  if (ntok == 1 && in <= kFp4ActMax) {
-    Fp4Act a;
-    fp4_act_prepare(x, in, a);
+  Fp4Act a;
+  if (ntok == 1 && in <= kFp4ActMax && fp4_act_prepare(x, in, a)) {
     for (int64_t o = 0; o < out; ++o)
       y[o] = fp4_row_dot_i16(w + o * (in / 2), scale + o * (in / 32), in, a);
     return;
@@ -428,9 +444,8 @@ template <typename S>
 void mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
                         const float* x, const float* route, int64_t ntok, float limit, float* h) {
   float g[16], u[16];
-  if (ntok == 1 && dim <= kFp4ActMax) {
-    Fp4Act a;
-    fp4_act_prepare(x, dim, a);
+  Fp4Act a;
+  if (ntok == 1 && dim <= kFp4ActMax && fp4_act_prepare(x, dim, a)) {
     for (int64_t j = 0; j < inter; ++j) {
       const float gc = std::min(
           fp4_row_dot_i16(w13 + 2 * j * (dim / 2), s13 + 2 * j * (dim / 32), dim, a), limit);

@@ -20,39 +20,10 @@
 namespace dsv41::ops {
 namespace {
 
-inline float float_from_bits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-inline uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
 // 2^ceil(log2 x) for a normal x > 0 (the scalar packer's pow2_ceil).
 inline float pow2_ceil_bits(float x) {
   const uint32_t b = bits_of(x);
   return (b & 0x7FFFFF) == 0 ? x : float_from_bits((b & 0x7F800000u) + 0x00800000u);
-}
-
-// max |x| over n (a multiple of 8) values, and whether all of them are finite.
-inline bool amax_finite(const float* x, int64_t n, float& amax) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256 big = _mm256_set1_ps(3.4028234663852886e38f);
-  __m256 mx = _mm256_setzero_ps();
-  int ok = 0xFF;
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
-    ok &= _mm256_movemask_ps(_mm256_cmp_ps(v, big, _CMP_LE_OQ));
-    mx = _mm256_max_ps(mx, v);
-  }
-  __m128 t = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
-  t = _mm_max_ss(t, _mm_movehdup_ps(t));
-  amax = _mm_cvtss_f32(t);
-  return ok == 0xFF;
 }
 
 inline bool row_finite(const float* x, int64_t n) {

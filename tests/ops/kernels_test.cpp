@@ -192,6 +192,46 @@ TEST_P(KernelTier, Mxfp4Gemv) {
     }
 }
 
+// Activations near the top of the float range are finite: the one-token path's int16 rounding must
+// treat them as any other block (an early version counted values above 3e38 as non-finite and
+// answered NaN). Small weight scales keep the products finite.
+TEST_P(KernelTier, Mxfp4GemvHugeFiniteActivations) {
+  const int64_t out = 5, in = 96;
+  std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+      s(static_cast<std::size_t>(out * in / 32), 100);  // 2^-27
+  for (auto& b : w) b = g_.byte();
+  std::vector<float> x(static_cast<std::size_t>(in));
+  for (auto& v : x) v = g_.normal() * 1e37f;
+  x[3] = 3.3e38f, x[40] = -3.4e38f, x[95] = 3.0000001e38f;
+  std::vector<float> y(static_cast<std::size_t>(out), NAN), want(y.size());
+  k_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), 1, y.data());
+  ref_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), 1, want.data());
+  const bool rounds = GetParam() != Isa::kScalar;
+  const auto extra =
+      rounds ? fp4_act_rounding(w, s, out, in, x, 1) : std::vector<double>(y.size(), 0.0);
+  expect_close_plus(y, want, fp4_scale(w, s, out, in, x, 1), sum_tol(in), extra,
+                    "mxfp4_gemv huge activations");
+}
+
+// A block of tiny activations (largest magnitude 1e-35, below 2^-96) cannot be rounded to int16
+// with a normal step: the call takes the fp32 path and matches the reference to fp32 rounding (no
+// rounding allowance). Huge weight scales make the products large enough for the tolerance to bind.
+TEST_P(KernelTier, Mxfp4GemvTinyActivations) {
+  const int64_t out = 5, in = 64;
+  std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+      s(static_cast<std::size_t>(out * in / 32), 250);  // 2^123
+  for (auto& b : w) b = g_.byte();
+  std::vector<float> x(static_cast<std::size_t>(in));
+  for (auto& v : x) v = g_.normal();
+  for (int64_t i = 32; i < 64; ++i) x[std::size_t(i)] = g_.normal() * 3e-36f;
+  x[40] = 1e-35f;
+  std::vector<float> y(static_cast<std::size_t>(out), NAN), want(y.size());
+  for (std::size_t i = 0; i < 32; ++i) x[i] *= 1e-30f;  // keep the first block's products finite
+  k_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), 1, y.data());
+  ref_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), 1, want.data());
+  expect_close(y, want, fp4_scale(w, s, out, in, x, 1), sum_tol(in), "mxfp4_gemv tiny activations");
+}
+
 TEST_P(KernelTier, Mxfp4GateUpWithClampEpilogue) {
   for (const auto& [inter, dim] :
        std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {3, 64}, {17, 2304}, {8, 5120}, {50, 96}})
