@@ -215,6 +215,32 @@ inline void fp8_gemv_one_token(const uint8_t* w, const uint8_t* scale, int64_t o
   }
 }
 
+// ---- MXFP4 decoded to fp32 --------------------------------------------------------------------
+// 8 packed bytes (16 E2M1 values) -> 16 floats in element order, times s: exact products (one
+// rounding of value x s, as the scalar code), -0 kept. Every SIMD path that needs MXFP4 or packed
+// FP4 values in fp32 (several-token GEMVs, GEMM panels, cache unpackers) decodes with this.
+inline void e2m1x16_scaled(const uint8_t* p, float s, float* x) {
+  const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  auto decode = [&](__m256i nib) {
+    const __m256 v = _mm256_permutevar8x32_ps(mag, nib);  // the low 3 bits
+    const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
+    return _mm256_or_ps(v, _mm256_castsi256_ps(sg));
+  };
+  const __m256 l = decode(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+  const __m256 h = decode(_mm256_srli_epi32(b, 4));
+  const __m256 a = _mm256_unpacklo_ps(l, h), c = _mm256_unpackhi_ps(l, h);
+  const __m256 sv = _mm256_set1_ps(s);
+  _mm256_storeu_ps(x, _mm256_mul_ps(_mm256_permute2f128_ps(a, c, 0x20), sv));
+  _mm256_storeu_ps(x + 8, _mm256_mul_ps(_mm256_permute2f128_ps(a, c, 0x31), sv));
+}
+
+// 32 MXFP4 values (16 bytes) of one block times its scale s -> dst[0..32).
+inline void fp4_block_f32(const uint8_t* p, float s, float* dst) {
+  e2m1x16_scaled(p, s, dst);
+  e2m1x16_scaled(p + 8, s, dst + 16);
+}
+
 // ---- MXFP4 through int16 dot products ---------------------------------------------------------
 // A token's activations are rounded once per call to int16 per 32-block (step max|x| / 32767, so
 // each value moves by at most 1/65534 of its block's largest magnitude); then every weight block is
@@ -404,7 +430,7 @@ void fp4_row_dots(const uint8_t* row, const uint8_t* srow, int64_t in, const flo
   for (int64_t c0 = 0; c0 < in; c0 += kRowChunk) {
     const int64_t n = std::min(kRowChunk, in - c0);
     for (int64_t b = 0; b < n; b += 32)
-      S::fp4_block(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), buf + b);
+      fp4_block_f32(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), buf + b);
     dots_all_tokens<S>(buf, n, x + c0, in, ntok, acc);
   }
 }
@@ -422,7 +448,7 @@ void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
                          row + (c0 + b + kTileChunk) / 2 +
                          (c0 + b + kTileChunk < in ? 0 : (kTileRows - 1) * (in / 2))),
                      _MM_HINT_T0);
-      S::fp4_block(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), dst + b);
+      fp4_block_f32(row + (c0 + b) / 2, e8m0_scalar(srow[(c0 + b) / 32]), dst + b);
     }
   };
   Fp4Act a;

@@ -186,21 +186,6 @@ inline void prefetch_bytes(const void* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 64) _mm_prefetch(c + i, _MM_HINT_T1);
 }
 
-// 32 MXFP4 values (16 bytes) times s -> dst[0..32), exactly (E2M1 x 2 as int8, then float).
-inline void fp4_block_f32(const uint8_t* p, float s, float* dst) {
-  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, m));                     // even
-  const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m));  // odd
-  const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
-  const __m256 sv = _mm256_set1_ps(s * 0.5f);
-  const __m128i parts[4] = {first, _mm_srli_si128(first, 8), second, _mm_srli_si128(second, 8)};
-  for (int j = 0; j < 4; ++j)
-    _mm256_storeu_ps(dst + 8 * j,
-                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])), sv));
-}
-
 void fp8_gemm_simd(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
                    int64_t ntok, float* y, int64_t ldy) {
   const int64_t sin = (in + 31) / 32;

@@ -125,23 +125,6 @@ void unpack_window_row_simd(const uint8_t* in, int64_t n, float* x) {
   }
 }
 
-// 8 packed bytes (16 E2M1 values) -> 16 floats in element order, times s (exact products).
-inline void e2m1x16_scaled(const uint8_t* p, float s, float* x) {
-  const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  auto decode = [&](__m256i nib) {
-    const __m256 v = _mm256_permutevar8x32_ps(mag, nib);  // the low 3 bits
-    const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
-    return _mm256_or_ps(v, _mm256_castsi256_ps(sg));
-  };
-  const __m256 l = decode(_mm256_and_si256(b, _mm256_set1_epi32(15)));
-  const __m256 h = decode(_mm256_srli_epi32(b, 4));
-  const __m256 a = _mm256_unpacklo_ps(l, h), c = _mm256_unpackhi_ps(l, h);
-  const __m256 sv = _mm256_set1_ps(s);
-  _mm256_storeu_ps(x, _mm256_mul_ps(_mm256_permute2f128_ps(a, c, 0x20), sv));
-  _mm256_storeu_ps(x + 8, _mm256_mul_ps(_mm256_permute2f128_ps(a, c, 0x31), sv));
-}
-
 void pack_compressed_row_simd(const float* x, int64_t n, uint8_t* out) {
   if (n % 16 != 0 || !row_finite(x, n)) return pack_compressed_row(x, n, out);
   for (int64_t b = 0; b < n; b += 16) {

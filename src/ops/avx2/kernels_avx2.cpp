@@ -17,34 +17,8 @@
 namespace dsv41::ops {
 namespace {
 
-// 8 packed bytes (16 E2M1 values) -> two vectors of 8 floats in element order.
-inline void e2m1x16(const uint8_t* p, __m256& first, __m256& second) {
-  const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i lo = _mm256_and_si256(b, _mm256_set1_epi32(15)), hi = _mm256_srli_epi32(b, 4);
-  auto decode = [&](__m256i n) {
-    const __m256 v = _mm256_permutevar8x32_ps(mag, n);  // uses the low 3 bits
-    const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(n, _mm256_set1_epi32(8)), 28);
-    return _mm256_or_ps(v, _mm256_castsi256_ps(sg));
-  };
-  const __m256 l = decode(lo), h = decode(hi);  // elements 0,2,..,14 and 1,3,..,15
-  const __m256 a = _mm256_unpacklo_ps(l, h), c = _mm256_unpackhi_ps(l, h);
-  first = _mm256_permute2f128_ps(a, c, 0x20);
-  second = _mm256_permute2f128_ps(a, c, 0x31);
-}
-
 struct Avx2 {
   static constexpr int kWidth = 8;
-  // buf[0..32) = 32 MXFP4 weights (16 bytes) times `s`.
-  static void fp4_block(const uint8_t* w, float s, float* buf) {
-    const __m256 sv = _mm256_set1_ps(s);
-    for (int k = 0; k < 2; ++k) {
-      __m256 a, b;
-      e2m1x16(w + 8 * k, a, b);
-      _mm256_storeu_ps(buf + 16 * k, _mm256_mul_ps(a, sv));
-      _mm256_storeu_ps(buf + 16 * k + 8, _mm256_mul_ps(b, sv));
-    }
-  }
   static float dot(const float* a, const float* b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;

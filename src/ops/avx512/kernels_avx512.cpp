@@ -17,29 +17,7 @@
 namespace dsv41::ops {
 namespace {
 
-// 16 packed bytes (32 E2M1 values) -> two vectors of 16 floats in element order.
-inline void e2m1x32(const uint8_t* p, __m512& first, __m512& second) {
-  const __m512 mag = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
-                                    -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512 l =
-      _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)), mag);  // even elements
-  const __m512 h = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), mag);        // odd elements
-  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi_idx =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  first = _mm512_permutex2var_ps(l, lo_idx, h);
-  second = _mm512_permutex2var_ps(l, hi_idx, h);
-}
-
 struct Avx512 {
-  static void fp4_block(const uint8_t* w, float s, float* buf) {
-    const __m512 sv = _mm512_set1_ps(s);
-    __m512 a, b;
-    e2m1x32(w, a, b);
-    _mm512_storeu_ps(buf, _mm512_mul_ps(a, sv));
-    _mm512_storeu_ps(buf + 16, _mm512_mul_ps(b, sv));
-  }
   static float dot(const float* a, const float* b, int64_t n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t i = 0;
