@@ -139,8 +139,7 @@ inline void attend_unpacked(const float* q, int64_t heads, int64_t dim, const fl
 }
 
 // Sparse attention (see Kernels::sparse_attention).
-template <typename S>
-void sparse_attention_impl(const float* q, int64_t heads, int64_t dim, const uint8_t* const* rows,
+void sparse_attention_simd(const float* q, int64_t heads, int64_t dim, const uint8_t* const* rows,
                            const uint8_t* kinds, int64_t nrows, float scale, const float* sink,
                            float* out) {
   if (dim % kRows != 0 || dim > kMaxStripDim)
@@ -154,8 +153,7 @@ void sparse_attention_impl(const float* q, int64_t heads, int64_t dim, const uin
 
 // Prefill attention (see Kernels::prefill_attention): every window row of the block's bands is
 // unpacked once; each query's rows (its band, then its compressed rows) are gathered from there.
-template <typename S>
-void prefill_attention_impl(const float* q, int64_t nq, int64_t heads, int64_t dim,
+void prefill_attention_simd(const float* q, int64_t nq, int64_t heads, int64_t dim,
                             const uint8_t* win, int64_t wpos0, int64_t nwin, int64_t p0,
                             int64_t window, const uint8_t* const* comp, const int64_t* cofs,
                             float scale, const float* sink, float* out) {
