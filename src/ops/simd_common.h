@@ -110,7 +110,7 @@ inline bool amax_finite(const float* x, int64_t n, float& amax) {
 
 // One FP8 row (block scales srow, one per 32 inputs) dotted with x: two independent chains per
 // block, the weights streamed with a software prefetch one KB ahead (the hardware prefetcher alone
-// left ~20% of a core's read bandwidth unused in a standalone measurement).
+// reached 6.2 GB/s from memory on one core in a standalone loop, 7.3 with it).
 inline float fp8_row_dot_f16(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   float rare = 0;  // blocks whose scale times 2^8 is not a normal float
@@ -156,8 +156,7 @@ inline void fp8_block_f16(const uint8_t* w, float s, float* buf, int64_t n) {
 
 // One token, FP8: all 32 rows of a scale-block row share the scale of each column block, so the
 // activations are scaled once per 32 rows (xs = x * scale * 2^8, exact: powers of two) and each
-// row's dot is then decode + FMA only, no per-block scale work (~1/3 fewer operations per weight
-// byte).
+// row's dot is then decode + FMA only, no per-block scale work.
 constexpr int64_t kFp8ScaledMax = 16384;  // longer rows, or scales past 2^119, take the plain path
 
 // xs[i] = x[i] * 2^(s_b - 127 + 8) for the 32-row group's scales srow; false when some scale times
