@@ -6,11 +6,13 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtypes.h"
 #include "model/reference/ref_ops.h"
 #include "ops/cache_pack.h"
+#include "test_seed.h"
 
 namespace dsv41::ops {
 namespace {
@@ -22,7 +24,7 @@ uint32_t bits(float f) {
 }
 
 std::vector<std::vector<float>> rows(int64_t n) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(fresh_seed());
   std::vector<std::vector<float>> out;
   for (int k = 0; k < 300; ++k) {
     std::vector<float> r(static_cast<std::size_t>(n));

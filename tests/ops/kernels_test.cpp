@@ -15,19 +15,10 @@
 #include "model/reference/ref_ops.h"
 #include "ops/cache_pack.h"
 #include "ops/kernels.h"
+#include "test_seed.h"
 
 namespace dsv41::ops {
 namespace {
-
-// DSV41_TEST_SEED replays a failed run's inputs; otherwise each run draws a fresh seed.
-uint64_t fresh_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("DSV41_TEST_SEED");
-    return env != nullptr && *env != '\0' ? std::strtoull(env, nullptr, 10)
-                                          : uint64_t(std::random_device{}());
-  }();
-  return seed;
-}
 
 struct Gen {
   std::mt19937_64 rng{fresh_seed()};

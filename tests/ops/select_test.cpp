@@ -4,17 +4,20 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/reference/ref_ops.h"
 #include "ops/kernels.h"
 #include "ops/select.h"
+#include "test_seed.h"
 
 namespace dsv41::ops {
 namespace {
 
 TEST(TopK, SameSetAsAFullSortWithTies) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(fresh_seed());
+  SCOPED_TRACE("seed " + std::to_string(fresh_seed()));
   for (int trial = 0; trial < 100; ++trial) {
     const int64_t n = 1 + int64_t(rng() % 20000);
     std::vector<float> v(static_cast<std::size_t>(n));
@@ -37,7 +40,8 @@ TEST(TopK, SameSetAsAFullSortWithTies) {
 }
 
 TEST(HcSinkhorn, EveryTierBitIdenticalToTheReference) {
-  std::mt19937_64 rng(std::random_device{}());
+  std::mt19937_64 rng(fresh_seed());
+  SCOPED_TRACE("seed " + std::to_string(fresh_seed()));
   for (int64_t hc : {4, 2, 3}) {
     const int64_t d = 64, mix = (2 + hc) * hc;
     for (int trial = 0; trial < 50; ++trial) {
