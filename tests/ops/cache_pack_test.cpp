@@ -50,6 +50,7 @@ std::vector<std::vector<float>> rows(int64_t n) {
 
 template <typename Pack, typename Unpack, typename Fake>
 void check(int64_t n, int64_t bytes, Pack pack, Unpack unpack, Fake fake, const char* what) {
+  SCOPED_TRACE("seed " + std::to_string(fresh_seed()));
   for (const auto& r : rows(n)) {
     std::vector<uint8_t> packed(static_cast<std::size_t>(bytes), 0xCD);
     pack(r.data(), n, packed.data());
