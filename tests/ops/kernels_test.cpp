@@ -50,6 +50,8 @@ class KernelTier : public ::testing::TestWithParam<Isa> {
   const Kernels* k_ = nullptr;
   const Kernels* ref_ = nullptr;
   Gen g_;
+  // Every failure in the test names the seed (DSV41_TEST_SEED replays it).
+  ::testing::ScopedTrace seed_trace_{__FILE__, __LINE__, "seed " + std::to_string(fresh_seed())};
 };
 
 // |got - want| <= tol * scale for every element, where scale is the sum of |terms| of that output.
