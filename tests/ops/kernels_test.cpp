@@ -18,6 +18,9 @@
 #include "test_seed.h"
 
 namespace dsv41::ops {
+
+extern const Kernels kAvx512EmulatedKernels;  // avx512_emulated.cpp
+
 namespace {
 
 struct Gen {
@@ -39,12 +42,23 @@ struct Gen {
   }
 };
 
-class KernelTier : public ::testing::TestWithParam<Isa> {
+// A tier under test: a dispatch tier, or the AVX-512 tier's own source compiled over the intrinsic
+// emulation (avx512_emulated.cpp), whose shared bodies are AVX2 code.
+struct Tier {
+  Isa isa;
+  bool emulated;
+};
+void PrintTo(const Tier& t, std::ostream* os) {
+  *os << isa_name(t.isa) << (t.emulated ? " (emulated)" : "");
+}
+
+class KernelTier : public ::testing::TestWithParam<Tier> {
  protected:
   void SetUp() override {
-    if (!isa_supported(GetParam()))
-      GTEST_SKIP() << isa_name(GetParam()) << " is not supported by this CPU";
-    k_ = &kernels_for(GetParam());
+    const Tier t = GetParam();
+    const Isa native = t.emulated ? Isa::kAvx2 : t.isa;
+    if (!isa_supported(native)) GTEST_SKIP() << isa_name(native) << " is not supported by this CPU";
+    k_ = t.emulated ? &kAvx512EmulatedKernels : &kernels_for(t.isa);
     ref_ = &kernels_for(Isa::kScalar);
   }
   const Kernels* k_ = nullptr;
@@ -183,7 +197,7 @@ TEST_P(KernelTier, Mxfp4Gemv) {
       std::vector<float> y(std::size_t(ntok * out), NAN), want(y.size());
       k_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), ntok, y.data());
       ref_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), ntok, want.data());
-      const bool rounds = GetParam() != Isa::kScalar && ntok == 1;
+      const bool rounds = GetParam().isa != Isa::kScalar && ntok == 1;
       const auto extra =
           rounds ? fp4_act_rounding(w, s, out, in, x, ntok) : std::vector<double>(y.size(), 0.0);
       expect_close_plus(y, want, fp4_scale(w, s, out, in, x, ntok), sum_tol(in), extra,
@@ -205,7 +219,7 @@ TEST_P(KernelTier, Mxfp4GemvHugeFiniteActivations) {
   std::vector<float> y(static_cast<std::size_t>(out), NAN), want(y.size());
   k_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), 1, y.data());
   ref_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), 1, want.data());
-  const bool rounds = GetParam() != Isa::kScalar;
+  const bool rounds = GetParam().isa != Isa::kScalar;
   const auto extra =
       rounds ? fp4_act_rounding(w, s, out, in, x, 1) : std::vector<double>(y.size(), 0.0);
   expect_close_plus(y, want, fp4_scale(w, s, out, in, x, 1), sum_tol(in), extra,
@@ -252,7 +266,7 @@ TEST_P(KernelTier, Mxfp4GateUpWithClampEpilogue) {
       // Error bound through the epilogue: |d(silu(g) u)| <= (|u| |silu'| |dg| + |silu(g)| |du|)
       // with |silu'| <= 1.1, |u| <= 10; the gate/up rows' term sums bound |dg|, |du|.
       auto sc = fp4_scale(w, s, 2 * inter, dim, x, ntok);
-      if (GetParam() != Isa::kScalar && ntok == 1) {  // activation rounding (see Mxfp4Gemv)
+      if (GetParam().isa != Isa::kScalar && ntok == 1) {  // activation rounding (see Mxfp4Gemv)
         const auto extra = fp4_act_rounding(w, s, 2 * inter, dim, x, ntok);
         for (std::size_t i = 0; i < sc.size(); ++i) sc[i] += extra[i] / sum_tol(dim);
       }
@@ -758,9 +772,11 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelTier,
-                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
-                         [](const ::testing::TestParamInfo<Isa>& i) {
-                           return std::string(isa_name(i.param));
+                         ::testing::Values(Tier{Isa::kScalar, false}, Tier{Isa::kAvx2, false},
+                                           Tier{Isa::kAvx512, false}, Tier{Isa::kAvx512, true}),
+                         [](const ::testing::TestParamInfo<Tier>& i) {
+                           return std::string(isa_name(i.param.isa)) +
+                                  (i.param.emulated ? "_emulated" : "");
                          });
 
 }  // namespace

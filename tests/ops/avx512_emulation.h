@@ -1,0 +1,154 @@
+// A lane-by-lane emulation of the AVX-512F intrinsics the AVX-512 tier's own code uses
+// (src/ops/avx512/kernels_avx512.cpp), after Intel's Intrinsics Guide, so that code's logic (tails,
+// masks, pair shuffles, reductions) is tested on CPUs without AVX-512 (the development VM and CI).
+// It cannot show what the compiler or the hardware do with the real instructions: a machine with
+// AVX-512 runs the real tier in the same tests. Include after <immintrin.h>; the names are macros
+// so the tier's source compiles unchanged. Lanes the real instruction leaves undefined are NaN
+// here, so a result that depends on them shows.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace dsv41::ops::emu {
+
+struct Ps {
+  float f[16];
+};
+struct Si {
+  int32_t i[16];
+};
+using Mask = uint16_t;
+
+inline Ps setzero_ps() {
+  return Ps{};
+}
+inline Ps set1_ps(float v) {
+  Ps r;
+  for (float& x : r.f) x = v;
+  return r;
+}
+inline Si set1_epi32(int v) {
+  Si r;
+  for (int32_t& x : r.i) x = v;
+  return r;
+}
+inline Si setr_epi32(int a0, int a1, int a2, int a3, int a4, int a5, int a6, int a7, int a8, int a9,
+                     int a10, int a11, int a12, int a13, int a14, int a15) {
+  return Si{{a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15}};
+}
+inline Ps loadu_ps(const float* p) {
+  Ps r;
+  std::memcpy(r.f, p, sizeof r.f);
+  return r;
+}
+// Masked-off lanes are zero and their memory is not touched (the real load does not fault there).
+inline Ps maskz_loadu_ps(Mask m, const float* p) {
+  Ps r{};
+  for (int j = 0; j < 16; ++j)
+    if ((m >> j) & 1) r.f[j] = p[j];
+  return r;
+}
+inline void storeu_ps(float* p, Ps v) {
+  std::memcpy(p, v.f, sizeof v.f);
+}
+inline Ps add_ps(Ps a, Ps b) {
+  for (int j = 0; j < 16; ++j) a.f[j] += b.f[j];
+  return a;
+}
+inline Ps mul_ps(Ps a, Ps b) {
+  for (int j = 0; j < 16; ++j) a.f[j] *= b.f[j];
+  return a;
+}
+// One rounding per lane, as vfmadd.
+inline Ps fmadd_ps(Ps a, Ps b, Ps c) {
+  for (int j = 0; j < 16; ++j) a.f[j] = std::fma(a.f[j], b.f[j], c.f[j]);
+  return a;
+}
+// GCC's order: the 256-bit halves, then 128-bit halves, then pairs.
+inline float reduce_add_ps(Ps a) {
+  float h8[8], h4[4];
+  for (int j = 0; j < 8; ++j) h8[j] = a.f[j] + a.f[j + 8];
+  for (int j = 0; j < 4; ++j) h4[j] = h8[j] + h8[j + 4];
+  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
+}
+inline Ps castps256_ps512(__m256 v) {
+  Ps r;
+  _mm256_storeu_ps(r.f, v);
+  for (int j = 8; j < 16; ++j) r.f[j] = std::numeric_limits<float>::quiet_NaN();
+  return r;
+}
+inline Si castps_si512(Ps v) {
+  Si r;
+  std::memcpy(r.i, v.f, sizeof r.i);
+  return r;
+}
+inline Ps castsi512_ps(Si v) {
+  Ps r;
+  std::memcpy(r.f, v.i, sizeof r.f);
+  return r;
+}
+inline Si xor_si512(Si a, Si b) {
+  for (int j = 0; j < 16; ++j) a.i[j] ^= b.i[j];
+  return a;
+}
+// vpermilps with an immediate: within each 128-bit lane, element j takes imm's j-th 2-bit field.
+inline Ps permute_ps(Ps a, int imm) {
+  Ps r;
+  for (int j = 0; j < 16; ++j) r.f[j] = a.f[(j & ~3) + ((imm >> (2 * (j & 3))) & 3)];
+  return r;
+}
+// vpermps: element j takes a[idx[j] mod 16].
+inline Ps permutexvar_ps(Si idx, Ps a) {
+  Ps r;
+  for (int j = 0; j < 16; ++j) r.f[j] = a.f[idx.i[j] & 15];
+  return r;
+}
+
+}  // namespace dsv41::ops::emu
+
+// GCC defines some of these as macros itself (when not optimising, or always); replace them all.
+#undef __m512
+#define __m512 ::dsv41::ops::emu::Ps
+#undef __m512i
+#define __m512i ::dsv41::ops::emu::Si
+#undef __mmask16
+#define __mmask16 ::dsv41::ops::emu::Mask
+#undef _mm512_setzero_ps
+#define _mm512_setzero_ps ::dsv41::ops::emu::setzero_ps
+#undef _mm512_set1_ps
+#define _mm512_set1_ps ::dsv41::ops::emu::set1_ps
+#undef _mm512_set1_epi32
+#define _mm512_set1_epi32 ::dsv41::ops::emu::set1_epi32
+#undef _mm512_setr_epi32
+#define _mm512_setr_epi32 ::dsv41::ops::emu::setr_epi32
+#undef _mm512_loadu_ps
+#define _mm512_loadu_ps ::dsv41::ops::emu::loadu_ps
+#undef _mm512_maskz_loadu_ps
+#define _mm512_maskz_loadu_ps ::dsv41::ops::emu::maskz_loadu_ps
+#undef _mm512_storeu_ps
+#define _mm512_storeu_ps ::dsv41::ops::emu::storeu_ps
+#undef _mm512_add_ps
+#define _mm512_add_ps ::dsv41::ops::emu::add_ps
+#undef _mm512_mul_ps
+#define _mm512_mul_ps ::dsv41::ops::emu::mul_ps
+#undef _mm512_fmadd_ps
+#define _mm512_fmadd_ps ::dsv41::ops::emu::fmadd_ps
+#undef _mm512_reduce_add_ps
+#define _mm512_reduce_add_ps ::dsv41::ops::emu::reduce_add_ps
+#undef _mm512_castps256_ps512
+#define _mm512_castps256_ps512 ::dsv41::ops::emu::castps256_ps512
+#undef _mm512_castps_si512
+#define _mm512_castps_si512 ::dsv41::ops::emu::castps_si512
+#undef _mm512_castsi512_ps
+#define _mm512_castsi512_ps ::dsv41::ops::emu::castsi512_ps
+#undef _mm512_xor_si512
+#define _mm512_xor_si512 ::dsv41::ops::emu::xor_si512
+#undef _mm512_permute_ps
+#define _mm512_permute_ps ::dsv41::ops::emu::permute_ps
+#undef _mm512_permutexvar_ps
+#define _mm512_permutexvar_ps ::dsv41::ops::emu::permutexvar_ps
