@@ -11,6 +11,7 @@ namespace dsv41::ops {
 extern const Kernels kScalarKernels;
 extern const Kernels kAvx2Kernels;
 extern const Kernels kAvx512Kernels;
+extern const Kernels kAvx512VnniKernels;
 
 const char* isa_name(Isa isa) {
   switch (isa) {
@@ -20,6 +21,8 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Vnni:
+      return "avx512_vnni";
   }
   return "?";
 }
@@ -35,6 +38,8 @@ bool isa_supported(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("fma");
+    case Isa::kAvx512Vnni:
+      return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
@@ -45,6 +50,8 @@ const Kernels& kernels_for(Isa isa) {
       return kAvx2Kernels;
     case Isa::kAvx512:
       return kAvx512Kernels;
+    case Isa::kAvx512Vnni:
+      return kAvx512VnniKernels;
     default:
       return kScalarKernels;
   }
@@ -54,7 +61,7 @@ namespace {
 
 Isa resolve() {
   Isa best = Isa::kScalar;
-  for (Isa i : {Isa::kAvx2, Isa::kAvx512})
+  for (Isa i : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni})
     if (isa_supported(i)) best = i;
   if (const char* env = std::getenv("DSV41_ISA"); env && *env) {
     for (int k = 0; k < kIsaCount; ++k) {
@@ -66,7 +73,8 @@ Isa resolve() {
       }
       return want;
     }
-    log::warn("DSV41_ISA={}: unknown tier (scalar, avx2, avx512); using {}", env, isa_name(best));
+    log::warn("DSV41_ISA={}: unknown tier (scalar, avx2, avx512, avx512_vnni); using {}", env,
+              isa_name(best));
   }
   return best;
 }

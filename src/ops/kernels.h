@@ -1,8 +1,8 @@
 // The CPU kernel layer's interface: one table of kernel entry points per ISA tier, filled once at
-// start-up from the CPU's features (or forced lower with DSV41_ISA=scalar|avx2|avx512 for tests and
-// A/B benchmarks). Each tier lives in its own translation units built with its own -m flags, so no
-// instruction of a higher tier can run on a CPU without it. The scalar tier is the reference
-// (ops/ref) every SIMD tier is tested against.
+// start-up from the CPU's features (or forced lower with DSV41_ISA=scalar|avx2|avx512|avx512_vnni
+// for tests and A/B benchmarks). Each tier lives in its own translation units built with its own -m
+// flags, so no instruction of a higher tier can run on a CPU without it. The scalar tier is the
+// reference (ops/ref) every SIMD tier is tested against.
 //
 // Layouts (design.md §5, docs/convert.md): FP8 weights E4M3 [out, in] row-major with E8M0 scales
 // per 32x32 block [ceil(out/32), ceil(in/32)]; MXFP4 weights packed two per byte (element 2j in the
@@ -15,8 +15,9 @@
 
 namespace dsv41::ops {
 
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
-inline constexpr int kIsaCount = 3;
+// Ordered: a higher tier needs every feature of the lower ones.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+inline constexpr int kIsaCount = 4;
 const char* isa_name(Isa isa);
 
 inline constexpr int kMaxDecodeTokens = 16;

@@ -245,10 +245,11 @@ inline void fp4_block_f32(const uint8_t* p, float s, float* dst) {
 // each value moves by at most 1/65534 of its block's largest magnitude); then every weight block is
 // an exact integer dot product: E2M1 x 2 is an integer in [-12, 12], looked up from the nibbles
 // with a byte shuffle, placed in the high byte of an int16 lane (x 256, sign for free) and
-// multiplied with vpmaddwd. Four products per int32 lane stay below 2^30. One float multiply-add
-// per block applies (weight scale) x (activation step) / 512. This is the numerics decision of the
-// MXFP4 path (docs/perf.md): the rounding of the activations is the only difference from an fp32
-// dot product.
+// multiplied with vpmaddwd (vpdpwssd in the VNNI tier). The eight products summed per int32 lane
+// stay below 2^30 (8 x 12 x 256 x 32767), so the integer sums are exact in any order. One float
+// multiply-add per block applies (weight scale) x (activation step) / 512. This is the numerics
+// decision of the MXFP4 path (docs/perf.md): the rounding of the activations is the only difference
+// from an fp32 dot product.
 constexpr int64_t kFp4ActMax = 8192;  // longer activations take the fp32 path
 
 struct Fp4Act {
@@ -330,15 +331,24 @@ inline float fp4_row_dot_i16(const uint8_t* row, const uint8_t* srow, int64_t in
     const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
     const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
     const __m256i* xq = reinterpret_cast<const __m256i*>(a.q + b * 32);
+#ifdef DSV41_VNNI
+    // The same four pair-products summed by vpdpwssd; exact, as below, so the bits agree.
+    __m256i isum = _mm256_madd_epi16(_mm256_unpacklo_epi8(z, we), xq[0]);
+    isum = _mm256_dpwssd_epi32(isum, _mm256_unpackhi_epi8(z, we), xq[1]);
+    isum = _mm256_dpwssd_epi32(isum, _mm256_unpacklo_epi8(z, wo), xq[2]);
+    isum = _mm256_dpwssd_epi32(isum, _mm256_unpackhi_epi8(z, wo), xq[3]);
+#else
     const __m256i even = _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi8(z, we), xq[0]),
                                           _mm256_madd_epi16(_mm256_unpackhi_epi8(z, we), xq[1]));
     const __m256i odd = _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi8(z, wo), xq[2]),
                                          _mm256_madd_epi16(_mm256_unpackhi_epi8(z, wo), xq[3]));
+    const __m256i isum = _mm256_add_epi32(even, odd);
+#endif
     const int k = int(b & 7);
     __m256 sc =
         _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
     if (!pair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);  // lanes 4-7: no second block
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even, odd)), sc, acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, acc);
   }
   return hsum256(acc);
 }
@@ -673,14 +683,22 @@ inline void indexer_scores_8keys(const __m256i* qi, const float* qs, const int32
     }
     ksv[b] = _mm256_load_ps(ks);
   }
+#ifndef DSV41_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
+#endif
   __m256 acc = _mm256_setzero_ps();
   for (int64_t h = 0; h < nh; ++h) {
     __m256 d = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const __m256i q = qi[h * nb + b];
       __m256i m[8];
+#ifdef DSV41_VNNI
+      // vpdpbusd: the four u8 x s8 products of each int32 lane summed in one instruction; the
+      // pairs below never saturate (|sum| <= 2 x 24 x 12), so the bits agree.
+      for (int j = 0; j < 8; ++j) m[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ku[b][j], q);
+#else
       for (int j = 0; j < 8; ++j) m[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(ku[b][j], q), ones);
+#endif
       const __m256i dots =
           _mm256_sub_epi32(hsum8_epi32(m), _mm256_set1_epi32(12 * qsum[h * nb + b]));
       const __m256 sc = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(qs[h * nb + b]), ksv[b]),

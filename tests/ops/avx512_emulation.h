@@ -1,10 +1,10 @@
-// A lane-by-lane emulation of the AVX-512F intrinsics the AVX-512 tier's own code uses
-// (src/ops/avx512/kernels_avx512.cpp), after Intel's Intrinsics Guide, so that code's logic (tails,
-// masks, pair shuffles, reductions) is tested on CPUs without AVX-512 (the development VM and CI).
-// It cannot show what the compiler or the hardware do with the real instructions: a machine with
-// AVX-512 runs the real tier in the same tests. Include after <immintrin.h>; the names are macros
-// so the tier's source compiles unchanged. Lanes the real instruction leaves undefined are NaN
-// here, so a result that depends on them shows.
+// A lane-by-lane emulation of the AVX-512F (and VNNI) intrinsics the AVX-512 tiers' own code uses
+// (src/ops/avx512/avx512_tier.h, the DSV41_VNNI branch of src/ops/simd_common.h), after Intel's
+// Intrinsics Guide, so that code's logic (tails, masks, pair shuffles, reductions) is tested on
+// CPUs without AVX-512 (the development VM and CI). It cannot show what the compiler or the
+// hardware do with the real instructions: a machine with AVX-512 runs the real tier in the same
+// tests. Include after <immintrin.h>; the names are macros so the tier's source compiles unchanged.
+// Lanes the real instruction leaves undefined are NaN here, so a result that depends on them shows.
 #pragma once
 
 #include <immintrin.h>
@@ -102,6 +102,34 @@ inline Ps permute_ps(Ps a, int imm) {
   for (int j = 0; j < 16; ++j) r.f[j] = a.f[(j & ~3) + ((imm >> (2 * (j & 3))) & 3)];
   return r;
 }
+// vpdpwssd (256-bit, AVX512_VNNI + VL): each int32 lane plus its two int16 pair-products, wrapping
+// (the non-saturating form).
+inline __m256i dpwssd_epi32(__m256i src, __m256i a, __m256i b) {
+  int32_t s[8];
+  int16_t x[16], y[16];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(s), src);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), a);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), b);
+  for (int j = 0; j < 8; ++j)
+    s[j] = int32_t(uint32_t(s[j]) + uint32_t(int32_t(x[2 * j]) * y[2 * j]) +
+                   uint32_t(int32_t(x[2 * j + 1]) * y[2 * j + 1]));
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+}
+// vpdpbusd (256-bit): each int32 lane plus its four unsigned-byte x signed-byte products, wrapping.
+inline __m256i dpbusd_epi32(__m256i src, __m256i a, __m256i b) {
+  int32_t s[8];
+  uint8_t x[32];
+  int8_t y[32];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(s), src);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), a);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), b);
+  for (int j = 0; j < 8; ++j) {
+    uint32_t acc = uint32_t(s[j]);
+    for (int k = 0; k < 4; ++k) acc += uint32_t(int32_t(x[4 * j + k]) * y[4 * j + k]);
+    s[j] = int32_t(acc);
+  }
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+}
 // vpermps: element j takes a[idx[j] mod 16].
 inline Ps permutexvar_ps(Si idx, Ps a) {
   Ps r;
@@ -152,3 +180,7 @@ inline Ps permutexvar_ps(Si idx, Ps a) {
 #define _mm512_permute_ps ::dsv41::ops::emu::permute_ps
 #undef _mm512_permutexvar_ps
 #define _mm512_permutexvar_ps ::dsv41::ops::emu::permutexvar_ps
+#undef _mm256_dpwssd_epi32
+#define _mm256_dpwssd_epi32 ::dsv41::ops::emu::dpwssd_epi32
+#undef _mm256_dpbusd_epi32
+#define _mm256_dpbusd_epi32 ::dsv41::ops::emu::dpbusd_epi32

@@ -19,7 +19,8 @@
 
 namespace dsv41::ops {
 
-extern const Kernels kAvx512EmulatedKernels;  // avx512_emulated.cpp
+extern const Kernels kAvx512EmulatedKernels;      // avx512_emulated.cpp
+extern const Kernels kAvx512VnniEmulatedKernels;  // avx512_vnni_emulated.cpp
 
 namespace {
 
@@ -58,7 +59,9 @@ class KernelTier : public ::testing::TestWithParam<Tier> {
     const Tier t = GetParam();
     const Isa native = t.emulated ? Isa::kAvx2 : t.isa;
     if (!isa_supported(native)) GTEST_SKIP() << isa_name(native) << " is not supported by this CPU";
-    k_ = t.emulated ? &kAvx512EmulatedKernels : &kernels_for(t.isa);
+    k_ = !t.emulated                 ? &kernels_for(t.isa)
+         : t.isa == Isa::kAvx512Vnni ? &kAvx512VnniEmulatedKernels
+                                     : &kAvx512EmulatedKernels;
     ref_ = &kernels_for(Isa::kScalar);
   }
   const Kernels* k_ = nullptr;
@@ -67,6 +70,12 @@ class KernelTier : public ::testing::TestWithParam<Tier> {
   // Every failure in the test names the seed (DSV41_TEST_SEED replays it).
   ::testing::ScopedTrace seed_trace_{__FILE__, __LINE__, "seed " + std::to_string(fresh_seed())};
 };
+
+uint32_t bits_of_float(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
 
 // |got - want| <= tol * scale for every element, where scale is the sum of |terms| of that output.
 void expect_close(const std::vector<float>& got, const std::vector<float>& want,
@@ -203,6 +212,35 @@ TEST_P(KernelTier, Mxfp4Gemv) {
       expect_close_plus(y, want, fp4_scale(w, s, out, in, x, ntok), sum_tol(in), extra,
                         "mxfp4_gemv " + std::to_string(out) + "x" + std::to_string(in));
     }
+}
+
+// One token of MXFP4 (GEMV and fused gate/up) is an exact integer dot per block in every SIMD tier
+// (vpmaddwd + vpaddd, or vpdpwssd with VNNI) followed by the same float steps: the bits must agree
+// with the AVX2 tier's. Weights of every nibble and scale code, including odd block counts.
+TEST_P(KernelTier, Mxfp4OneTokenBitsEqualAcrossSimdTiers) {
+  if (GetParam().isa == Isa::kScalar) GTEST_SKIP() << "the scalar tier dots in double";
+  const Kernels& avx2 = kernels_for(Isa::kAvx2);
+  for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{{9, 96}, {16, 5120}}) {
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+        s(static_cast<std::size_t>(out * in / 32));
+    for (auto& b : w) b = g_.byte();
+    for (auto& b : s) b = g_.e8m0();
+    std::vector<float> x(static_cast<std::size_t>(in));
+    for (auto& v : x) v = g_.normal();
+    std::vector<float> y(std::size_t(out), NAN), want(y.size());
+    k_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), 1, y.data());
+    avx2.mxfp4_gemv(w.data(), s.data(), out, in, x.data(), 1, want.data());
+    for (std::size_t i = 0; i < y.size(); ++i)
+      ASSERT_EQ(bits_of_float(y[i]), bits_of_float(want[i]))
+          << "gemv " << out << "x" << in << " row " << i;
+    const float route = 0.75f;
+    std::vector<float> h(std::size_t(out / 2), NAN), hwant(h.size());
+    k_->mxfp4_gate_up(w.data(), s.data(), out / 2, in, x.data(), &route, 1, 10.0f, h.data());
+    avx2.mxfp4_gate_up(w.data(), s.data(), out / 2, in, x.data(), &route, 1, 10.0f, hwant.data());
+    for (std::size_t i = 0; i < h.size(); ++i)
+      ASSERT_EQ(bits_of_float(h[i]), bits_of_float(hwant[i]))
+          << "gate/up " << out << "x" << in << " " << i;
+  }
 }
 
 // Activations near the top of the float range are finite: the one-token path's int16 rounding must
@@ -769,11 +807,17 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));
+  // Tiers are ordered: each needs every feature of the ones below it.
+  for (int k = 1; k < kIsaCount; ++k)
+    if (isa_supported(static_cast<Isa>(k))) EXPECT_TRUE(isa_supported(static_cast<Isa>(k - 1)));
+  EXPECT_EQ(kAvx512EmulatedKernels.isa, Isa::kAvx512);
+  EXPECT_EQ(kAvx512VnniEmulatedKernels.isa, Isa::kAvx512Vnni);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelTier,
                          ::testing::Values(Tier{Isa::kScalar, false}, Tier{Isa::kAvx2, false},
-                                           Tier{Isa::kAvx512, false}, Tier{Isa::kAvx512, true}),
+                                           Tier{Isa::kAvx512, false}, Tier{Isa::kAvx512Vnni, false},
+                                           Tier{Isa::kAvx512, true}, Tier{Isa::kAvx512Vnni, true}),
                          [](const ::testing::TestParamInfo<Tier>& i) {
                            return std::string(isa_name(i.param.isa)) +
                                   (i.param.emulated ? "_emulated" : "");
