@@ -334,7 +334,7 @@ inline float fp4_row_dot_i16(const uint8_t* row, const uint8_t* srow, int64_t in
     const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
     const __m256i* xq = reinterpret_cast<const __m256i*>(a.q + b * 32);
 #ifdef DSV41_VNNI
-    // The same four vpmaddwd pair sums, accumulated by vpdpwssd: exact, as below, so the bits agree.
+    // The four vpmaddwd pair sums, accumulated by vpdpwssd: exact, as below, so the bits agree.
     __m256i isum = _mm256_madd_epi16(_mm256_unpacklo_epi8(z, we), xq[0]);
     isum = _mm256_dpwssd_epi32(isum, _mm256_unpackhi_epi8(z, we), xq[1]);
     isum = _mm256_dpwssd_epi32(isum, _mm256_unpacklo_epi8(z, wo), xq[2]);
