@@ -508,10 +508,25 @@ TEST(Cli, BenchKernelsReportsBandwidthFractions) {
   ASSERT_EQ(j["reference_library"].size(), 1u);
   EXPECT_GT(j["reference_library"][0]["gflop_per_s"].get<double>(), 0.0)
       << j["reference_library"][0].dump();
-  // The forced tier is the one measured.
+  // The tier A/B: the active tier against the one below, both measured, in the same run.
+  const auto& ab = j["tier_ab"];
+  if (j["isa"] != "scalar") {
+    ASSERT_TRUE(ab.is_object()) << ab.dump();
+    EXPECT_EQ(ab["a"], j["isa"]);
+    EXPECT_NE(ab["b"], ab["a"]);
+    for (const char* key : {"mxfp4_gate_up_1_token_us", "indexer_keys_per_s"}) {
+      ASSERT_EQ(ab[key].size(), 2u) << key;
+      EXPECT_GT(ab[key][0].get<double>(), 0.0) << key;
+      EXPECT_GT(ab[key][1].get<double>(), 0.0) << key;
+    }
+    EXPECT_GT(ab["indexer_speedup_a_over_b"].get<double>(), 0.0);
+  }
+  // The forced tier is the one measured; with scalar there is no tier below to compare with.
   CliRun s = run("bench kernels --quick --probe-mb 32 --set-mb 1 --reps 1", "DSV41_ISA=scalar");
   ASSERT_EQ(s.code, 0) << s.err;
-  EXPECT_EQ(nlohmann::json::parse(s.out)["isa"], "scalar");
+  const auto sj = nlohmann::json::parse(s.out);
+  EXPECT_EQ(sj["isa"], "scalar");
+  EXPECT_TRUE(sj["tier_ab"].is_string()) << sj["tier_ab"].dump();
 }
 
 }  // namespace

@@ -63,7 +63,7 @@ class Bench {
   explicit Bench(const KernelBenchOptions& o)
       : opt_(o),
         pool_(o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency())),
-        k_(kernels()) {
+        k_(&kernels()) {
     probe_.resize(o.probe_mb << 18);  // floats
     for (std::size_t i = 0; i < probe_.size(); ++i) probe_[i] = float(i & 1023);
   }
@@ -74,7 +74,7 @@ class Bench {
     std::vector<float> sink(pool_.size());
     const double t = best_time(opt_.reps, [&] {
       pool_.parallel_for(n, [&](std::size_t b, std::size_t e, std::size_t p) {
-        sink[p] += k_.read_sum(probe_.data() + b, int64_t(e - b));
+        sink[p] += kernels().read_sum(probe_.data() + b, int64_t(e - b));
       });
     });
     return double(n * 4) / t / 1e9;
@@ -86,7 +86,7 @@ class Bench {
   json gemv_case(const std::string& name, int64_t out, int64_t in, int64_t weight_rows,
                  std::size_t matrix_bytes, int64_t row_align,
                  const std::function<void(std::size_t, int64_t, int64_t, int64_t, float*)>& run,
-                 std::size_t copies) {
+                 std::size_t copies, bool one_token_only = false) {
     json j;
     j["kernel"] = name;
     j["shape"] = {out, in};
@@ -94,6 +94,7 @@ class Bench {
     j["copies"] = copies;
     double t1 = 0;
     for (int64_t ntok : {1, 16}) {
+      if (one_token_only && ntok != 1) break;
       const double probe_gbs = probe();
       const int64_t blocks = (out + row_align - 1) / row_align;
       std::vector<std::vector<float>> ys(pool_.size(), std::vector<float>(std::size_t(out * ntok)));
@@ -137,13 +138,14 @@ class Bench {
     return gemv_case(
         name, out, in, out, bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
-          k_.fp8_gemv(w[c].data() + r0 * in, s[c].data() + (r0 / 32) * int64_t(sin), r1 - r0, in,
-                      x.data(), ntok, y);
+          k_->fp8_gemv(w[c].data() + r0 * in, s[c].data() + (r0 / 32) * int64_t(sin), r1 - r0, in,
+                       x.data(), ntok, y);
         },
         copies);
   }
 
-  json mxfp4(const std::string& name, int64_t out, int64_t in, bool gate_up) {
+  json mxfp4(const std::string& name, int64_t out, int64_t in, bool gate_up,
+             bool one_token_only = false) {
     const std::size_t rows = std::size_t(gate_up ? 2 * out : out);
     const std::size_t bytes = rows * std::size_t(in / 2 + in / 32);
     const std::size_t copies = std::max<std::size_t>(1, (opt_.min_set_mb << 20) / bytes);
@@ -159,14 +161,14 @@ class Bench {
         name, out, in, int64_t(rows), bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
           if (gate_up) {
-            k_.mxfp4_gate_up(w[c].data() + 2 * r0 * (in / 2), s[c].data() + 2 * r0 * (in / 32),
-                             r1 - r0, in, x.data(), route.data(), ntok, 10.0f, y);
+            k_->mxfp4_gate_up(w[c].data() + 2 * r0 * (in / 2), s[c].data() + 2 * r0 * (in / 32),
+                              r1 - r0, in, x.data(), route.data(), ntok, 10.0f, y);
           } else {
-            k_.mxfp4_gemv(w[c].data() + r0 * (in / 2), s[c].data() + r0 * (in / 32), r1 - r0, in,
-                          x.data(), ntok, y);
+            k_->mxfp4_gemv(w[c].data() + r0 * (in / 2), s[c].data() + r0 * (in / 32), r1 - r0, in,
+                           x.data(), ntok, y);
           }
         },
-        copies);
+        copies, one_token_only);
   }
 
   // oneDNN matmul [m, k] x [k, n] -> f32 (prefill shapes), GFLOP/s: bf16 inputs where the CPU has a
@@ -240,13 +242,13 @@ class Bench {
           std::size_t((n + 95) / 96), [&](std::size_t b, std::size_t e, std::size_t) {
             const int64_t r0 = int64_t(b) * 96, rows = std::min(n, int64_t(e) * 96) - r0;
             if (format == "fp8")
-              k_.fp8_gemm(w8.data() + r0 * kdim, s8.data() + (r0 / 32) * sin, rows, kdim, x.data(),
-                          m, y.data() + r0, n);
+              k_->fp8_gemm(w8.data() + r0 * kdim, s8.data() + (r0 / 32) * sin, rows, kdim, x.data(),
+                           m, y.data() + r0, n);
             else if (format == "mxfp4")
-              k_.mxfp4_gemm(w8.data() + r0 * (kdim / 2), s8.data() + r0 * (kdim / 32), rows, kdim,
-                            x.data(), m, y.data() + r0, n);
+              k_->mxfp4_gemm(w8.data() + r0 * (kdim / 2), s8.data() + r0 * (kdim / 32), rows, kdim,
+                             x.data(), m, y.data() + r0, n);
             else
-              k_.bf16_gemm(w16.data() + r0 * kdim, rows, kdim, x.data(), m, y.data() + r0, n);
+              k_->bf16_gemm(w16.data() + r0 * kdim, rows, kdim, x.data(), m, y.data() + r0, n);
           });
     };
     once();
@@ -260,11 +262,13 @@ class Bench {
   }
 
   std::size_t threads() const { return pool_.size(); }
+  // Run the following cases on tier t (A/B runs); kernels() is the default.
+  void use(const Kernels& t) { k_ = &t; }
 
  private:
   KernelBenchOptions opt_;
   ThreadPool pool_;
-  const Kernels& k_;
+  const Kernels* k_;  // the tier the kernels run on (the probe always uses the active one)
   std::vector<float> probe_;
 };
 
@@ -328,8 +332,8 @@ void bench_mhc(const KernelBenchOptions& opt, json& j) {
       {"expand_us_scalar_tier", timed_us(sc, 2)}};
 }
 
-// Indexer scoring: one query against many keys on all threads.
-void bench_indexer(const KernelBenchOptions& opt, json& j) {
+// Indexer scoring on tier t: one query against many keys on all threads.
+json indexer_case(const KernelBenchOptions& opt, const Kernels& t) {
   // Indexer scoring (32 heads x 128, packed FP4 keys of 68 B): one query against many keys, as in
   // decode with a long context; all threads split the keys.
   const int64_t nh = 32, di = 128, row = index_key_bytes(di);
@@ -347,20 +351,47 @@ void bench_indexer(const KernelBenchOptions& opt, json& j) {
       q[static_cast<std::size_t>(h * row + di / 2 + blk)] = 127;
   std::vector<float> w(static_cast<std::size_t>(nh), 0.1f), scores(static_cast<std::size_t>(nkeys));
   ThreadPool pool(opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency()));
-  const double t = best_time(opt.reps, [&] {
-    pool.parallel_for(static_cast<std::size_t>(nkeys),
-                      [&](std::size_t lo, std::size_t hi, std::size_t) {
-                        kernels().indexer_scores(q.data(), w.data(), nh, di,
-                                                 keys.data() + lo * static_cast<std::size_t>(row),
-                                                 int64_t(hi - lo), scores.data() + lo);
-                      });
+  const double sec = best_time(opt.reps, [&] {
+    pool.parallel_for(static_cast<std::size_t>(nkeys), [&](std::size_t lo, std::size_t hi,
+                                                           std::size_t) {
+      t.indexer_scores(q.data(), w.data(), nh, di, keys.data() + lo * static_cast<std::size_t>(row),
+                       int64_t(hi - lo), scores.data() + lo);
+    });
   });
-  j["indexer_scores"] = {{"heads", nh},
-                         {"head_dim", di},
-                         {"keys", nkeys},
-                         {"ms", t * 1e3},
-                         {"keys_per_s", double(nkeys) / t},
-                         {"key_gb_per_s", double(nkeys * row) / t / 1e9}};
+  return {{"heads", nh},
+          {"head_dim", di},
+          {"keys", nkeys},
+          {"ms", sec * 1e3},
+          {"keys_per_s", double(nkeys) / sec},
+          {"key_gb_per_s", double(nkeys * row) / sec / 1e9}};
+}
+
+// The tiers as a switchable speed-up, A/B in the same run (design.md §8): the active tier against
+// the tier below it on the two kernels the avx512_vnni tier changes (the one-token MXFP4 gate/up
+// dot, the indexer's dots); with avx2 active that is avx2 against scalar.
+void bench_tier_ab(Bench& b, const KernelBenchOptions& opt, json& j) {
+  const Isa a = active_isa();
+  if (a == Isa::kScalar) {
+    j["tier_ab"] = "not measured: the scalar tier is active";
+    return;
+  }
+  const Isa below = static_cast<Isa>(static_cast<int>(a) - 1);
+  const int64_t inter = opt.quick ? 256 : 2304, dim = opt.quick ? 1024 : 5120;
+  double us[2], keys_per_s[2];
+  for (int side = 0; side < 2; ++side) {
+    const Kernels& t = kernels_for(side == 0 ? a : below);
+    b.use(t);
+    const json g = b.mxfp4("mxfp4_gate_up expert w13", inter, dim, true, true);
+    us[side] = g["runs"][0]["us_per_matrix"].get<double>();
+    keys_per_s[side] = indexer_case(opt, t)["keys_per_s"].get<double>();
+  }
+  b.use(kernels());
+  j["tier_ab"] = {{"a", isa_name(a)},
+                  {"b", isa_name(below)},
+                  {"mxfp4_gate_up_1_token_us", {us[0], us[1]}},
+                  {"mxfp4_gate_up_1_token_speedup_a_over_b", us[1] / us[0]},
+                  {"indexer_keys_per_s", {keys_per_s[0], keys_per_s[1]}},
+                  {"indexer_speedup_a_over_b", keys_per_s[0] / keys_per_s[1]}};
 }
 
 // Sparse attention of one decode query, and the banded prefill variant.
@@ -501,7 +532,8 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
     k.push_back(b.mxfp4("mxfp4_gemv expert w2", 5120, 2304, false));
   }
   bench_mhc(opt, j);
-  bench_indexer(opt, j);
+  j["indexer_scores"] = indexer_case(opt, kernels());
+  bench_tier_ab(b, opt, j);
   bench_attention(opt, j);
   bench_cache_pack(opt, j);
   json& ref = j["reference_library"];
