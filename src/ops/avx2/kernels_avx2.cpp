@@ -1,18 +1,14 @@
 // AVX2 + FMA tier (built with -mavx2 -mfma -mf16c): the ISA policy struct (fp32 dots, tiles, RoPE,
 // reductions) that the shared kernel bodies (ops/simd_common.h, simd_gemm.h, simd_attention.h,
-// simd_pack.h) are instantiated with, and this tier's kernel table. Must not hold static
-// initialisers: this file's code may only run after dispatch has checked the CPU.
+// simd_pack.h) are instantiated with, and this tier's kernel table (ops/simd_table.h). Must not
+// hold static initialisers: this file's code may only run after dispatch has checked the CPU.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "ops/kernels.h"
-#include "ops/simd_attention.h"
-#include "ops/simd_common.h"
-#include "ops/simd_gemm.h"
-#include "ops/simd_pack.h"
+#include "ops/simd_table.h"
 
 namespace dsv41::ops {
 namespace {
@@ -129,28 +125,6 @@ struct Avx2 {
 
 }  // namespace
 
-extern const Kernels kAvx2Kernels = {Isa::kAvx2,
-                                     &fp8_gemv_impl<Avx2>,
-                                     &mxfp4_gemv_impl<Avx2>,
-                                     &mxfp4_gate_up_any<Avx2>,
-                                     &rmsnorm_impl<Avx2>,
-                                     &read_sum_impl<Avx2>,
-                                     &rope_impl<Avx2>,
-                                     &indexer_scores_simd,
-                                     &sparse_attention_simd,
-                                     &hc_sinkhorn_simd,
-                                     &fp8_gemm_simd,
-                                     &bf16_gemm_simd,
-                                     &mxfp4_gemm_simd,
-                                     &hc_mix_impl<Avx2>,
-                                     &hc_collapse_rmsnorm_simd,
-                                     &hc_expand_simd,
-                                     &prefill_attention_simd,
-                                     &pack_window_row_simd,
-                                     &unpack_window_row_simd,
-                                     &pack_compressed_row_simd,
-                                     &unpack_compressed_row_simd,
-                                     &pack_index_key_simd,
-                                     &unpack_index_key_simd};
+extern constinit const Kernels kAvx2Kernels = simd_table<Avx2>(Isa::kAvx2);
 
 }  // namespace dsv41::ops

@@ -1,5 +1,5 @@
 // The AVX-512 tiers' shared code: the 16-wide policy struct (fp32 dots and tiles, RoPE,
-// reductions) and the kernel table built from it and the shared 256-bit bodies (ops/simd_*.h).
+// reductions) that the shared 256-bit bodies (ops/simd_*.h, table in ops/simd_table.h) use.
 // Included by each AVX-512 tier's translation unit, which compiles it with that tier's flags;
 // everything here has internal linkage, so each tier keeps its own copy. A tier with VNNI defines
 // DSV41_VNNI before including it (see ops/simd_common.h).
@@ -11,11 +11,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "ops/kernels.h"
-#include "ops/simd_attention.h"
-#include "ops/simd_common.h"
-#include "ops/simd_gemm.h"
-#include "ops/simd_pack.h"
+#include "ops/simd_table.h"
 
 namespace dsv41::ops {
 namespace {
@@ -133,33 +129,6 @@ struct Avx512 {
     for (; i < n; ++i) y[i] = w[i] * (x[i] * r);
   }
 };
-
-// The table of an AVX-512 tier (constant-initialised: no static initialiser runs before main).
-constexpr Kernels avx512_table(Isa isa) {
-  return Kernels{isa,
-                 &fp8_gemv_impl<Avx512>,
-                 &mxfp4_gemv_impl<Avx512>,
-                 &mxfp4_gate_up_any<Avx512>,
-                 &rmsnorm_impl<Avx512>,
-                 &read_sum_impl<Avx512>,
-                 &rope_impl<Avx512>,
-                 &indexer_scores_simd,
-                 &sparse_attention_simd,
-                 &hc_sinkhorn_simd,
-                 &fp8_gemm_simd,
-                 &bf16_gemm_simd,
-                 &mxfp4_gemm_simd,
-                 &hc_mix_impl<Avx512>,
-                 &hc_collapse_rmsnorm_simd,
-                 &hc_expand_simd,
-                 &prefill_attention_simd,
-                 &pack_window_row_simd,
-                 &unpack_window_row_simd,
-                 &pack_compressed_row_simd,
-                 &unpack_compressed_row_simd,
-                 &pack_index_key_simd,
-                 &unpack_index_key_simd};
-}
 
 }  // namespace
 }  // namespace dsv41::ops

@@ -7,6 +7,6 @@
 
 namespace dsv41::ops {
 
-extern constinit const Kernels kAvx512Kernels = avx512_table(Isa::kAvx512);
+extern constinit const Kernels kAvx512Kernels = simd_table<Avx512>(Isa::kAvx512);
 
 }  // namespace dsv41::ops

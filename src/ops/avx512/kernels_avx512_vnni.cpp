@@ -10,6 +10,6 @@
 
 namespace dsv41::ops {
 
-extern constinit const Kernels kAvx512VnniKernels = avx512_table(Isa::kAvx512Vnni);
+extern constinit const Kernels kAvx512VnniKernels = simd_table<Avx512>(Isa::kAvx512Vnni);
 
 }  // namespace dsv41::ops
