@@ -81,11 +81,9 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
                   const std::vector<double>& scale, double tol, const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
-    ASSERT_FALSE(std::isnan(got[i]))
-        << what << ": element " << i << " not written (seed " << fresh_seed() << ")";
+    ASSERT_FALSE(std::isnan(got[i])) << what << ": element " << i << " not written";
     ASSERT_LE(std::fabs(double(got[i]) - want[i]), tol * scale[i] + 1e-30)
-        << what << ": element " << i << " got " << got[i] << " want " << want[i] << " (seed "
-        << fresh_seed() << ")";
+        << what << ": element " << i << " got " << got[i] << " want " << want[i];
   }
 }
 
@@ -774,8 +772,7 @@ TEST_P(KernelTier, CachePackersBitExact) {
       std::vector<uint8_t> got(std::size_t(kd.bytes), 0xAB), want(std::size_t(kd.bytes), 0xCD);
       kd.pk(x.data(), n, got.data());
       kd.rpk(x.data(), n, want.data());
-      ASSERT_EQ(got, want) << kd.name << " pack, n " << n << " rep " << rep << " (seed "
-                           << fresh_seed() << ")";
+      ASSERT_EQ(got, want) << kd.name << " pack, n " << n << " rep " << rep;
       std::vector<uint8_t> bytes(std::size_t(kd.bytes));
       for (auto& b : bytes) b = g_.byte();
       if (rep % 3 == 0) bytes = got;  // also what the packer wrote
@@ -784,8 +781,7 @@ TEST_P(KernelTier, CachePackersBitExact) {
       kd.rup(bytes.data(), n, uw.data());
       for (std::size_t i = 0; i < u.size(); ++i)
         ASSERT_TRUE(same_bits(u[i], uw[i]))
-            << kd.name << " unpack, n " << n << " at " << i << ": " << u[i] << " vs " << uw[i]
-            << " (seed " << fresh_seed() << ")";
+            << kd.name << " unpack, n " << n << " at " << i << ": " << u[i] << " vs " << uw[i];
     }
   }
 }
