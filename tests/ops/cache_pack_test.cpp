@@ -24,7 +24,8 @@ uint32_t bits(float f) {
 }
 
 std::vector<std::vector<float>> rows(int64_t n) {
-  std::mt19937_64 rng(fresh_seed());
+  // One stream for the run: each call draws new rows, and DSV41_TEST_SEED replays them all.
+  static std::mt19937_64 rng(fresh_seed());
   std::vector<std::vector<float>> out;
   for (int k = 0; k < 300; ++k) {
     std::vector<float> r(static_cast<std::size_t>(n));
