@@ -14,11 +14,12 @@ void add_make_tiny(CLI::App& app, Runner* run) {
       "make-tiny",
       "Write a random-weight V4.1 checkpoint in the official Hugging Face layout (config.json, "
       "sharded "
-      "safetensors + index, tokenizer files). Presets: tiny (unit tests, ~2 MB), demo (demo "
-      "server), small "
+      "safetensors + index, tokenizer files). Presets: tiny (unit tests, ~2 MB), tiny-top1 (tiny "
+      "with top-1 routing), demo (demo server), small "
       "(long-context tests, ~250 MB), real-shape (released per-layer dimensions, ~9 GB).");
   sub->add_option("--out", opt->out_dir, "Output directory (created if missing)")->required();
-  sub->add_option("--preset", opt->preset, "Size preset: tiny | demo | small | real-shape")
+  sub->add_option("--preset", opt->preset,
+                  "Size preset: tiny | tiny-top1 | demo | small | real-shape")
       ->capture_default_str();
   sub->add_option("--seed", opt->seed, "Random seed; the same seed gives byte-identical files")
       ->capture_default_str();

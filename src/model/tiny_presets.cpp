@@ -3,6 +3,7 @@
 // and expert count. Candidate pools always hold at least index_topk + one block of entries, so a
 // Reindex top-k never has to pick outside the pool (ties there would be implementation-defined):
 //   tiny        unit tests (a few MB, hidden 64; a candidate pool of 3 x 2 entries bites past 6)
+//   tiny-top1   tiny with top-1 routing (backbone and DSpark): no renormalisation of the weight
 //   demo        the demo server model (hidden 256)
 //   small       long-context tests (~250 MB): a candidate pool of 8 x 4 entries bites beyond 32
 //   tokens real-shape  the released per-layer dimensions (5120 hidden, 64 x 512 heads, ...), 8
@@ -51,8 +52,9 @@ void set_layers(TextConfig& t, const std::string& preset, const Dims& d) {
 }
 
 bool preset_dims(const std::string& preset, Dims* d) {
-  if (preset == "tiny") {
+  if (preset == "tiny" || preset == "tiny-top1") {
     *d = {64, 4, 64, 32, 32, 2, 32, 32, 8, 2, 2, 64, 4, 8, 3, 2, 64, 2, 32, 3, 4, 2, 16, 256};
+    if (preset == "tiny-top1") d->topk = d->dspark_topk = 1;
   } else if (preset == "demo") {
     *d = {256, 8,  128, 64, 128,  4, 128, 128, 16, 4, 4,  64,
           16,  32, 4,   4,  1000, 4, 64,  3,   8,  2, 32, 4096};
@@ -71,7 +73,7 @@ bool preset_dims(const std::string& preset, Dims* d) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "demo", "small", "real-shape"};
+  return {"tiny", "tiny-top1", "demo", "small", "real-shape"};
 }
 
 Result<ModelConfig> preset_config(const std::string& preset, const TokenizerTable& tok) {

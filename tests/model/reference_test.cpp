@@ -8,6 +8,8 @@
 
 #include "core/rng.h"
 #include "io/test_util.h"
+#include "model/config.h"
+#include "model/layer_plan.h"
 #include "model/reference/ref_blocks.h"
 #include "model/reference/ref_ops.h"
 #include "model/tiny_checkpoint.h"
@@ -203,6 +205,22 @@ TEST(RefBlocks, RouterBiasSelectsButDoesNotWeigh) {
   EXPECT_EQ(ref::softplus(30.0), 30.0);  // torch's threshold
 }
 
+// DeepSeek's Gate renormalises only when norm_topk_prob is set AND top-k > 1: a single chosen
+// expert keeps its score (times the scaling factor) instead of becoming 1.
+TEST(RefBlocks, TopOneRouteKeepsItsScore) {
+  const std::vector<double> logits = {0.5, -1, 2, 0.25}, bias = {0, 0, 0, 3};
+  auto sc = [](double x) { return std::sqrt(std::log1p(std::exp(x))); };
+  for (bool renorm : {true, false}) {
+    auto r = ref::route(logits, bias, 1, 1.0, renorm, 1.5);
+    ASSERT_EQ(r.experts, (std::vector<int64_t>{3})) << renorm;  // the bias selects ...
+    ASSERT_EQ(r.weights.size(), 1u);
+    EXPECT_DOUBLE_EQ(r.weights[0], sc(0.25) * 1.5) << renorm;  // ... but only the score weighs
+  }
+  // Top-2 still renormalises.
+  auto two = ref::route(logits, bias, 2, 1.0, true, 1.5);
+  EXPECT_DOUBLE_EQ(two.weights[0] + two.weights[1], 1.5 * (1 - 1e-20 / (sc(0.25) + sc(2))));
+}
+
 TEST(RefBlocks, SwigluClamp) {
   EXPECT_DOUBLE_EQ(ref::swiglu_clamped(20.0, -15.0, 10.0, 0.5), ref::silu(10.0) * -10.0 * 0.5);
   EXPECT_DOUBLE_EQ(ref::swiglu_clamped(-20.0, 3.0, 10.0, 1.0),
@@ -381,6 +399,45 @@ TEST_F(TinyReference, BadTokenRefusedWithPosition) {
   Status st = (*m)->forward({5, 1000000}, &logits);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("position 1"), std::string::npos) << st.message();
+}
+
+// The tiny-top1 preset routes to one expert in the backbone and in the DSpark stages. With top-1,
+// norm_topk_prob cannot matter (DeepSeek renormalises only for top-k > 1): the logits must be the
+// same with it set or cleared.
+TEST(TopOneReference, NormTopkProbIsMootForOneExpert) {
+  TempDir dir;
+  MakeTinyOptions o;
+  o.out_dir = dir.path() + "/ck";
+  o.preset = "tiny-top1";
+  o.seed = 4;
+  ASSERT_TRUE(make_tiny_checkpoint(o).is_ok());
+  const std::string cfg = testing::read_file(o.out_dir + "/config.json");
+  for (const char* key : {"\"num_experts_per_tok\": 1,", "\"dspark_num_experts_per_tok\": 1,",
+                          "\"norm_topk_prob\": true,"})
+    ASSERT_NE(cfg.find(key), std::string::npos) << key << "\n" << cfg;
+  // Backbone layers and DSpark stages alike route through ref::route with their own top-k.
+  auto parsed = load_config(o.out_dir + "/config.json");
+  ASSERT_TRUE(parsed.is_ok());
+  auto plan = build_layer_plan(*parsed);
+  ASSERT_TRUE(plan.is_ok());
+  ASSERT_GT(plan->layers.size(), std::size_t(plan->num_backbone));
+  for (const LayerPlan& p : plan->layers) EXPECT_EQ(p.experts_per_tok, 1) << p.index;
+  const std::vector<int32_t> tokens = {5, 17, 300, 42, 9, 1000, 77, 3};
+  auto logits = [&] {
+    auto m = ReferenceModel<double>::load(o.out_dir, {});
+    EXPECT_TRUE(m.is_ok()) << m.status().message();
+    std::vector<double> l;
+    EXPECT_TRUE((*m)->forward(tokens, &l).is_ok());
+    return l;
+  };
+  const auto with_norm = logits();
+  std::string off = cfg;
+  off.replace(off.find("\"norm_topk_prob\": true"), 22, "\"norm_topk_prob\": false");
+  testing::write_file(o.out_dir + "/config.json", off);
+  const auto without = logits();
+  ASSERT_EQ(with_norm.size(), without.size());
+  ASSERT_FALSE(with_norm.empty());
+  EXPECT_EQ(with_norm, without);
 }
 
 }  // namespace

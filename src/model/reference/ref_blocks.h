@@ -88,7 +88,9 @@ void sparse_attention_head(const T* q, const std::vector<const T*>& rows, int64_
 }
 
 // Router (spec §5.7): scores sqrt(softplus(logit / temp)); the k best of score + bias are chosen;
-// their weights are the unbiased scores, renormalised (sum + 1e-20) when `renorm`, times `scale`.
+// their weights are the unbiased scores, renormalised (sum + 1e-20) when `renorm` and k > 1 (as
+// DeepSeek's Gate: a single expert keeps its score), times `scale`. Backbone layers and DSpark
+// stages both route here, each with its own k (num_experts_per_tok, dspark_num_experts_per_tok).
 template <typename T>
 struct Routing {
   std::vector<int64_t> experts;
@@ -111,7 +113,7 @@ Routing<T> route(const std::vector<T>& logits, const std::vector<T>& bias, int64
   for (int64_t e : r.experts) sum += score[std::size_t(e)];
   for (int64_t e : r.experts) {
     T w = score[std::size_t(e)];
-    if (renorm) w = w / (sum + T(1e-20));
+    if (renorm && k > 1) w = w / (sum + T(1e-20));
     r.weights.push_back(w * scale);
   }
   return r;
