@@ -37,7 +37,8 @@ void add_serve(CLI::App& app, Runner* run) {
                   "Checkpoint directory (official layout); default: the demo model");
   sub->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", a->server.port, "Port to listen on (0: any free port)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
   sub->add_option(
       "--served-model-name", a->server.model_name,
       "Model name clients must send (default: the checkpoint directory's name; dsv41-demo)");

@@ -6,9 +6,18 @@
 
 #include <httplib.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
 #include <ctime>
 #include <mutex>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -22,6 +31,64 @@
 namespace dsv41 {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The JSON parser's messages read "invalid JSON at byte N: [json.exception.parse_error.101] parse
+// error at line 1, column 2: syntax error while parsing value - ..."; a client gets the byte offset
+// and what was wrong, without the library's tag and the repeated position.
+std::string readable_json_error(std::string m) {
+  if (const auto tag = m.find("[json.exception."); tag != std::string::npos) {
+    const auto end = m.find("] ", tag);
+    m.erase(tag, end == std::string::npos ? std::string::npos : end + 2 - tag);
+  }
+  if (const auto pos = m.find("parse error at "); pos != std::string::npos) {
+    const auto colon = m.find(": ", pos);
+    if (colon != std::string::npos) m.erase(pos, colon + 2 - pos);
+  }
+  const std::string prefix = "invalid JSON";
+  return "invalid JSON body" + (m.rfind(prefix, 0) == 0 ? m.substr(prefix.size()) : ": " + m);
+}
+
+// Why host:port cannot be bound (httplib only reports that it failed): the same bind again, for
+// its errno.
+std::string bind_failure(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0)
+    return gai_strerror(rc);
+  int err = 0;
+  for (addrinfo* ai = found; ai; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    err = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+    close(fd);
+    if (err == 0) break;
+  }
+  freeaddrinfo(found);
+  switch (err) {
+    case EADDRINUSE:
+      return "address in use (another server is listening there)";
+    case EADDRNOTAVAIL:
+      return "not a local address";
+    case EACCES:
+      return "permission denied (ports below 1024 need privileges)";
+    case 0:
+      return "the listener could not be started";
+    default:
+      return std::strerror(err);
+  }
+}
+
+}  // namespace
 
 struct StreamState;  // one generation response (below)
 
@@ -66,12 +133,26 @@ struct HttpServer::Impl {
   static std::optional<ApiError> parse_body(const httplib::Request& req, OJson& out) {
     auto j = parse_json_ordered(req.body);
     if (!j)
-      return make_error(400, "invalid JSON body: " + j.status().message(), "invalid_request_error");
+      return make_error(400, readable_json_error(j.status().message()), "invalid_request_error");
     out = std::move(*j);
     if (!out.is_object())
       return make_error(400, "the request body must be a JSON object", "invalid_request_error");
     return std::nullopt;
   }
+
+  // Every route with the methods it answers, for 405 + Allow on a known path.
+  struct Route {
+    std::string pattern;  // as registered with httplib
+    std::regex regex;
+    std::string label;  // metrics endpoint label
+    std::vector<std::string> methods;
+  };
+  std::vector<Route> known;
+  void on(const std::string& method, const std::string& pattern, const std::string& label,
+          httplib::Server::Handler handler);
+  const Route* find_route(const std::string& path) const;
+  std::optional<httplib::Server::HandlerResponse> before_routing(const httplib::Request& req,
+                                                                 httplib::Response& res);
 
   void routes();
   void generation(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -80,6 +161,73 @@ struct HttpServer::Impl {
   void detokenize(const httplib::Request& req, httplib::Response& res);
 };
 
+void HttpServer::Impl::on(const std::string& method, const std::string& pattern,
+                          const std::string& label, httplib::Server::Handler handler) {
+  if (method == "GET") {
+    svr.Get(pattern, std::move(handler));
+  } else {
+    svr.Post(pattern, std::move(handler));
+  }
+  auto it = std::find_if(known.begin(), known.end(),
+                         [&](const Route& r) { return r.pattern == pattern; });
+  if (it == known.end())
+    it = known.insert(known.end(), Route{pattern, std::regex(pattern), label, {}});
+  it->methods.push_back(method);
+  if (method == "GET") it->methods.push_back("HEAD");  // httplib answers HEAD from GET routes
+}
+
+const HttpServer::Impl::Route* HttpServer::Impl::find_route(const std::string& path) const {
+  for (const Route& r : known)
+    if (std::regex_match(path, r.regex)) return &r;
+  return nullptr;
+}
+
+// Checks made before httplib reads the body: a Content-Length that cannot be right (not a plain
+// decimal number, overflowing, repeated with another value) is a 400 and one over the body limit a
+// 413, at once instead of after the read timeout; then 503 while draining; then 405 with Allow for
+// a known path asked with another method. The body of such a request is never read, so the
+// connection is closed after the answer. nullopt: go on routing.
+std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing(
+    const httplib::Request& req, httplib::Response& res) {
+  const Route* route = find_route(req.path);
+  const std::string label = route ? route->label : "unknown";
+  auto reject = [&](const ApiError& e) {
+    send_error(res, e);
+    res.set_header("Connection", "close");
+    metrics.request_done(label, e.status, 0);
+    return httplib::Server::HandlerResponse::Handled;
+  };
+  if (req.has_header("Content-Length")) {
+    const std::string v = req.get_header_value("Content-Length");
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    bool valid = !v.empty() && ec == std::errc() && end == v.data() + v.size();
+    for (std::size_t k = 1; k < req.get_header_value_count("Content-Length"); ++k)
+      valid = valid && req.get_header_value("Content-Length", k) == v;
+    if (!valid)
+      return reject(make_error(
+          400, fmt::format("malformed HTTP request: Content-Length '{}' is not a byte count", v),
+          "invalid_request_error"));
+    if (n > opt.max_body_bytes)
+      return reject(make_error(
+          413,
+          fmt::format("request body of {} bytes is larger than {} bytes", n, opt.max_body_bytes),
+          "invalid_request_error"));
+  }
+  if (draining.load() && req.path != "/metrics")
+    return reject(make_error(503, "the server is shutting down", "service_unavailable"));
+  if (route &&
+      std::find(route->methods.begin(), route->methods.end(), req.method) == route->methods.end()) {
+    std::string allow;
+    for (const auto& m : route->methods) allow += (allow.empty() ? "" : ", ") + m;
+    res.set_header("Allow", allow);
+    return reject(make_error(
+        405, fmt::format("{} does not answer {} (allowed: {})", req.path, req.method, allow),
+        "invalid_request_error"));
+  }
+  return std::nullopt;
+}
+
 void HttpServer::Impl::routes() {
   svr.new_task_queue = [n = opt.threads] {
     return new httplib::ThreadPool(static_cast<std::size_t>(n));
@@ -87,13 +235,14 @@ void HttpServer::Impl::routes() {
   svr.set_payload_max_length(opt.max_body_bytes);
   svr.set_read_timeout(30, 0);
   svr.set_write_timeout(30, 0);
+  // Without SO_REUSEPORT (httplib's default asks for it), a second server on a port in use fails to
+  // bind instead of sharing the connections; SO_REUSEADDR lets a restart reuse the port at once.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (draining.load() && req.path != "/metrics") {
-      send_error(res, make_error(503, "the server is shutting down", "service_unavailable"));
-      metrics.request_done(req.path, 503, 0);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return before_routing(req, res).value_or(httplib::Server::HandlerResponse::Unhandled);
   });
   // Errors raised by the HTTP layer itself (unknown path, oversized body, malformed request).
   svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -133,29 +282,37 @@ void HttpServer::Impl::routes() {
         send_error(res, make_error(500, "internal error: " + what, "internal_error"));
       });
 
-  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  on("GET", "/health", "/health", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
     metrics.request_done("/health", 200, 0);
   });
-  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  on("GET", "/v1/models", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(models_body(model, started), "application/json");
     metrics.request_done("/v1/models", 200, 0);
   });
-  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  on("GET", "/v1/models/(.+)", "/v1/models/{id}",
+     [this](const httplib::Request& req, httplib::Response& res) {
+       if (req.matches[1] != model.name) {
+         send_error(res, model_not_found(req.matches[1], model));
+         metrics.request_done("/v1/models/{id}", 404, 0);
+         return;
+       }
+       res.set_content(model_body(model, started), "application/json");
+       metrics.request_done("/v1/models/{id}", 200, 0);
+     });
+  on("GET", "/metrics", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
     EngineStats s = engine.stats();
     res.set_content(metrics.render(s.queued, s.running, in_flight.load()),
                     "text/plain; version=0.0.4");
   });
-  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generation(req, res, false);
-  });
-  svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generation(req, res, true);
-  });
-  svr.Post("/tokenize",
-           [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
-  svr.Post("/detokenize",
-           [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
+  on("POST", "/v1/completions", "/v1/completions",
+     [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, false); });
+  on("POST", "/v1/chat/completions", "/v1/chat/completions",
+     [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, true); });
+  on("POST", "/tokenize", "/tokenize",
+     [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+  on("POST", "/detokenize", "/detokenize",
+     [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
 }
 
 // State of one streamed response, shared by the content provider and its releaser.
@@ -373,14 +530,16 @@ HttpServer::~HttpServer() {
 
 Status HttpServer::bind() {
   const auto& o = impl_->opt;
+  if (o.port < 0 || o.port > 65535)
+    return Status::error(fmt::format("--port: {} is outside 0-65535 (0: any free port)", o.port));
   if (o.port == 0) {
     impl_->bound_port = impl_->svr.bind_to_any_port(o.host);
   } else if (impl_->svr.bind_to_port(o.host, o.port)) {
     impl_->bound_port = o.port;
   }
   if (impl_->bound_port <= 0)
-    return Status::error(fmt::format(
-        "--host/--port: cannot listen on {}:{} (in use, or not a local address)", o.host, o.port));
+    return Status::error(fmt::format("--host/--port: cannot listen on {}:{}: {}", o.host, o.port,
+                                     bind_failure(o.host, o.port)));
   return Status::ok();
 }
 

@@ -76,6 +76,8 @@ class Fields {
   const OJson& b_;
 };
 
+// Token ids: JSON integers in [0, vocab). The JSON library stores every non-negative integer as
+// unsigned (and only negative ones as signed), so both representations are read.
 bool token_ids(const OJson& v, int32_t vocab, const std::string& param, std::vector<int32_t>& out,
                std::optional<ApiError>& err) {
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -84,13 +86,15 @@ bool token_ids(const OJson& v, int32_t vocab, const std::string& param, std::vec
       err = bad(param, fmt::format("element {} is not an integer token id", i));
       return false;
     }
-    int64_t id = t.get<int64_t>();
-    if (t.is_number_unsigned() || id < 0 || id >= vocab) {
+    const bool in_range = t.is_number_unsigned()
+                              ? t.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                              : t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab;
+    if (!in_range) {
       err = bad(param, fmt::format("token id {} at position {} is outside the vocabulary [0, {})",
                                    dump_safe(t), i, vocab));
       return false;
     }
-    out.push_back(static_cast<int32_t>(id));
+    out.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   return true;
 }
@@ -102,16 +106,7 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
   auto m = body.find("model");
   if (m == body.end() || m->is_null()) return bad("model", "required field missing");
   if (!m->is_string()) return bad("model", "must be a string");
-  if (m->get<std::string>() != model.name) {
-    ApiError e;
-    e.status = 404;
-    e.type = "NotFoundError";
-    e.param = "model";
-    e.code = "model_not_found";
-    e.message = fmt::format("The model `{}` does not exist (this server serves `{}`).",
-                            m->get<std::string>(), model.name);
-    return e;
-  }
+  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
   job.model = model.name;
   Fields f(body);
   SamplingParams& s = job.request.sampling;
@@ -183,6 +178,8 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
   return std::nullopt;
 }
 
+// The prompt must leave room in the context, and an explicit max_tokens must fit in that room (as
+// vLLM; a default max_tokens is only an upper bound, the engine stops at the context limit).
 std::optional<ApiError> check_length(const GenerationJob& job, const ServedModel& model,
                                      const char* param) {
   const auto n = static_cast<int64_t>(job.request.prompt.size());
@@ -193,6 +190,13 @@ std::optional<ApiError> check_length(const GenerationJob& job, const ServedModel
                            "(including the answer)",
                            n, model.max_context),
                "context_length_exceeded");
+  const int64_t max_tokens = job.request.sampling.max_tokens;
+  if (!job.max_tokens_param.empty() && max_tokens > model.max_context - n)
+    return bad(job.max_tokens_param,
+               fmt::format("{} is too large: this model's context limit is {} tokens and the "
+                           "prompt has {}, so at most {} can be generated ({} > {} - {})",
+                           max_tokens, model.max_context, n, model.max_context - n, max_tokens,
+                           model.max_context, n));
   return std::nullopt;
 }
 
@@ -201,6 +205,7 @@ std::optional<ApiError> parse_max_tokens(Fields& f, const char* name, int defaul
   int64_t mt = default_value;
   if (!f.integer(name, 1, std::numeric_limits<int32_t>::max(), mt)) return f.err;
   job.request.sampling.max_tokens = static_cast<int>(mt);
+  if (f.get(name)) job.max_tokens_param = name;
   return std::nullopt;
 }
 
@@ -519,16 +524,39 @@ std::string ResponseBuilder::build() {
   return dump_safe(r);
 }
 
-std::string models_body(const ServedModel& model, int64_t created) {
+ApiError model_not_found(const std::string& asked, const ServedModel& model) {
+  ApiError e;
+  e.status = 404;
+  e.type = "NotFoundError";
+  e.param = "model";
+  e.code = "model_not_found";
+  e.message =
+      fmt::format("The model `{}` does not exist (this server serves `{}`).", asked, model.name);
+  return e;
+}
+
+namespace {
+
+OJson model_json(const ServedModel& model, int64_t created) {
   OJson m = OJson::object();
   m["id"] = model.name;
   m["object"] = "model";
   m["created"] = created;
   m["owned_by"] = "dsv41";
   m["max_model_len"] = model.max_context;
+  return m;
+}
+
+}  // namespace
+
+std::string model_body(const ServedModel& model, int64_t created) {
+  return dump_safe(model_json(model, created));
+}
+
+std::string models_body(const ServedModel& model, int64_t created) {
   OJson body = OJson::object();
   body["object"] = "list";
-  body["data"] = OJson::array({std::move(m)});
+  body["data"] = OJson::array({model_json(model, created)});
   return dump_safe(body);
 }
 

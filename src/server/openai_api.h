@@ -39,7 +39,8 @@ struct GenerationJob {
   bool extract_tools = false;  // chat: tools declared and tool_choice != "none"
   bool want_logprobs = false;  // chat: logprobs=true; completions: logprobs given
   std::string model;
-  GenerationRequest request;  // prompt ids + sampling
+  std::string max_tokens_param;  // the field that set max_tokens; empty: the default applies
+  GenerationRequest request;     // prompt ids + sampling
 };
 
 // Parse and validate; on success fills `job` (prompt tokenized with the engine's tokenizer).
@@ -87,7 +88,11 @@ class ResponseBuilder {
   int tool_calls_sent_ = 0;
 };
 
-// A JSON object {"id", "object": "model", ...} list for GET /v1/models.
+// GET /v1/models: the list {"object": "list", "data": [model]}; GET /v1/models/{id}: the model
+// object {"id", "object": "model", "created", "owned_by", "max_model_len"}.
 std::string models_body(const ServedModel& model, int64_t created);
+std::string model_body(const ServedModel& model, int64_t created);
+// 404 model_not_found for a request (or GET /v1/models/{id}) naming another model.
+ApiError model_not_found(const std::string& asked, const ServedModel& model);
 
 }  // namespace dsv41

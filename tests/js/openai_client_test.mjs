@@ -1,7 +1,8 @@
 // Drives a running `dsv41 serve` with the official `openai` npm client. Usage:
 //   node openai_client_test.mjs BASE_URL MODEL MODE
 // MODE "basic": completions and chat, streamed and not, logprobs, usage, a tools round trip (tool
-//   declarations + an assistant tool call + a tool result in, a valid answer out), typed errors.
+//   declarations + an assistant tool call + a tool result in, a valid answer out), models.retrieve,
+//   token-id prompts, typed errors.
 // MODE "tools": the server runs a scripted model that answers with reasoning and a DSML tool call;
 //   checks reasoning_content and tool_calls, streamed and not.
 // Prints one line per check; exits 1 on the first failure.
@@ -43,6 +44,9 @@ const tools = [{
 async function basic() {
   const models = await client.models.list();
   check(models.data.length === 1 && models.data[0].id === model, 'models.list names the served model');
+  const one = await client.models.retrieve(model);
+  check(one.id === model && one.object === 'model', 'models.retrieve returns the served model');
+  await expectError(client.models.retrieve('nope'), OpenAI.NotFoundError, 404, undefined, 'models.retrieve of an unknown model');
 
   const c = await client.completions.create({ model, prompt: 'hello world', max_tokens: 6, logprobs: 2, seed: 7 });
   check(c.object === 'text_completion' && typeof c.choices[0].text === 'string', 'completion text');
@@ -107,6 +111,13 @@ async function basic() {
   await expectError(client.chat.completions.create({ model: 'nope', messages }), OpenAI.NotFoundError, 404, 'model', 'unknown model');
   await expectError(client.chat.completions.create({ model, messages, temperature: 5 }), OpenAI.BadRequestError, 400, 'temperature', 'temperature range');
   await expectError(client.completions.create({ model, prompt: [999999999] }), OpenAI.BadRequestError, 400, 'prompt', 'token id outside the vocabulary');
+  await expectError(client.completions.create({ model, prompt: 'hi', max_tokens: 1000000000 }), OpenAI.BadRequestError, 400, 'max_tokens', 'max_tokens beyond the context');
+
+  // Token-id prompts (JSON numbers the server's parser stores as unsigned) and stop_token_ids.
+  for (const prompt of [[0], [5, 6, 7], [[5, 6, 7]]]) {
+    const t = await client.completions.create({ model, prompt, max_tokens: 2, stop_token_ids: [5] });
+    check(t.usage.prompt_tokens === (Array.isArray(prompt[0]) ? prompt[0] : prompt).length, `token-id prompt ${JSON.stringify(prompt)}`);
+  }
 }
 
 async function toolsMode() {

@@ -346,15 +346,17 @@ TEST(Server, MalformedCorpusGets4xxWithErrorJsonAndServerStaysHealthy) {
     EXPECT_LT(r->status, 500) << b.path << " " << b.body.substr(0, 200) << " -> " << r->body;
     EXPECT_TRUE(is_error_json(r->body))
         << b.path << " " << b.body.substr(0, 200) << " -> " << r->body.substr(0, 300);
+    EXPECT_EQ(r->body.find("json.exception"), std::string::npos)  // no library internals
+        << b.path << " " << b.body.substr(0, 200) << " -> " << r->body.substr(0, 300);
     if (std::getenv("DSV41_SHOW_CORPUS"))
       std::printf("%d %s\n", r->status, r->body.substr(0, 160).c_str());
     ++checked;
   }
-  // GET on a POST route and an unknown GET.
-  for (const char* path : {"/v1/completions", "/nowhere"}) {
+  // GET on a POST route (405, see WrongMethodIs405WithAllow) and an unknown GET.
+  for (auto [path, status] : {std::pair{"/v1/completions", 405}, {"/nowhere", 404}}) {
     auto r = c.Get(path);
     ASSERT_TRUE(r);
-    EXPECT_EQ(r->status, 404);
+    EXPECT_EQ(r->status, status) << path;
     EXPECT_TRUE(is_error_json(r->body));
   }
   // Malformed HTTP itself, over a raw socket.
@@ -389,6 +391,179 @@ TEST(Server, ParamNamedInErrors) {
                   "application/json");
   ASSERT_TRUE(t);
   EXPECT_EQ((*parse_json_ordered(t->body))["error"]["param"], "top_p");
+}
+
+// The error object of a response body; {"message": "", "param": null, "code": null} when the body
+// is not OpenAI's error shape.
+OJson error_of(const httplib::Result& r) {
+  if (r && is_error_json(r->body)) return (*parse_json_ordered(r->body))["error"];
+  return OJson({{"message", ""}, {"param", nullptr}, {"code", nullptr}});
+}
+
+// Token ids arrive as unsigned JSON numbers: valid ones are accepted in every place ids go.
+TEST(Server, TokenIdPromptsAndStopTokenIdsAreAccepted) {
+  InProcess s;
+  auto c = s.client();
+  const int32_t vocab = s.engine->vocab_size();
+  const std::string last = std::to_string(vocab - 1);
+  for (const std::string& ids : {std::string("\"prompt\":[0]"), std::string("\"prompt\":[5,6,7]"),
+                                 std::string("\"prompt\":[[5,6,7]]"), "\"prompt\":[" + last + "]",
+                                 "\"prompt\":\"hi\",\"stop_token_ids\":[5," + last + "]"}) {
+    auto r = c.Post("/v1/completions", "{\"model\":\"scripted\",\"max_tokens\":2," + ids + "}",
+                    "application/json");
+    ASSERT_TRUE(r) << ids;
+    EXPECT_EQ(r->status, 200) << ids << " -> " << r->body;
+  }
+  auto chat = c.Post("/v1/chat/completions",
+                     R"({"model":"scripted","messages":[{"role":"user","content":"x"}],)"
+                     R"("max_tokens":2,"stop_token_ids":[0]})",
+                     "application/json");
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 200) << chat->body;
+  // One past the vocabulary is still refused, naming the field.
+  for (const std::string& bad :
+       {"\"prompt\":[" + std::to_string(vocab) + "]",
+        "\"prompt\":\"hi\",\"stop_token_ids\":[" + std::to_string(vocab) + "]"}) {
+    auto r = c.Post("/v1/completions", "{\"model\":\"scripted\"," + bad + "}", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad;
+    EXPECT_NE(error_of(r)["message"].get<std::string>().find("outside the vocabulary"),
+              std::string::npos)
+        << r->body;
+  }
+}
+
+// max_tokens beyond what the context leaves after the prompt: 400 naming the field (as vLLM);
+// without max_tokens the answer is bounded by the context.
+TEST(Server, MaxTokensBeyondTheContextIsRefused) {
+  InProcess s;
+  auto c = s.client();
+  const int64_t n = static_cast<int64_t>(s.engine->tokenizer().encode("hi").size());
+  const int64_t room = s.engine->max_context() - n;
+  for (const int64_t mt : {int64_t(1000000000), room + 1}) {
+    auto r = c.Post("/v1/completions",
+                    R"({"model":"scripted","prompt":"hi","max_tokens":)" + std::to_string(mt) + "}",
+                    "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << mt << " -> " << r->body.substr(0, 300);
+    const OJson e = error_of(r);
+    EXPECT_EQ(e["param"], "max_tokens") << r->body.substr(0, 300);
+    EXPECT_NE(e["message"].get<std::string>().find("max_tokens"), std::string::npos)
+        << r->body.substr(0, 300);
+    EXPECT_NE(e["message"].get<std::string>().find(std::to_string(s.engine->max_context())),
+              std::string::npos)
+        << r->body.substr(0, 300);
+  }
+  auto chat = c.Post("/v1/chat/completions",
+                     R"({"model":"scripted","messages":[{"role":"user","content":"x"}],)"
+                     R"("max_completion_tokens":1000000000})",
+                     "application/json");
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 400) << chat->body;
+  EXPECT_EQ(error_of(chat)["param"], "max_completion_tokens") << chat->body;
+  // Exactly the room left is fine (the answer may use the whole context).
+  auto fits = c.Post("/v1/completions",
+                     R"({"model":"scripted","prompt":"hi","max_tokens":)" + std::to_string(room) +
+                         R"(,"ignore_eos":true})",
+                     "application/json");
+  ASSERT_TRUE(fits);
+  EXPECT_EQ(fits->status, 200) << fits->body.substr(0, 300);
+  auto fj = parse_json_ordered(fits->body);
+  ASSERT_TRUE(fj.is_ok()) << fits->body.substr(0, 300);
+  EXPECT_EQ((*fj)["usage"]["completion_tokens"], room);
+}
+
+// A known path with the wrong method: 405 with Allow (unknown paths stay 404).
+TEST(Server, WrongMethodIs405WithAllow) {
+  InProcess s;
+  auto c = s.client();
+  struct Case {
+    httplib::Result r;
+    const char* allow;
+  };
+  std::vector<Case> cases;
+  cases.push_back({c.Get("/v1/chat/completions"), "POST"});
+  cases.push_back({c.Put("/v1/completions", "{}", "application/json"), "POST"});
+  cases.push_back({c.Delete("/tokenize"), "POST"});
+  cases.push_back({c.Post("/health", "{}", "application/json"), "GET, HEAD"});
+  cases.push_back({c.Post("/v1/models", "{}", "application/json"), "GET, HEAD"});
+  cases.push_back({c.Delete("/v1/models/scripted"), "GET, HEAD"});
+  cases.push_back({c.Patch("/metrics", "{}", "application/json"), "GET, HEAD"});
+  for (const Case& k : cases) {
+    ASSERT_TRUE(k.r);
+    EXPECT_EQ(k.r->status, 405) << k.allow << " " << k.r->body;
+    EXPECT_EQ(k.r->get_header_value("Allow"), k.allow);
+    EXPECT_TRUE(is_error_json(k.r->body)) << k.r->body;
+  }
+  auto unknown = c.Put("/nowhere", "{}", "application/json");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_TRUE(is_error_json(unknown->body));
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
+// GET /v1/models/{id}: the served model, or 404 in OpenAI's shape.
+TEST(Server, ModelsRetrieve) {
+  InProcess s;
+  auto c = s.client();
+  auto r = c.Get("/v1/models/scripted");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto j = *parse_json_ordered(r->body);
+  EXPECT_EQ(j["id"], "scripted");
+  EXPECT_EQ(j["object"], "model");
+  EXPECT_TRUE(j["created"].is_number_integer());
+  EXPECT_EQ(j["owned_by"], "dsv41");
+  auto other = c.Get("/v1/models/gpt-4");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 404);
+  EXPECT_EQ(error_of(other)["code"], "model_not_found") << other->body;
+  EXPECT_NE(error_of(other)["message"].get<std::string>().find("gpt-4"), std::string::npos);
+}
+
+// Parse errors say where and what in plain words, without the JSON library's internal tags.
+TEST(Server, JsonParseErrorsAreReadable) {
+  InProcess s;
+  auto c = s.client();
+  for (const char* body : {"{", "{\"model\":}", "\xff", "{\"prompt\":\"\\ud800\"}"}) {
+    auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    const std::string m = error_of(r)["message"].get<std::string>();
+    EXPECT_EQ(m.rfind("invalid JSON body", 0), 0u) << m;
+    EXPECT_NE(m.find("byte"), std::string::npos) << m;
+    EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+    EXPECT_EQ(m.find("parse_error"), std::string::npos) << m;
+  }
+}
+
+// A Content-Length that cannot be right gets an answer at once, not after the read timeout.
+TEST(Server, BadContentLengthIsRefusedAtOnce) {
+  InProcess s;  // 64 KiB body limit
+  for (auto [length, status] : {std::pair{"-1", "400"},
+                                {"-0", "400"},
+                                {"+5", "400"},
+                                {"1e3", "400"},
+                                {"5, 5", "400"},
+                                {"99999999999999999999999", "400"},
+                                {"18446744073709551615", "413"},
+                                {"1000000", "413"}}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string reply =
+        raw_exchange(s.port, std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                         "Content-Type: application/json\r\nContent-Length: ") +
+                                 length + "\r\n\r\n{}");
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(reply.rfind(std::string("HTTP/1.1 ") + status, 0), 0u)
+        << length << " -> " << reply.substr(0, 200);
+    EXPECT_LT(secs, 2.0) << length;
+    const std::size_t body = reply.find("\r\n\r\n");
+    if (body != std::string::npos) EXPECT_TRUE(is_error_json(reply.substr(body + 4))) << reply;
+  }
+  auto h = s.client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
 }
 
 TEST(Server, ToolCallsAndReasoningThroughTheOpenAiClient) {
@@ -450,11 +625,12 @@ TEST(Server, ClientGivingUpOnANonStreamedAnswerCancelsIt) {
     c.set_read_timeout(0, 300000);  // gives up after 0.3 s
     auto r = c.Post(
         "/v1/chat/completions",
-        R"({"model":"scripted","messages":[{"role":"user","content":"x"}],"max_tokens":2000,"ignore_eos":true})",
+        R"({"model":"scripted","messages":[{"role":"user","content":"x"}],"max_tokens":1500,"ignore_eos":true})",
         "application/json");
     EXPECT_FALSE(r);
   }
-  // 2000 tokens at 20 ms would take 40 s: the request must have been cancelled within a few steps.
+  // 1500 tokens at 20 ms would take 30 s (2000 would not fit the 2048-token context after the
+  // chat prompt): the request must have been cancelled within a few steps.
   EXPECT_TRUE(engine_goes_idle(*s.engine));
   EXPECT_LT(s.engine->stats().generated_tokens_total, 500);
 }
@@ -526,6 +702,27 @@ TEST_F(RealServer, OpenAiClientEndToEnd) {
   EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
   kill(p.pid, SIGTERM);
   EXPECT_EQ(p.wait_exit(), 0);
+}
+
+// cpp-httplib asks for SO_REUSEPORT, with which a second server on the same port would listen too
+// and take half of the connections. The second one must refuse and exit non-zero; the first one
+// keeps serving. (The timeout only bounds a second server that wrongly starts.)
+TEST_F(RealServer, SecondServerOnTheSamePortIsRefused) {
+  ServeProcess first;
+  ASSERT_TRUE(first.start(dir_->path() + "/tiny", dir_->path() + "/serve3.log"));
+  auto [code, out] =
+      run_command("timeout -k 2 30 " + std::string(DSV41_BINARY) + " serve --model " +
+                  dir_->path() + "/tiny --port " + std::to_string(first.port));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("address in use"), std::string::npos) << out;
+  httplib::Client c("127.0.0.1", first.port);
+  for (int i = 0; i < 4; ++i) {  // every connection reaches the first server
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+  }
+  kill(first.pid, SIGTERM);
+  EXPECT_EQ(first.wait_exit(), 0);
 }
 
 TEST_F(RealServer, SigtermFinishesInFlightThenExitsZero) {
