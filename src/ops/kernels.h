@@ -108,6 +108,14 @@ struct Kernels {
   void (*unpack_compressed_row)(const uint8_t* in, int64_t n, float* x);
   void (*pack_index_key)(const float* x, int64_t n, uint8_t* out);
   void (*unpack_index_key)(const uint8_t* in, int64_t n, float* x);
+  // mxfp4_gemv / mxfp4_gate_up with fp32 products at every ntok: the one-token int16 rounding of
+  // the activations is skipped (it fails the fast path's short-prefix gate on random weights,
+  // docs/decisions.md); a token's result does not depend on ntok's other tokens' values.
+  void (*mxfp4_gemv_f32)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                         const float* x, int64_t ntok, float* y);
+  void (*mxfp4_gate_up_f32)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
+                            const float* x, const float* route, int64_t ntok, float limit,
+                            float* h);
 };
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).

@@ -446,7 +446,8 @@ void fp4_row_dots(const uint8_t* row, const uint8_t* srow, int64_t in, const flo
   }
 }
 
-template <typename S>
+// kInt16 = false: fp32 products at every ntok (the one-token int16 rounding is skipped).
+template <typename S, bool kInt16 = true>
 void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                      const float* x, int64_t ntok, float* y) {
   float acc[16];
@@ -463,7 +464,7 @@ void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
     }
   };
   Fp4Act a;
-  if (ntok == 1 && in <= kFp4ActMax && fp4_act_prepare(x, in, a)) {
+  if (kInt16 && ntok == 1 && in <= kFp4ActMax && fp4_act_prepare(x, in, a)) {
     for (int64_t o = 0; o < out; ++o)
       y[o] = fp4_row_dot_i16(w + o * (in / 2), scale + o * (in / 32), in, a);
     return;
@@ -477,12 +478,12 @@ void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
   }
 }
 
-template <typename S>
+template <typename S, bool kInt16 = true>
 void mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
                         const float* x, const float* route, int64_t ntok, float limit, float* h) {
   float g[16], u[16];
   Fp4Act a;
-  if (ntok == 1 && dim <= kFp4ActMax && fp4_act_prepare(x, dim, a)) {
+  if (kInt16 && ntok == 1 && dim <= kFp4ActMax && fp4_act_prepare(x, dim, a)) {
     for (int64_t j = 0; j < inter; ++j) {
       const float gc = std::min(
           fp4_row_dot_i16(w13 + 2 * j * (dim / 2), s13 + 2 * j * (dim / 32), dim, a), limit);

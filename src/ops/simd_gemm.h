@@ -245,10 +245,11 @@ void mxfp4_gemm_simd(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
 // Gate/up for any number of tokens: up to kMaxDecodeTokens the decode kernel; beyond, the grouped
 // prefill variant: the GEMM over 96 interleaved rows (48 gate/up pairs) at a time into a
 // thread-local buffer [ntok][96], then the clamp epilogue.
-template <typename S>
+template <typename S, bool kInt16 = true>
 void mxfp4_gate_up_any(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
                        const float* x, const float* route, int64_t ntok, float limit, float* h) {
-  if (ntok == 1) return mxfp4_gate_up_impl<S>(w13, s13, inter, dim, x, route, ntok, limit, h);
+  if (ntok == 1)
+    return mxfp4_gate_up_impl<S, kInt16>(w13, s13, inter, dim, x, route, ntok, limit, h);
   if (ntok <= kMaxDecodeTokens) {  // several tokens: the tiled GEMV over 96 rows at a time
     // (the GEMM's 6-token blocks measured slower at 16 tokens than these 4-row x 2-token tiles)
     constexpr int64_t kPairs = kNc / 2;

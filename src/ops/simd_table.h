@@ -37,7 +37,9 @@ constexpr Kernels simd_table(Isa isa) {
                  &pack_compressed_row_simd,
                  &unpack_compressed_row_simd,
                  &pack_index_key_simd,
-                 &unpack_index_key_simd};
+                 &unpack_index_key_simd,
+                 &mxfp4_gemv_impl<S, false>,
+                 &mxfp4_gate_up_any<S, false>};
 }
 
 }  // namespace

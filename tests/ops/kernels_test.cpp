@@ -211,6 +211,34 @@ TEST_P(KernelTier, Mxfp4Gemv) {
     }
 }
 
+// The fp32 entries (what the fast forward calls): no int16 rounding allowance at any ntok, and the
+// fused gate/up equals gate/up computed from the fp32 GEMV's rows.
+TEST_P(KernelTier, Mxfp4F32EntriesHaveNoRounding) {
+  for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{{7, 64}, {64, 2304}})
+    for (int64_t ntok : {1, 3}) {
+      std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+          s(static_cast<std::size_t>(out * in / 32));
+      for (auto& b : w) b = g_.byte();
+      for (auto& b : s) b = g_.e8m0();
+      std::vector<float> x(static_cast<std::size_t>(ntok * in));
+      for (auto& v : x) v = g_.normal();
+      std::vector<float> y(std::size_t(ntok * out), NAN), want(y.size());
+      k_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data(), ntok, y.data());
+      ref_->mxfp4_gemv(w.data(), s.data(), out, in, x.data(), ntok, want.data());
+      expect_close(y, want, fp4_scale(w, s, out, in, x, ntok), sum_tol(in),
+                   "mxfp4_gemv_f32 " + std::to_string(out) + "x" + std::to_string(in));
+      if (out % 2) continue;
+      const std::vector<float> route(std::size_t(ntok), 0.75f);
+      std::vector<float> h(std::size_t(ntok * out / 2), NAN), hwant(h.size());
+      k_->mxfp4_gate_up_f32(w.data(), s.data(), out / 2, in, x.data(), route.data(), ntok, 10.0f,
+                            h.data());
+      ref_->mxfp4_gate_up(w.data(), s.data(), out / 2, in, x.data(), route.data(), ntok, 10.0f,
+                          hwant.data());
+      for (std::size_t i = 0; i < h.size(); ++i)
+        EXPECT_NEAR(h[i], hwant[i], 1e-4 * (1 + std::fabs(hwant[i]))) << "gate/up " << i;
+    }
+}
+
 // One token of MXFP4 (GEMV and fused gate/up) is an exact integer dot per block in every SIMD tier
 // (vpmaddwd + vpaddd, or vpdpwssd with VNNI) followed by the same float steps: the bits must agree
 // with the AVX2 tier's. Weights of every nibble and scale code, including odd block counts.

@@ -236,6 +236,8 @@ extern const Kernels kScalarKernels = {Isa::kScalar,
                                        pack_compressed_row,
                                        unpack_compressed_row,
                                        pack_index_key,
-                                       unpack_index_key};
+                                       unpack_index_key,
+                                       mxfp4_gemv,
+                                       mxfp4_gate_up};
 
 }  // namespace dsv41::ops
