@@ -1,0 +1,110 @@
+// The model seam (design.md §2, §6): what every forward path (the fast engine, the reference, the
+// scripted test backends, later an MPI rank) is driven through, as plain data so a step can be
+// logged, replayed or broadcast. A step is a batch of sequence slices; sequences are opened, freed
+// and truncated explicitly, so the scheduler (continuous batching, preemption), speculative
+// decoding (roll back rejected drafts) and prefix caching can rely on exact cache state.
+//
+// Contract of a step (every implementation):
+//   - each slice appends its tokens to its sequence at positions first_pos .. first_pos + n - 1,
+//     where first_pos must equal the sequence's current length (the step refuses otherwise);
+//   - a sequence appears in at most one slice per step;
+//   - logits_rows lists, ascending, the slice-relative rows whose next-token logits are returned
+//     (row t = the logits after tokens[0..t]); several rows per slice are allowed;
+//   - taps lists backbone layers whose *input* residual stream (after that layer's Engram, the
+//     mean over the hc copies, hidden_size values per token) is returned for every token of the
+//     slice (DSpark's main_hidden, spec §8);
+//   - batch invariance: a slice's outputs are bit-identical whatever else shares the step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace dsv41 {
+
+using SeqId = uint64_t;
+
+struct SeqSlice {
+  SeqId seq = 0;
+  int64_t first_pos = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> logits_rows;  // ascending slice-relative rows
+  std::vector<int32_t> taps;         // ascending backbone layer indices
+};
+
+struct StepBatch {
+  std::vector<SeqSlice> slices;
+  int64_t tokens() const {
+    int64_t n = 0;
+    for (const auto& s : slices) n += int64_t(s.tokens.size());
+    return n;
+  }
+};
+
+struct SliceOutput {
+  std::vector<float> logits;             // logits_rows.size() * vocab_size
+  std::vector<std::vector<float>> taps;  // per tap: tokens.size() * hidden_size
+};
+
+struct StepOutput {
+  std::vector<SliceOutput> slices;  // one per input slice, same order
+};
+
+// The interface a forward path implements. Not thread-safe: one driver thread calls it.
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual int32_t vocab_size() const = 0;
+  virtual int64_t hidden_size() const = 0;
+  virtual int64_t max_context() const = 0;  // longest sequence (prompt + generated)
+
+  // A new empty sequence; refuses an id that is open, or when no cache is left for another one.
+  virtual Status open(SeqId seq) = 0;
+  // Gives every cache row of the sequence back (unknown ids: no-op).
+  virtual void free(SeqId seq) = 0;
+  // Rolls the sequence back to its first `length` tokens: every cache (window rows, compressed
+  // rows, compressor partial groups, index keys, Engram history) then holds exactly what it would
+  // had only those tokens been consumed. Refuses (and changes nothing) when it cannot do that
+  // exactly; the caller then frees and recomputes.
+  virtual Status truncate(SeqId seq, int64_t length) = 0;
+  virtual int64_t length(SeqId seq) const = 0;  // -1 for an unknown id
+
+  virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
+};
+
+// Checks the batch against the seam's contract given the sequences' current lengths (-1: not
+// open); the error names the slice and the field.
+template <typename LengthOf>
+Status check_step_batch(const StepBatch& b, int32_t vocab, int64_t max_context,
+                        LengthOf length_of) {
+  for (std::size_t i = 0; i < b.slices.size(); ++i) {
+    const SeqSlice& s = b.slices[i];
+    // Built only for an error: a decode step's checks must not allocate.
+    auto where = [&] {
+      return "slice " + std::to_string(i) + " (sequence " + std::to_string(s.seq) + "): ";
+    };
+    const int64_t len = length_of(s.seq);
+    if (len < 0) return Status::error(where() + "sequence is not open");
+    if (s.first_pos != len)
+      return Status::error(where() + "first_pos " + std::to_string(s.first_pos) +
+                           " is not the sequence length " + std::to_string(len));
+    if (s.tokens.empty()) return Status::error(where() + "no tokens");
+    if (len + int64_t(s.tokens.size()) > max_context)
+      return Status::error(where() + "would exceed the context of " + std::to_string(max_context));
+    for (int32_t t : s.tokens)
+      if (t < 0 || t >= vocab)
+        return Status::error(where() + "token " + std::to_string(t) +
+                             " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    for (std::size_t r = 0; r < s.logits_rows.size(); ++r)
+      if (s.logits_rows[r] < 0 || s.logits_rows[r] >= int32_t(s.tokens.size()) ||
+          (r > 0 && s.logits_rows[r] <= s.logits_rows[r - 1]))
+        return Status::error(where() + "logits_rows must be ascending rows of the slice");
+    for (std::size_t j = 0; j < i; ++j)
+      if (b.slices[j].seq == s.seq) return Status::error(where() + "sequence appears twice");
+  }
+  return Status::ok();
+}
+
+}  // namespace dsv41
