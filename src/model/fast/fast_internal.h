@@ -1,0 +1,157 @@
+// Internals of the fast forward shared by its translation units (fast_model.cpp: loading,
+// sequences, the step; fast_attention.cpp: attention, compressor, indexer; fast_moe.cpp: MoE and
+// Engram): weight bindings, per-sequence cache state and the step's scratch.
+//
+// Scratch memory policy: every buffer a step needs lives in Impl and only grows (to the largest
+// step seen), so a decode step of a warmed-up engine allocates nothing.
+#pragma once
+
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/config.h"
+#include "model/engram_hash.h"
+#include "model/fast/converted_weights.h"
+#include "model/fast/fast_model.h"
+#include "model/fast/kv_pool.h"
+#include "model/layer_plan.h"
+#include "model/reference/ref_ops.h"
+#include "ops/kernels.h"
+
+namespace dsv41::fast {
+
+// A linear layer's weight as stored in the converted layout: FP8 E4M3 with 32x32 E8M0 scales or
+// BF16 (plain or dequantized FP8), [out, in] row-major.
+struct Linear {
+  DType dtype = DType::kU8;
+  const uint8_t* w = nullptr;
+  const uint8_t* scale = nullptr;
+  int64_t out = 0, in = 0;
+  // An FP8 linear of the checkpoint whose input DeepSeek's code rounds (act_quant mode); wo_a is
+  // not one (DeepSeek's converter dequantizes it to BF16 for a grouped einsum).
+  bool act = false;
+  bool quantized() const { return dtype == DType::kF8_E4M3; }
+};
+
+struct ExpertW {
+  const uint8_t *w13 = nullptr, *s13 = nullptr, *w2 = nullptr, *s2 = nullptr;
+};
+
+struct LayerW {
+  std::vector<float> attn_norm, ffn_norm, q_norm, kv_norm, c_norm, i_k_norm;
+  const float *hc_attn_fn = nullptr, *hc_attn_base = nullptr, *hc_attn_scale = nullptr;
+  const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
+  const float* attn_sink = nullptr;
+  Linear wq_a, wq_b, wkv, wo_a, wo_b;
+  Linear c_wkv, c_wgate, i_wk, i_wq_b, i_wproj;
+  Linear gate;
+  const float* gate_bias = nullptr;
+  std::vector<ExpertW> experts;
+  Linear sh_w1, sh_w2, sh_w3;
+  Linear e_wkv;
+  std::vector<float> e_qk;                        // q_weight * k_weight [hc, hidden]
+  std::vector<const uint8_t*> e_codes, e_scales;  // per hash column: that bucket's rows
+};
+
+// Per KV source of a sequence: the open group of a ratio > 1 compressor, and the projections of
+// the last max_rollback positions so truncate() can reopen a group exactly.
+struct SourceSeq {
+  int part_n = 0;
+  std::vector<float> part_kv, part_g;  // [ratio - 1][head_dim]
+  std::vector<float> roll_kv, roll_g;  // ring [max_rollback][head_dim], slot = pos % max_rollback
+};
+
+struct SeqState {
+  SeqId id = 0;
+  uint64_t tag = 0;  // the pool's view of this sequence (unique per open)
+  int64_t len = 0;
+  std::vector<int32_t> history;  // Engram compressed ids per position
+  std::vector<BlockRef> win, glob;
+  std::vector<SourceSeq> src;  // per KvLayout source
+  int vendor_slot = -1;        // vendor index keys: the source that published last
+};
+
+// One token row of a step.
+struct TokenRow {
+  SeqState* seq = nullptr;
+  int64_t pos = 0;
+  int32_t token = 0;
+  int slice = 0;
+  int row_in_slice = 0;
+};
+
+}  // namespace dsv41::fast
+
+namespace dsv41 {
+
+struct FastModel::Impl {
+  using Linear = fast::Linear;
+  FastOptions opt;
+  std::unique_ptr<ConvertedWeights> wts;
+  ModelConfig cfg;
+  ModelPlan plan;
+  const ops::Kernels* kern = nullptr;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<KvPool> kv;
+  std::vector<int> source_of_layer;  // backbone layer -> KvLayout source index (-1)
+  std::vector<int32_t> cmap;         // token -> Engram compressed id
+  std::unique_ptr<EngramHasher> hasher;
+  std::vector<fast::LayerW> layers;
+  const uint16_t* embed = nullptr;
+  Linear head;
+  std::vector<float> norm;
+  ref::Rope<float> rope_swa, rope_comp;
+  std::unordered_map<SeqId, std::unique_ptr<fast::SeqState>> seqs;
+  uint64_t next_tag = 1;
+  FastStats stats;
+
+  // ---- step scratch (grows only) ----
+  std::vector<fast::TokenRow> rows;
+  std::vector<float> hs, h1s, pre, mix_post, mix_comb, pre_a, xs, ys;  // per token
+  std::vector<std::vector<int64_t>> sel;   // per token: the current index source's selection
+  std::vector<std::vector<uint8_t>> cand;  // per token: the candidate pool mask
+  // per-call scratch of one token (the step runs tokens one after another)
+  std::vector<float> qr, iq, kvrow, att_o, ubuf, tmp, tmp2, xq, scores, cosb, sinb, emb, ekv, lat,
+      gbuf;
+  std::vector<uint8_t> qpack;
+  std::vector<const uint8_t*> att_rows;
+  std::vector<uint8_t> att_kinds;
+  std::vector<int64_t> topk_out;
+  // MoE scratch
+  std::vector<float> route_w, ybuf, hbuf, logits_e, bscore;
+  std::vector<int32_t> route_e;
+  std::vector<std::vector<int32_t>> by_expert;  // expert -> token*topk+slot
+
+  // ---- helpers (fast_model.cpp) ----
+  // y[0..out) = W x, rows split over the thread pool at fixed, shape-only boundaries.
+  void linear(const Linear& l, const float* x, float* y);
+  // Runs fn(r0, r1) over [0, n) in chunks aligned to `align`, a split that depends only on n.
+  void par_rows(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn);
+  const float* maybe_act_quant(const float* x, int64_t n);
+  void rope_table(const ref::Rope<float>& r, int64_t pos);  // fills cosb/sinb
+  BlockRef window_block(fast::SeqState& s, int64_t pos);    // allocates when missing
+  BlockRef global_block(fast::SeqState& s, int64_t pos);
+  Status reserve_blocks(fast::SeqState& s, int64_t new_len);
+  void release_old_window(fast::SeqState& s);
+
+  // ---- layers ----
+  void attention(const LayerPlan& p, const fast::LayerW& w, int64_t t, const float* x, float* out);
+  void compressor_step(const LayerPlan& p, const fast::LayerW& w, fast::SeqState& s, int64_t pos,
+                       const float* x);
+  void indexer(const LayerPlan& p, const fast::LayerW& w, int64_t t, const float* x,
+               const float* qr_in);
+  void moe(const LayerPlan& p, const fast::LayerW& w, int64_t n);  // x -> y for tokens [0, n)
+  void engram(const LayerPlan& p, const fast::LayerW& w, int64_t t, float* ht);
+  void expert_swiglu(const fast::ExpertW& e, const float* x, float route, float* out);
+  void shared_expert(const fast::LayerW& w, const float* x, float* out);
+
+  // ---- pool row access with tag checks ----
+  uint8_t* window_row(fast::SeqState& s, int layer, int64_t pos, RowTag** tag);
+  const uint8_t* read_window_row(const fast::SeqState& s, int layer, int64_t pos) const;
+  uint8_t* comp_row(fast::SeqState& s, int src, int64_t entry, bool key, RowTag** tag);
+  const uint8_t* read_comp_row(const fast::SeqState& s, int src, int64_t entry, bool key) const;
+};
+
+}  // namespace dsv41

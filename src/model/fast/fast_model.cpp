@@ -1,0 +1,614 @@
+// The fast forward: loading and binding the converted weights, sequences and their blocks, the
+// step (embedding, layers, head) and the shared helpers (see fast_model.h, fast_internal.h).
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "model/fast/fast_internal.h"
+#include "text/engram_token_map.h"
+#include "text/tokenizer_file.h"
+
+namespace dsv41 {
+namespace {
+
+using fast::Linear;
+
+// Steps of up to this many tokens get their selection scratch reserved up front (decode).
+constexpr int64_t kDecodeScratchTokens = 64;
+
+// A quarter of MemAvailable, at least 64 MB.
+int64_t default_kv_budget() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (f >> key >> kb) {
+    if (key == "MemAvailable:") return std::max<int64_t>(int64_t(64) << 20, kb * 1024 / 4);
+    f.ignore(1 << 10, '\n');
+  }
+  return int64_t(1) << 30;
+}
+
+struct Binder {
+  const ConvertedWeights& w;
+  Linear lin(const std::string& name) const {
+    const WeightSpan& s = w.get(name + ".weight");
+    Linear l;
+    l.dtype = s.dtype;
+    l.w = s.data;
+    l.out = s.rows();
+    l.in = s.cols();
+    if (s.dtype == DType::kF8_E4M3) l.scale = w.get(name + ".scale").data;
+    l.act = s.dtype == DType::kF8_E4M3 || s.from_fp8;
+    DSV41_CHECK_MSG(s.dtype == DType::kF8_E4M3 || s.dtype == DType::kBF16, name.c_str());
+    return l;
+  }
+  std::vector<float> vec(const std::string& name) const {
+    const WeightSpan& s = w.get(name);
+    const int64_t n = int64_t(s.bytes / dtype_size(s.dtype));
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      if (s.dtype == DType::kBF16) {
+        uint16_t b;
+        std::memcpy(&b, s.data + 2 * i, 2);
+        v[std::size_t(i)] = bf16_to_float(b);
+      } else {
+        DSV41_CHECK_MSG(s.dtype == DType::kF32, name.c_str());
+        std::memcpy(&v[std::size_t(i)], s.data + 4 * i, 4);
+      }
+    }
+    return v;
+  }
+  const float* f32(const std::string& name) const {
+    const WeightSpan& s = w.get(name);
+    DSV41_CHECK_MSG(s.dtype == DType::kF32, name.c_str());
+    return reinterpret_cast<const float*>(s.data);  // tensors start 64-byte aligned
+  }
+};
+
+fast::LayerW bind_layer(const Binder& b, const LayerPlan& p, const EngramHasher& hasher) {
+  const std::string L = p.tensor_prefix();
+  fast::LayerW w;
+  w.attn_norm = b.vec(L + "attn_norm.weight");
+  w.ffn_norm = b.vec(L + "ffn_norm.weight");
+  w.hc_attn_fn = b.f32(L + "hc_attn_fn");
+  w.hc_attn_base = b.f32(L + "hc_attn_base");
+  w.hc_attn_scale = b.f32(L + "hc_attn_scale");
+  w.hc_ffn_fn = b.f32(L + "hc_ffn_fn");
+  w.hc_ffn_base = b.f32(L + "hc_ffn_base");
+  w.hc_ffn_scale = b.f32(L + "hc_ffn_scale");
+  w.attn_sink = b.f32(L + "attn.attn_sink");
+  w.q_norm = b.vec(L + "attn.q_norm.weight");
+  w.kv_norm = b.vec(L + "attn.kv_norm.weight");
+  w.wq_a = b.lin(L + "attn.wq_a");
+  w.wq_b = b.lin(L + "attn.wq_b");
+  w.wkv = b.lin(L + "attn.wkv");
+  w.wo_a = b.lin(L + "attn.wo_a");
+  w.wo_a.act = false;
+  w.wo_b = b.lin(L + "attn.wo_b");
+  if (p.is_kv_source()) {
+    w.c_norm = b.vec(L + "attn.compressor.norm.weight");
+    w.c_wkv = b.lin(L + "attn.compressor.wkv");
+    if (p.compressor_gate) w.c_wgate = b.lin(L + "attn.compressor.wgate");
+    w.i_wk = b.lin(L + "attn.indexer.wk");
+    w.i_k_norm = b.vec(L + "attn.indexer.k_norm.weight");
+  }
+  if (p.has_indexer()) {
+    w.i_wq_b = b.lin(L + "attn.indexer.wq_b");
+    w.i_wproj = b.lin(L + "attn.indexer.weights_proj");
+  }
+  w.gate = b.lin(L + "ffn.gate");
+  w.gate_bias = b.f32(L + "ffn.gate.bias");
+  for (int e = 0; e < p.n_routed_experts; ++e) {
+    const std::string E = L + "ffn.experts." + std::to_string(e) + ".";
+    w.experts.push_back({b.w.get(E + "w13.weight").data, b.w.get(E + "w13.scale").data,
+                         b.w.get(E + "w2.weight").data, b.w.get(E + "w2.scale").data});
+  }
+  w.sh_w1 = b.lin(L + "ffn.shared_experts.w1");
+  w.sh_w2 = b.lin(L + "ffn.shared_experts.w2");
+  w.sh_w3 = b.lin(L + "ffn.shared_experts.w3");
+  if (p.engram >= 0) {
+    w.e_wkv = b.lin(L + "engram.wkv");
+    const auto q = b.vec(L + "engram.q_weight"), k = b.vec(L + "engram.k_weight");
+    for (std::size_t i = 0; i < q.size(); ++i) w.e_qk.push_back(q[i] * k[i]);
+    for (std::size_t c = 0; c < hasher.columns(); ++c) {
+      const std::string B = L + "engram.embed.bucket." + std::to_string(c) + ".";
+      w.e_codes.push_back(b.w.get(B + "weight").data);
+      w.e_scales.push_back(b.w.get(B + "scale").data);
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+FastModel::FastModel() = default;
+FastModel::~FastModel() = default;
+
+Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const FastOptions& opt) {
+  namespace fs = std::filesystem;
+  auto wts = ConvertedWeights::open(dir, /*verify=*/false);
+  if (!wts) return wts.status();
+  std::unique_ptr<FastModel> m(new FastModel());
+  m->impl_ = std::make_unique<Impl>();
+  Impl& im = *m->impl_;
+  im.opt = opt;
+  im.wts = std::move(*wts);
+  im.cfg = im.wts->config();
+  auto plan = build_layer_plan(im.cfg);
+  if (!plan) return plan.status().with_context(dir + "/config.json: ");
+  im.plan = *plan;
+  const TextConfig& tc = im.cfg.text;
+  auto tok = read_tokenizer_file((fs::path(dir) / "tokenizer.json").string());
+  if (!tok) return tok.status();
+  auto map = build_engram_token_map(tok->texts);
+  if (!map) return map.status();
+  if (map->size != tc.engram_compressed_vocab_size)
+    return Status::error(dir + "/tokenizer.json: the Engram token map has " +
+                         std::to_string(map->size) +
+                         " compressed ids but config.json says engram_compressed_vocab_size = " +
+                         std::to_string(tc.engram_compressed_vocab_size));
+  im.cmap = map->map;
+  im.cmap.resize(std::size_t(tc.vocab_size), int32_t(tc.engram_pad_token_id));
+  im.hasher = std::make_unique<EngramHasher>(tc);
+  im.kern = &ops::kernels();
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  im.pool = std::make_unique<ThreadPool>(opt.threads > 0 ? std::size_t(opt.threads) : hw);
+
+  const Binder b{*im.wts};
+  im.embed = reinterpret_cast<const uint16_t*>(im.wts->get("embed.weight").data);
+  im.head = b.lin("head");
+  im.norm = b.vec("norm.weight");
+  for (int l = 0; l < im.plan.num_backbone; ++l)
+    im.layers.push_back(bind_layer(b, im.plan.layers[std::size_t(l)], *im.hasher));
+  const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});
+  im.rope_swa = ref::Rope<float>::make(tc.qk_rope_head_dim, tc.rope_theta, false, 1, 1, 1, 1);
+  im.rope_comp = ref::Rope<float>::make(
+      tc.qk_rope_head_dim, tc.compress_rope_theta, tc.rope_scaling.has_value(), rs.factor,
+      double(rs.original_max_position_embeddings), rs.beta_fast, rs.beta_slow);
+
+  std::vector<std::pair<int, int>> sources;
+  im.source_of_layer.assign(std::size_t(im.plan.num_backbone), -1);
+  for (int l = 0; l < im.plan.num_backbone; ++l) {
+    const LayerPlan& p = im.plan.layers[std::size_t(l)];
+    if (!p.is_kv_source()) continue;
+    im.source_of_layer[std::size_t(l)] = int(sources.size());
+    sources.emplace_back(l, p.compress_ratio);
+  }
+  KvLayout lay = make_kv_layout(tc.sliding_window, im.plan.num_backbone, tc.head_dim,
+                                tc.index_head_dim, sources, opt.window_block_tokens);
+  const int64_t budget = opt.kv_cache_bytes > 0 ? opt.kv_cache_bytes : default_kv_budget();
+  im.kv = std::make_unique<KvPool>(std::move(lay), budget, opt.isolation);
+  if (im.kv->blocks_total() < 2)
+    return Status::error("--kv-cache-gb: " + std::to_string(budget) +
+                         " bytes hold fewer than two KV blocks of " +
+                         std::to_string(im.kv->layout().block_bytes) + " bytes");
+  return m;
+}
+
+int32_t FastModel::vocab_size() const {
+  return int32_t(impl_->cfg.text.vocab_size);
+}
+int64_t FastModel::hidden_size() const {
+  return impl_->cfg.text.hidden_size;
+}
+int64_t FastModel::max_context() const {
+  return impl_->cfg.text.max_position_embeddings;
+}
+const KvPool& FastModel::pool() const {
+  return *impl_->kv;
+}
+const char* FastModel::isa() const {
+  return ops::isa_name(impl_->kern->isa);
+}
+FastStats FastModel::stats() const {
+  FastStats s = impl_->stats;
+  s.foreign_reads = impl_->kv->foreign_reads();
+  return s;
+}
+
+Status FastModel::open(SeqId seq) {
+  Impl& im = *impl_;
+  if (im.seqs.count(seq)) return Status::error("sequence " + std::to_string(seq) + " is open");
+  auto s = std::make_unique<fast::SeqState>();
+  s->id = seq;
+  s->tag = im.next_tag++;
+  const int64_t Dh = im.cfg.text.head_dim, R = std::max<int64_t>(1, im.opt.max_rollback);
+  for (const auto& src : im.kv->layout().sources) {
+    fast::SourceSeq ss;
+    if (src.ratio > 1) {
+      ss.part_kv.assign(std::size_t((src.ratio - 1) * Dh), 0.0f);
+      ss.part_g.assign(std::size_t((src.ratio - 1) * Dh), 0.0f);
+      ss.roll_kv.assign(std::size_t(R * Dh), 0.0f);
+      ss.roll_g.assign(std::size_t(R * Dh), 0.0f);
+    }
+    s->src.push_back(std::move(ss));
+  }
+  im.seqs[seq] = std::move(s);
+  return Status::ok();
+}
+
+void FastModel::free(SeqId seq) {
+  Impl& im = *impl_;
+  auto it = im.seqs.find(seq);
+  if (it == im.seqs.end()) return;
+  for (BlockRef b : it->second->win)
+    if (b.valid()) im.kv->release(b);
+  for (BlockRef b : it->second->glob)
+    if (b.valid()) im.kv->release(b);
+  im.seqs.erase(it);
+}
+
+int64_t FastModel::length(SeqId seq) const {
+  auto it = impl_->seqs.find(seq);
+  return it == impl_->seqs.end() ? -1 : it->second->len;
+}
+
+Status FastModel::truncate(SeqId seq, int64_t length) {
+  Impl& im = *impl_;
+  auto it = im.seqs.find(seq);
+  if (it == im.seqs.end()) return Status::error("sequence " + std::to_string(seq) + " is not open");
+  fast::SeqState& s = *it->second;
+  if (length < 0 || length > s.len)
+    return Status::error("truncate: length " + std::to_string(length) + " is outside [0, " +
+                         std::to_string(s.len) + "]");
+  if (length == s.len) return Status::ok();
+  const KvLayout& L = im.kv->layout();
+  const int64_t R = std::max<int64_t>(1, im.opt.max_rollback);
+  // The window rows of positions length - window .. length - 1 must still be held, and every
+  // reopened compressor group's projections must still be in the rollback ring.
+  const int64_t need_win = std::max<int64_t>(0, length - L.window);
+  if (need_win / L.window_tokens < int64_t(s.win.size()) && need_win < length &&
+      !s.win[std::size_t(need_win / L.window_tokens)].valid())
+    return Status::error("truncate: sequence " + std::to_string(seq) + " no longer holds the " +
+                         "window rows of position " + std::to_string(need_win) +
+                         " (exact rollback reaches " + std::to_string(R) + " tokens back)");
+  if (s.len - length > R)
+    return Status::error("truncate: rolling back " + std::to_string(s.len - length) +
+                         " tokens exceeds the rollback margin of " + std::to_string(R));
+  const int64_t Dh = im.cfg.text.head_dim;
+  for (std::size_t si = 0; si < L.sources.size(); ++si) {
+    const int r = L.sources[si].ratio;
+    if (r <= 1) continue;
+    fast::SourceSeq& ss = s.src[si];
+    ss.part_n = int(length % r);
+    for (int k = 0; k < ss.part_n; ++k) {
+      const int64_t pos = length - ss.part_n + k, slot = pos % R;
+      std::copy_n(ss.roll_kv.begin() + slot * Dh, Dh, ss.part_kv.begin() + k * Dh);
+      std::copy_n(ss.roll_g.begin() + slot * Dh, Dh, ss.part_g.begin() + k * Dh);
+    }
+  }
+  // Blocks wholly past the new end go back; rows past it inside kept blocks lose their tags, so a
+  // read of them before they are written again counts as foreign.
+  auto trim = [&](std::vector<BlockRef>& table, int64_t per_block) {
+    const int64_t keep = (length + per_block - 1) / per_block;
+    for (int64_t i = keep; i < int64_t(table.size()); ++i)
+      if (table[std::size_t(i)].valid()) im.kv->release(table[std::size_t(i)]);
+    if (int64_t(table.size()) > keep) table.resize(std::size_t(keep));
+  };
+  trim(s.win, L.window_tokens);
+  trim(s.glob, L.global_tokens);
+  for (int64_t p = length; p < s.len; ++p) {
+    if (p / L.window_tokens < int64_t(s.win.size()))
+      for (int l = 0; l < L.num_layers; ++l) {
+        RowTag* t;
+        im.window_row(s, l, p, &t);
+        *t = RowTag{};
+      }
+    for (std::size_t si = 0; si < L.sources.size(); ++si) {
+      const int r = L.sources[si].ratio;
+      if (p % r != 0 || p / L.global_tokens >= int64_t(s.glob.size())) continue;
+      RowTag* t;
+      im.comp_row(s, int(si), p / r, false, &t);
+      *t = RowTag{};
+      im.comp_row(s, int(si), p / r, true, &t);
+      *t = RowTag{};
+    }
+  }
+  s.history.resize(std::size_t(length));
+  s.len = length;
+  return Status::ok();
+}
+
+Status FastModel::debug_plant_foreign_block(SeqId victim, SeqId owner, int64_t index) {
+  Impl& im = *impl_;
+  auto a = im.seqs.find(victim), b = im.seqs.find(owner);
+  if (a == im.seqs.end() || b == im.seqs.end()) return Status::error("unknown sequence");
+  if (index >= int64_t(a->second->glob.size()) || index >= int64_t(b->second->glob.size()))
+    return Status::error("no such global block");
+  // The victim's own block stays allocated (leaked to it) so the pool's accounting holds.
+  a->second->glob[std::size_t(index)] = b->second->glob[std::size_t(index)];
+  return Status::ok();
+}
+
+// ---- helpers ----
+
+void FastModel::Impl::par_rows(int64_t n, int64_t align,
+                               const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t parts = int64_t(pool->size());
+  const int64_t chunk = ((n + parts - 1) / parts + align - 1) / align * align;
+  if (parts == 1 || chunk >= n) return fn(0, n);
+  const int64_t nchunks = (n + chunk - 1) / chunk;
+  auto job = [&](std::size_t b, std::size_t e, std::size_t) {
+    for (std::size_t c = b; c < e; ++c) fn(int64_t(c) * chunk, std::min(n, int64_t(c + 1) * chunk));
+  };
+  pool->parallel_for(std::size_t(nchunks), std::ref(job));
+}
+
+const float* FastModel::Impl::maybe_act_quant(const float* x, int64_t n) {
+  if (!opt.act_quant) return x;
+  if (int64_t(xq.size()) < n) xq.resize(std::size_t(n));
+  std::copy_n(x, n, xq.data());
+  ref::fake_fp8_pow2(xq.data(), n, 32);  // act_quant's rule is the window rows' FP8 rule
+  return xq.data();
+}
+
+void FastModel::Impl::linear(const Linear& l, const float* x_in, float* out) {
+  const float* xin = l.act ? maybe_act_quant(x_in, l.in) : x_in;
+  const ops::Kernels& kk = *kern;
+  if (l.quantized()) {
+    const int64_t sin = (l.in + 31) / 32;
+    auto fn = [&](int64_t r0, int64_t r1) {
+      kk.fp8_gemv(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xin, 1, out + r0);
+    };
+    par_rows(l.out, 32, std::ref(fn));
+  } else {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(l.w);
+    auto fn = [&](int64_t r0, int64_t r1) {
+      kk.bf16_gemm(w + r0 * l.in, r1 - r0, l.in, xin, 1, out + r0, r1 - r0);
+    };
+    par_rows(l.out, 32, std::ref(fn));
+  }
+}
+
+void FastModel::Impl::rope_table(const ref::Rope<float>& r, int64_t pos) {
+  const std::size_t n = r.freq.size();
+  cosb.resize(n);
+  sinb.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {  // the reference's angles, in float
+    const float th = float(pos) * r.freq[i];
+    cosb[i] = std::cos(th);
+    sinb[i] = std::sin(th);
+  }
+}
+
+BlockRef FastModel::Impl::window_block(fast::SeqState& s, int64_t pos) {
+  return s.win[std::size_t(pos / kv->layout().window_tokens)];
+}
+BlockRef FastModel::Impl::global_block(fast::SeqState& s, int64_t pos) {
+  return s.glob[std::size_t(pos / kv->layout().global_tokens)];
+}
+
+// Every block the sequence needs to reach new_len, allocated up front so a step either has all
+// its rows or fails before changing anything.
+Status FastModel::Impl::reserve_blocks(fast::SeqState& s, int64_t new_len) {
+  const KvLayout& L = kv->layout();
+  const int64_t nw = (new_len + L.window_tokens - 1) / L.window_tokens;
+  const int64_t ng = (new_len + L.global_tokens - 1) / L.global_tokens;
+  const int64_t need = std::max<int64_t>(0, nw - int64_t(s.win.size())) +
+                       (L.sources.empty() ? 0 : std::max<int64_t>(0, ng - int64_t(s.glob.size())));
+  if (need > kv->blocks_free())
+    return Status::error("KV cache full: sequence " + std::to_string(s.id) + " needs " +
+                         std::to_string(need) + " more blocks, " +
+                         std::to_string(kv->blocks_free()) + " are free (raise --kv-cache-gb)");
+  while (int64_t(s.win.size()) < nw) s.win.push_back(kv->allocate());
+  if (!L.sources.empty())
+    while (int64_t(s.glob.size()) < ng) s.glob.push_back(kv->allocate());
+  return Status::ok();
+}
+
+// Window blocks whose every position is older than the window plus the rollback margin go back.
+void FastModel::Impl::release_old_window(fast::SeqState& s) {
+  const KvLayout& L = kv->layout();
+  const int64_t keep_from = s.len - L.window - std::max<int64_t>(1, opt.max_rollback);
+  for (int64_t i = 0; i < int64_t(s.win.size()); ++i) {
+    if ((i + 1) * L.window_tokens > keep_from) break;
+    if (s.win[std::size_t(i)].valid()) {
+      kv->release(s.win[std::size_t(i)]);
+      s.win[std::size_t(i)] = BlockRef{};
+    }
+  }
+}
+
+uint8_t* FastModel::Impl::window_row(fast::SeqState& s, int layer, int64_t pos, RowTag** tag) {
+  const KvLayout& L = kv->layout();
+  const BlockRef b = window_block(s, pos);
+  DSV41_CHECK(b.valid());
+  const int64_t slot = int64_t(layer) * L.window_tokens + pos % L.window_tokens;
+  *tag = kv->tag_at(b, L.window_tag_off + slot * int64_t(sizeof(RowTag)));
+  return kv->data(b) + slot * L.window_row_bytes;
+}
+
+const uint8_t* FastModel::Impl::read_window_row(const fast::SeqState& s, int layer,
+                                                int64_t pos) const {
+  const KvLayout& L = kv->layout();
+  const std::size_t bi = std::size_t(pos / L.window_tokens);
+  const BlockRef b = bi < s.win.size() ? s.win[bi] : BlockRef{};
+  if (!b.valid()) return nullptr;
+  const int64_t slot = int64_t(layer) * L.window_tokens + pos % L.window_tokens;
+  const uint8_t* d = kv->data(b);
+  RowTag t;
+  std::memcpy(&t, d + L.window_tag_off + slot * int64_t(sizeof(RowTag)), sizeof t);
+  if (!kv->check(t, s.tag, b.epoch, pos)) return nullptr;
+  return d + slot * L.window_row_bytes;
+}
+
+uint8_t* FastModel::Impl::comp_row(fast::SeqState& s, int src, int64_t entry, bool key,
+                                   RowTag** tag) {
+  const KvLayout::Source& so = kv->layout().sources[std::size_t(src)];
+  const int64_t pos = entry * so.ratio;
+  const BlockRef b = global_block(s, pos);
+  DSV41_CHECK(b.valid());
+  const int64_t e = (pos % kv->layout().global_tokens) / so.ratio;
+  *tag = kv->tag_at(b, (key ? so.key_tag_off : so.comp_tag_off) + e * int64_t(sizeof(RowTag)));
+  return kv->data(b) + (key ? so.key_off + e * so.key_bytes : so.comp_off + e * so.comp_bytes);
+}
+
+const uint8_t* FastModel::Impl::read_comp_row(const fast::SeqState& s, int src, int64_t entry,
+                                              bool key) const {
+  const KvLayout& L = kv->layout();
+  const KvLayout::Source& so = L.sources[std::size_t(src)];
+  const int64_t pos = entry * so.ratio;
+  const std::size_t bi = std::size_t(pos / L.global_tokens);
+  const BlockRef b = bi < s.glob.size() ? s.glob[bi] : BlockRef{};
+  if (!b.valid()) return nullptr;
+  const int64_t e = (pos % L.global_tokens) / so.ratio;
+  const uint8_t* d = kv->data(b);
+  RowTag t;
+  std::memcpy(&t, d + (key ? so.key_tag_off : so.comp_tag_off) + e * int64_t(sizeof(RowTag)),
+              sizeof t);
+  if (!kv->check(t, s.tag, b.epoch, pos)) return nullptr;
+  return d + (key ? so.key_off + e * so.key_bytes : so.comp_off + e * so.comp_bytes);
+}
+
+// ---- the step ----
+
+Status FastModel::step(const StepBatch& batch, StepOutput* out) {
+  Impl& im = *impl_;
+  const TextConfig& tc = im.cfg.text;
+  DSV41_RETURN_IF_ERROR(
+      check_step_batch(batch, vocab_size(), max_context(), [&](SeqId id) { return length(id); }));
+  // Blocks first: a step that cannot get its blocks changes nothing.
+  int64_t need = 0;
+  for (const auto& sl : batch.slices) {
+    fast::SeqState& s = *im.seqs.at(sl.seq);
+    const KvLayout& L = im.kv->layout();
+    const int64_t e = s.len + int64_t(sl.tokens.size());
+    need +=
+        std::max<int64_t>(0, (e + L.window_tokens - 1) / L.window_tokens - int64_t(s.win.size()));
+    if (!L.sources.empty())
+      need += std::max<int64_t>(
+          0, (e + L.global_tokens - 1) / L.global_tokens - int64_t(s.glob.size()));
+  }
+  if (need > im.kv->blocks_free())
+    return Status::error("KV cache full: the step needs " + std::to_string(need) +
+                         " more blocks, " + std::to_string(im.kv->blocks_free()) +
+                         " are free (raise --kv-cache-gb)");
+  for (const auto& sl : batch.slices) {
+    fast::SeqState& s = *im.seqs.at(sl.seq);
+    DSV41_RETURN_IF_ERROR(im.reserve_blocks(s, s.len + int64_t(sl.tokens.size())));
+  }
+  const int64_t D = tc.hidden_size, HC = tc.hc_mult, n = batch.tokens();
+  im.rows.clear();
+  for (std::size_t si = 0; si < batch.slices.size(); ++si) {
+    const SeqSlice& sl = batch.slices[si];
+    fast::SeqState& s = *im.seqs.at(sl.seq);
+    for (std::size_t t = 0; t < sl.tokens.size(); ++t) {
+      im.rows.push_back({&s, sl.first_pos + int64_t(t), sl.tokens[t], int(si), int(t)});
+      s.history.push_back(im.cmap[std::size_t(sl.tokens[t])]);
+    }
+  }
+  auto grow = [](std::vector<float>& v, int64_t sz) {
+    if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
+  };
+  grow(im.hs, n * HC * D);
+  grow(im.h1s, n * HC * D);
+  grow(im.pre, n * HC);
+  grow(im.pre_a, n * HC);
+  grow(im.mix_post, n * HC);
+  grow(im.mix_comb, n * HC * HC);
+  grow(im.xs, n * D);
+  grow(im.ys, n * D);
+  if (int64_t(im.sel.size()) < n) im.sel.resize(std::size_t(n));
+  if (int64_t(im.cand.size()) < n) im.cand.resize(std::size_t(n));
+  // Selection scratch sized by the blocks the step's sequences hold, so a decode-sized step
+  // allocates only when one of its sequences has just taken a new global block.
+  if (n <= kDecodeScratchTokens) {
+    std::size_t cap = 0;
+    for (const auto& sl : batch.slices)
+      cap = std::max(cap,
+                     im.seqs.at(sl.seq)->glob.size() * std::size_t(im.kv->layout().global_tokens));
+    for (int64_t t = 0; t < n; ++t) {
+      im.sel[std::size_t(t)].reserve(std::min(cap, std::size_t(tc.index_topk)));
+      im.cand[std::size_t(t)].reserve(cap);
+    }
+    if (im.scores.size() < cap) im.scores.resize(cap);
+    if (im.bscore.size() < cap) im.bscore.resize(cap);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    float* ht = im.hs.data() + t * HC * D;
+    const uint16_t* e = im.embed + int64_t(im.rows[std::size_t(t)].token) * D;
+    for (int64_t i = 0; i < D; ++i) ht[i] = bf16_to_float(e[i]);
+    for (int64_t j = 1; j < HC; ++j) std::copy_n(ht, D, ht + j * D);
+    std::fill_n(im.pre.data() + t * HC, HC, 0.0f);
+    im.pre[std::size_t(t * HC)] = 1.0f;
+  }
+  out->slices.resize(batch.slices.size());
+  for (std::size_t si = 0; si < batch.slices.size(); ++si) {
+    const SeqSlice& sl = batch.slices[si];
+    out->slices[si].logits.resize(sl.logits_rows.size() * std::size_t(tc.vocab_size));
+    out->slices[si].taps.resize(sl.taps.size());
+    for (auto& tp : out->slices[si].taps) tp.resize(sl.tokens.size() * std::size_t(D));
+  }
+  // Vendor index keys: the sources that publish in this step, per sequence (spec §5.6.7).
+  const float eps = float(tc.rms_norm_eps), hc_eps = float(tc.hc_eps);
+  const ops::Kernels& kk = *im.kern;
+  for (int l = 0; l < im.plan.num_backbone; ++l) {
+    const LayerPlan& p = im.plan.layers[std::size_t(l)];
+    const fast::LayerW& w = im.layers[std::size_t(l)];
+    if (p.is_kv_source())
+      for (const auto& sl : batch.slices)
+        for (int64_t P = sl.first_pos; P < sl.first_pos + int64_t(sl.tokens.size()); ++P)
+          if ((P + 1) % p.compress_ratio == 0) im.seqs.at(sl.seq)->vendor_slot = l;
+    for (int64_t t = 0; t < n; ++t) {
+      float* ht = im.hs.data() + t * HC * D;
+      const fast::TokenRow& row = im.rows[std::size_t(t)];
+      if (p.engram >= 0) im.engram(p, w, t, ht);
+      const SeqSlice& sl = batch.slices[std::size_t(row.slice)];
+      for (std::size_t k = 0; k < sl.taps.size(); ++k)
+        if (sl.taps[k] == l) {
+          float* dst = out->slices[std::size_t(row.slice)].taps[k].data() + row.row_in_slice * D;
+          for (int64_t i = 0; i < D; ++i) {
+            float s = 0;
+            for (int64_t j = 0; j < HC; ++j) s += ht[j * D + i];
+            dst[i] = s / float(HC);
+          }
+        }
+      float* pa = im.pre_a.data() + t * HC;
+      float* post = im.mix_post.data() + t * HC;
+      float* comb = im.mix_comb.data() + t * HC * HC;
+      kk.hc_mix(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, eps, hc_eps,
+                tc.hc_sinkhorn_iters, pa, post, comb);
+      float* xt = im.xs.data() + t * D;
+      kk.hc_collapse_rmsnorm(ht, im.pre.data() + t * HC, HC, D, w.attn_norm.data(), eps, xt);
+      float* at = im.ys.data() + t * D;
+      im.attention(p, w, t, xt, at);
+      float* h1t = im.h1s.data() + t * HC * D;
+      kk.hc_expand(at, ht, post, comb, HC, D, h1t);
+      kk.hc_mix(h1t, HC, D, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, eps, hc_eps,
+                tc.hc_sinkhorn_iters, im.pre.data() + t * HC, post, comb);
+      kk.hc_collapse_rmsnorm(h1t, pa, HC, D, w.ffn_norm.data(), eps, xt);
+    }
+    im.moe(p, w, n);  // x -> y for every token, grouped by expert
+    for (int64_t t = 0; t < n; ++t) {
+      // The ffn mix was computed into mix_post/mix_comb above for each token, after attention's
+      // expand had consumed the attention mix.
+      kk.hc_expand(im.ys.data() + t * D, im.h1s.data() + t * HC * D, im.mix_post.data() + t * HC,
+                   im.mix_comb.data() + t * HC * HC, HC, D, im.hs.data() + t * HC * D);
+    }
+  }
+  // Head: the rows the slices want.
+  int64_t t0 = 0;
+  for (std::size_t si = 0; si < batch.slices.size(); ++si) {
+    const SeqSlice& sl = batch.slices[si];
+    for (std::size_t r = 0; r < sl.logits_rows.size(); ++r) {
+      const int64_t t = t0 + sl.logits_rows[r];
+      float* xt = im.xs.data() + t * D;
+      kk.hc_collapse_rmsnorm(im.hs.data() + t * HC * D, im.pre.data() + t * HC, HC, D,
+                             im.norm.data(), eps, xt);
+      im.linear(im.head, xt, out->slices[si].logits.data() + r * std::size_t(tc.vocab_size));
+    }
+    t0 += int64_t(sl.tokens.size());
+  }
+  for (const auto& sl : batch.slices) {
+    fast::SeqState& s = *im.seqs.at(sl.seq);
+    s.len += int64_t(sl.tokens.size());
+    im.release_old_window(s);
+  }
+  ++im.stats.steps;
+  im.stats.tokens += n;
+  return Status::ok();
+}
+
+}  // namespace dsv41

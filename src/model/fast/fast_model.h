@@ -1,0 +1,71 @@
+// The fast engine's forward (spec §4-§7) behind the model seam (model/seam.h): the complete text
+// model on the ops kernels over the converted layout, batched over sequence slices, packed caches
+// in one tagged KV pool (model/fast/kv_pool.h), all cores through the thread pool.
+//
+// Batch invariance by construction: every per-token computation (each linear, norm, mHC step,
+// attention, expert) runs with the same kernel, the same arguments and the same split of its rows
+// over threads whatever else is in the step; tokens never share a reduction. The batch is used to
+// group tokens (by layer, by expert) so weights are reused while hot, never to change an order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "model/fast/kv_pool.h"
+#include "model/reference/reference_model.h"  // IndexKeySemantics
+#include "model/seam.h"
+
+namespace dsv41 {
+
+struct FastOptions {
+  IndexKeySemantics index_keys = IndexKeySemantics::kOwner;
+  // DeepSeek's inference numerics: every FP8/FP4 linear's input rounded to E4M3 with a
+  // power-of-two scale per 32 values first (spec §3.3). Off: model-faithful, as the reference.
+  bool act_quant = false;
+  // The routed experts' one-token MXFP4 dots over activations rounded to int16 per 32 (faster;
+  // fails the short-prefix gate on random weights, docs/decisions.md). Off: fp32 products.
+  bool mxfp4_int16 = false;
+  int threads = 0;             // 0: every core
+  int64_t kv_cache_bytes = 0;  // 0: a quarter of the machine's available memory (at least 64 MB)
+  IsolationMode isolation = IsolationMode::kCount;
+  int64_t max_rollback = 64;  // truncate() is exact up to this many tokens back (beyond: refused)
+  int64_t window_block_tokens = 16;
+};
+
+struct FastStats {
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  int64_t foreign_reads = 0;  // the isolation counter (must stay 0)
+};
+
+class FastModel final : public ModelRunner {
+ public:
+  // dir: a converted checkpoint (model/convert); refuses anything else, naming what is wrong.
+  static Result<std::unique_ptr<FastModel>> load(const std::string& dir, const FastOptions& opt);
+  ~FastModel() override;
+
+  int32_t vocab_size() const override;
+  int64_t hidden_size() const override;
+  int64_t max_context() const override;
+  Status open(SeqId seq) override;
+  void free(SeqId seq) override;
+  Status truncate(SeqId seq, int64_t length) override;
+  int64_t length(SeqId seq) const override;
+  Status step(const StepBatch& batch, StepOutput* out) override;
+
+  FastStats stats() const;
+  const KvPool& pool() const;
+  const char* isa() const;
+  // Test hook for the isolation gate: make sequence `victim`'s global block `index` point at
+  // sequence `owner`'s block of the same index (a planted foreign read).
+  Status debug_plant_foreign_block(SeqId victim, SeqId owner, int64_t index);
+
+ private:
+  FastModel();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv41

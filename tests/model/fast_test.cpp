@@ -1,0 +1,409 @@
+// The fast forward (model/fast) against the reference on the tiny preset (design.md §7 fast-path
+// gates), its own consistency (decode vs prefill), batch invariance (alone vs among companions:
+// bit-identical), the KV pool (allocation, truncate rollback, a planted foreign read counted and
+// masked) and the decode hot path's allocations (none after warm-up).
+#include "model/fast/fast_model.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/rng.h"
+#include "io/test_util.h"
+#include "model/convert/converter.h"
+#include "model/reference/reference_runner.h"
+#include "model/tiny_checkpoint.h"
+
+// Counts heap allocations of this test program (the hot-path test reads the counter).
+static std::atomic<int64_t> g_allocations{0};
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+
+namespace dsv41 {
+namespace {
+
+using testing::TempDir;
+
+struct Checkpoints {
+  TempDir official, converted;
+};
+
+// One tiny checkpoint and its conversion for the whole program.
+const Checkpoints& tiny() {
+  static Checkpoints* c = [] {
+    auto* k = new Checkpoints();
+    MakeTinyOptions o;
+    o.out_dir = k->official.path() + "/m";
+    o.preset = "tiny";
+    o.seed = 7;
+    o.force = true;
+    EXPECT_TRUE(make_tiny_checkpoint(o).is_ok());
+    ConvertOptions co;
+    co.from = o.out_dir;
+    co.to = k->converted.path() + "/c";
+    auto r = convert_checkpoint(co);
+    EXPECT_TRUE(r.is_ok()) << (r ? "" : r.status().message());
+    return k;
+  }();
+  return *c;
+}
+std::string official_dir() {
+  return tiny().official.path() + "/m";
+}
+std::string converted_dir() {
+  return tiny().converted.path() + "/c";
+}
+
+std::unique_ptr<FastModel> load_fast(FastOptions o = {}) {
+  if (o.kv_cache_bytes == 0) o.kv_cache_bytes = int64_t(64) << 20;
+  auto m = FastModel::load(converted_dir(), o);
+  EXPECT_TRUE(m.is_ok()) << (m ? "" : m.status().message());
+  return m ? std::move(*m) : nullptr;
+}
+
+std::vector<int32_t> random_tokens(uint64_t seed, int n, int32_t vocab) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<std::size_t>(n));
+  for (auto& v : t) v = int32_t(rng.next_u64() % uint64_t(vocab));
+  return t;
+}
+
+// Logits of every position of `tokens` fed in chunks of `chunk` (0: one call).
+std::vector<float> run(ModelRunner& m, SeqId id, const std::vector<int32_t>& tokens, int chunk) {
+  EXPECT_TRUE(m.open(id).is_ok());
+  std::vector<float> all;
+  const int n = int(tokens.size()), c = chunk > 0 ? chunk : n;
+  for (int b = 0; b < n; b += c) {
+    StepBatch batch;
+    SeqSlice s;
+    s.seq = id;
+    s.first_pos = b;
+    s.tokens.assign(tokens.begin() + b, tokens.begin() + std::min(n, b + c));
+    for (int r = 0; r < int(s.tokens.size()); ++r) s.logits_rows.push_back(r);
+    batch.slices.push_back(s);
+    StepOutput out;
+    const Status st = m.step(batch, &out);
+    EXPECT_TRUE(st.is_ok()) << (st ? "" : st.message());
+    all.insert(all.end(), out.slices[0].logits.begin(), out.slices[0].logits.end());
+  }
+  return all;
+}
+
+std::vector<double> log_softmax(const float* x, int64_t v) {
+  double mx = x[0];
+  for (int64_t i = 1; i < v; ++i) mx = std::max(mx, double(x[i]));
+  double s = 0;
+  for (int64_t i = 0; i < v; ++i) s += std::exp(double(x[i]) - mx);
+  std::vector<double> out(static_cast<std::size_t>(v));
+  for (int64_t i = 0; i < v; ++i) out[std::size_t(i)] = double(x[i]) - mx - std::log(s);
+  return out;
+}
+
+struct Agreement {
+  double argmax = 0, mean_dlogprob = 0, first_rel_l2 = 0;
+};
+
+// Teacher-forced comparison of two [T, vocab] logit sets: argmax agreement, mean |delta logprob|
+// of the next token, and the largest relative L2 over the first `early` rows.
+Agreement compare(const std::vector<float>& a, const std::vector<float>& b,
+                  const std::vector<int32_t>& tokens, int64_t v, int early) {
+  Agreement g;
+  const int64_t T = int64_t(tokens.size());
+  int64_t same = 0, nlp = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* ra = a.data() + t * v;
+    const float* rb = b.data() + t * v;
+    same += std::max_element(ra, ra + v) - ra == std::max_element(rb, rb + v) - rb;
+    if (t + 1 < T) {
+      const auto la = log_softmax(ra, v), lb = log_softmax(rb, v);
+      g.mean_dlogprob += std::fabs(la[std::size_t(tokens[std::size_t(t + 1)])] -
+                                   lb[std::size_t(tokens[std::size_t(t + 1)])]);
+      ++nlp;
+    }
+    if (t < early) {
+      double d = 0, n = 0;
+      for (int64_t i = 0; i < v; ++i)
+        d += (double(ra[i]) - rb[i]) * (double(ra[i]) - rb[i]), n += double(rb[i]) * rb[i];
+      g.first_rel_l2 = std::max(g.first_rel_l2, std::sqrt(d / n));
+    }
+  }
+  g.argmax = double(same) / double(T);
+  g.mean_dlogprob /= double(std::max<int64_t>(1, nlp));
+  return g;
+}
+
+std::vector<float> reference_logits(const std::vector<int32_t>& tokens,
+                                    IndexKeySemantics keys = IndexKeySemantics::kOwner) {
+  ReferenceOptions ro;
+  ro.index_keys = keys;
+  auto r = ReferenceRunner<float>::load(official_dir(), ro);
+  EXPECT_TRUE(r.is_ok());
+  return run(**r, 1, tokens, 0);
+}
+
+TEST(FastModel, LoadsAndReportsPool) {
+  auto m = load_fast();
+  ASSERT_TRUE(m);
+  EXPECT_GT(m->pool().blocks_total(), 2);
+  EXPECT_GT(m->pool().layout().global_bytes_per_token(), 0);
+  EXPECT_EQ(m->stats().foreign_reads, 0);
+}
+
+TEST(FastModel, RefusesOfficialLayoutNamingIt) {
+  auto m = FastModel::load(official_dir(), {});
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("manifest"), std::string::npos) << m.status().message();
+}
+
+TEST(FastModel, MatchesReferenceOnShortPrefixes) {
+  auto m = load_fast();
+  ASSERT_TRUE(m);
+  const int64_t v = m->vocab_size();
+  for (uint64_t seed : {1, 2, 3}) {
+    const auto toks = random_tokens(seed, 16, int32_t(v));
+    const auto fast = run(*m, 100 + seed, toks, 0);
+    const auto ref = reference_logits(toks);
+    const Agreement g = compare(fast, ref, toks, v, 6);
+    EXPECT_LE(g.first_rel_l2, 5e-3) << "seed " << seed;
+  }
+}
+
+TEST(FastModel, MatchesReferenceOverLongSequences) {
+  auto m = load_fast();
+  ASSERT_TRUE(m);
+  const int64_t v = m->vocab_size();
+  for (auto keys : {IndexKeySemantics::kOwner, IndexKeySemantics::kVendor}) {
+    FastOptions o;
+    o.index_keys = keys;
+    auto mk = load_fast(o);
+    const auto toks = random_tokens(11, 300, int32_t(v));
+    const auto fast = run(*mk, 1, toks, 0);
+    const auto ref = reference_logits(toks, keys);
+    const Agreement g = compare(fast, ref, toks, v, 0);
+    EXPECT_GE(g.argmax, 0.97);
+    EXPECT_LT(g.mean_dlogprob, 0.05);
+    RecordProperty(keys == IndexKeySemantics::kOwner ? "owner_argmax" : "vendor_argmax",
+                   std::to_string(g.argmax));
+  }
+}
+
+TEST(FastModel, DecodeAndChunkedTrackPrefill) {
+  auto m = load_fast();
+  ASSERT_TRUE(m);
+  const int64_t v = m->vocab_size();
+  const auto toks = random_tokens(21, 200, int32_t(v));
+  const auto pre = run(*m, 1, toks, 0);
+  const auto dec = run(*m, 2, toks, 1);
+  const auto chk = run(*m, 3, toks, 7);
+  for (const auto* other : {&dec, &chk}) {
+    const Agreement g = compare(*other, pre, toks, v, 0);
+    EXPECT_LT(g.mean_dlogprob, 0.05);
+    EXPECT_GE(g.argmax, 0.97);
+  }
+}
+
+// Steps a target sequence (prefill chunks then decode) either alone or with companions that are
+// opened, prefilled, decoded and freed around it; returns the target's logits.
+std::vector<float> target_among(int companions, uint64_t seed) {
+  auto m = load_fast();
+  const int32_t v = m->vocab_size();
+  const auto toks = random_tokens(5, 60, v);
+  Rng rng(seed);
+  EXPECT_TRUE(m->open(1).is_ok());
+  std::vector<std::pair<SeqId, std::vector<int32_t>>> comp;
+  for (int c = 0; c < companions; ++c) {
+    comp.push_back({SeqId(10 + c), random_tokens(seed * 100 + uint64_t(c), 80, v)});
+    EXPECT_TRUE(m->open(comp.back().first).is_ok());
+  }
+  std::vector<float> got;
+  int64_t pos = 0;
+  const int chunks[] = {9, 4, 1};
+  int ci = 0;
+  while (pos < int64_t(toks.size())) {
+    StepBatch b;
+    const int64_t len = std::min<int64_t>(chunks[std::min(ci++, 2)], int64_t(toks.size()) - pos);
+    // Companions before and after the target, with random chunk sizes (prefill or decode).
+    std::vector<SeqSlice> others;
+    for (auto& [id, ct] : comp) {
+      const int64_t cl = m->length(id);
+      if (cl >= int64_t(ct.size()) || rng.next_u64() % 3 == 0) continue;
+      SeqSlice s;
+      s.seq = id;
+      s.first_pos = cl;
+      const int64_t n = std::min<int64_t>(1 + int64_t(rng.next_u64() % 6), int64_t(ct.size()) - cl);
+      s.tokens.assign(ct.begin() + cl, ct.begin() + cl + n);
+      if (rng.next_u64() % 2) s.logits_rows.push_back(int32_t(n - 1));
+      others.push_back(s);
+    }
+    const std::size_t split = others.empty() ? 0 : rng.next_u64() % (others.size() + 1);
+    for (std::size_t i = 0; i < split; ++i) b.slices.push_back(others[i]);
+    SeqSlice t;
+    t.seq = 1;
+    t.first_pos = pos;
+    t.tokens.assign(toks.begin() + pos, toks.begin() + pos + len);
+    for (int r = 0; r < int(len); ++r) t.logits_rows.push_back(r);
+    const std::size_t me = b.slices.size();
+    b.slices.push_back(t);
+    for (std::size_t i = split; i < others.size(); ++i) b.slices.push_back(others[i]);
+    StepOutput out;
+    const Status st = m->step(b, &out);
+    EXPECT_TRUE(st.is_ok()) << (st ? "" : st.message());
+    got.insert(got.end(), out.slices[me].logits.begin(), out.slices[me].logits.end());
+    pos += len;
+    // A companion that finished leaves; its blocks go back to the pool for others.
+    for (auto& [id, ct] : comp)
+      if (m->length(id) == int64_t(ct.size())) {
+        m->free(id);
+        EXPECT_TRUE(m->open(id).is_ok());
+        ct = random_tokens(rng.next_u64(), 50, v);
+      }
+  }
+  EXPECT_EQ(m->stats().foreign_reads, 0);
+  return got;
+}
+
+TEST(FastModel, BatchInvariantBitForBit) {
+  const auto solo = target_among(0, 1);
+  for (int companions : {1, 3, 15}) {
+    const auto mixed = target_among(companions, uint64_t(companions));
+    ASSERT_EQ(solo.size(), mixed.size());
+    EXPECT_EQ(std::memcmp(solo.data(), mixed.data(), solo.size() * sizeof(float)), 0)
+        << companions << " companions";
+  }
+}
+
+TEST(FastModel, TruncateRollsBackEveryCache) {
+  auto m = load_fast();
+  const int32_t v = m->vocab_size();
+  const auto toks = random_tokens(31, 40, v);
+  const auto alt = random_tokens(32, 7, v);
+  // Reference run: 33 tokens, then the 7 alternative tokens.
+  std::vector<int32_t> want(toks.begin(), toks.begin() + 33);
+  want.insert(want.end(), alt.begin(), alt.end());
+  const auto expect = run(*m, 1, want, 11);
+  // Same through a rollback: 40 tokens (odd length 33 reopens a ratio-2 group), truncate to 33,
+  // then the alternative tokens.
+  run(*m, 2, toks, 11);
+  ASSERT_TRUE(m->truncate(2, 33).is_ok());
+  EXPECT_EQ(m->length(2), 33);
+  StepBatch b;
+  b.slices.push_back({2, 33, alt, {0, 1, 2, 3, 4, 5, 6}, {}});
+  StepOutput out;
+  ASSERT_TRUE(m->step(b, &out).is_ok());
+  // The rows after the rollback equal the straight run's (its chunks of 11 put rows 33.. in
+  // calls of their own too: positions 33..39 are rows of one chunk [33, 40) in both).
+  const std::size_t off = 33 * std::size_t(v);
+  ASSERT_EQ(out.slices[0].logits.size(), expect.size() - off);
+  EXPECT_EQ(std::memcmp(out.slices[0].logits.data(), expect.data() + off,
+                        out.slices[0].logits.size() * sizeof(float)),
+            0);
+  // Beyond the rollback margin: refused, nothing changed.
+  FastOptions o;
+  o.max_rollback = 4;
+  auto m2 = load_fast(o);
+  run(*m2, 1, toks, 0);
+  EXPECT_FALSE(m2->truncate(1, 30).is_ok());
+  EXPECT_EQ(m2->length(1), 40);
+}
+
+TEST(FastModel, PoolBlocksReturnOnFree) {
+  auto m = load_fast();
+  const int64_t free0 = m->pool().blocks_free();
+  run(*m, 1, random_tokens(3, 100, m->vocab_size()), 0);
+  EXPECT_LT(m->pool().blocks_free(), free0);
+  m->free(1);
+  EXPECT_EQ(m->pool().blocks_free(), free0);
+}
+
+TEST(FastModel, KvCacheFullIsAnErrorNotACrash) {
+  FastOptions o;
+  auto probe = load_fast();
+  o.kv_cache_bytes = probe->pool().layout().block_bytes * 3;
+  auto m = load_fast(o);
+  ASSERT_TRUE(m->open(1).is_ok());
+  StepBatch b;
+  b.slices.push_back({1, 0, random_tokens(4, 200, m->vocab_size()), {0}, {}});
+  StepOutput out;
+  const Status st = m->step(b, &out);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("KV cache full"), std::string::npos);
+  EXPECT_EQ(m->length(1), 0);
+}
+
+TEST(FastModel, PlantedForeignReadIsCountedAndMasked) {
+  for (auto mode : {IsolationMode::kCount, IsolationMode::kMask}) {
+    FastOptions o;
+    o.isolation = mode;
+    auto m = load_fast(o);
+    const int32_t v = m->vocab_size();
+    const auto a = random_tokens(41, 30, v), b = random_tokens(42, 30, v);
+    run(*m, 1, a, 0);
+    run(*m, 2, b, 0);
+    EXPECT_EQ(m->stats().foreign_reads, 0);
+    ASSERT_TRUE(m->debug_plant_foreign_block(1, 2, 0).is_ok());
+    StepBatch s;
+    s.slices.push_back({1, 30, {5}, {0}, {}});
+    StepOutput out;
+    ASSERT_TRUE(m->step(s, &out).is_ok());
+    EXPECT_GT(m->stats().foreign_reads, 0) << isolation_mode_name(mode);
+  }
+}
+
+TEST(FastModel, DecodeHotPathAllocatesNothing) {
+  auto m = load_fast();
+  const int32_t v = m->vocab_size();
+  ASSERT_TRUE(m->open(1).is_ok());
+  ASSERT_TRUE(m->open(2).is_ok());
+  StepBatch b;
+  b.slices.push_back({1, 0, random_tokens(51, 20, v), {19}, {}});
+  b.slices.push_back({2, 0, random_tokens(52, 20, v), {19}, {}});
+  StepOutput out;
+  ASSERT_TRUE(m->step(b, &out).is_ok());
+  StepBatch d;
+  d.slices.push_back({1, 20, {7}, {0}, {}});
+  d.slices.push_back({2, 20, {9}, {0}, {}});
+  ASSERT_TRUE(m->step(d, &out).is_ok());  // warm-up: scratch reaches its decode size
+  // Decode steps within the same blocks allocate nothing.
+  for (int i = 1; i < 6; ++i) {
+    d.slices[0].first_pos = d.slices[1].first_pos = 20 + i;
+    const int64_t before = g_allocations.load();
+    ASSERT_TRUE(m->step(d, &out).is_ok());
+    EXPECT_EQ(g_allocations.load() - before, 0) << "decode step " << i;
+  }
+}
+
+TEST(FastModel, BadBatchesAreRefusedNamingTheSlice) {
+  auto m = load_fast();
+  ASSERT_TRUE(m->open(1).is_ok());
+  StepOutput out;
+  StepBatch wrong_pos;
+  wrong_pos.slices.push_back({1, 3, {1, 2}, {}, {}});
+  Status st = m->step(wrong_pos, &out);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("first_pos"), std::string::npos);
+  StepBatch unknown;
+  unknown.slices.push_back({9, 0, {1}, {}, {}});
+  EXPECT_FALSE(m->step(unknown, &out).is_ok());
+  StepBatch bad_tok;
+  bad_tok.slices.push_back({1, 0, {m->vocab_size()}, {}, {}});
+  st = m->step(bad_tok, &out);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("vocabulary"), std::string::npos);
+  EXPECT_EQ(m->length(1), 0);
+}
+
+}  // namespace
+}  // namespace dsv41
