@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -78,6 +79,9 @@ TEST_F(Convert, TinyRoundTripIsExactDeterministicAndLoads) {
   auto vj = json::parse(v.out);
   EXPECT_EQ(vj["mismatches"], 0);
   EXPECT_EQ(vj["tensors_checked"], manifest_of(out())["tensors"].size());
+  // Progress on stderr as convert prints it (every few seconds on long runs, and at the end).
+  const std::string n = std::to_string(manifest_of(out())["tensors"].size());
+  EXPECT_NE(v.err.find("validate: tensors " + n + "/" + n + ", "), std::string::npos) << v.err;
   CliRun i = run("inspect --model " + out() + " --verify");
   EXPECT_EQ(i.code, 0) << i.err;
   EXPECT_NE(i.out.find("converted layout"), std::string::npos);
@@ -234,6 +238,12 @@ TEST_F(Convert, DamagedConversionsAreRefusedWithNames) {
     CliRun v = run("validate --from " + src() + " --to " + d);
     EXPECT_EQ(v.code, 2);
     EXPECT_NE(v.err.find("source identity differs"), std::string::npos) << v.err;
+    // A whole conversion of the other model: that is said in one line, first, not once per tensor.
+    CliRun o = run("validate --from " + src() + " --to " + t.path() + "/demo_out");
+    EXPECT_EQ(o.code, 2);
+    EXPECT_EQ(o.err.rfind("mismatch: manifest.json: source identity differs", 0), 0u) << o.err;
+    EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err.substr(0, 2000);
+    EXPECT_EQ(json::parse(o.out)["mismatches"], 1);
   }
 }
 

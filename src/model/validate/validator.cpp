@@ -10,12 +10,14 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "core/dtypes.h"
+#include "core/log.h"
 #include "io/checkpoint.h"
 #include "io/mapped_file.h"
 #include "io/sha256.h"
@@ -248,6 +250,42 @@ std::set<std::string> expected_names(const Checkpoint& src, const ModelConfig& c
   return out;
 }
 
+std::string describe(const SourceIdentity& id) {
+  return fmt::format("{} tensors, {} bytes, config.json sha256 {}", id.tensors, id.bytes,
+                     id.config_sha256.substr(0, 12));
+}
+
+// Progress on stderr as convert prints it: every 2 s and once at the end.
+class Progress {
+ public:
+  explicit Progress(std::chrono::steady_clock::time_point t0) : t0_(t0), last_(t0) {}
+  void add_total(uint64_t bytes) {
+    ++tensors_;
+    bytes_ += bytes;
+  }
+  void done(uint64_t bytes) {
+    const uint64_t b = (done_bytes_ += bytes);
+    const std::size_t n = ++done_;
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (n != tensors_ && now - last_ < std::chrono::seconds(2)) return;
+    last_ = now;
+    const double secs = std::max(std::chrono::duration<double>(now - t0_).count(), 1e-3);
+    const double rate = static_cast<double>(b) / 1e6 / secs;
+    log::info("validate: tensors {}/{}, {:.2f}/{:.2f} GB, {:.0f} MB/s, ETA {:.0f} s", n, tensors_,
+              static_cast<double>(b) / 1e9, static_cast<double>(bytes_) / 1e9, rate,
+              rate > 0 ? static_cast<double>(bytes_ - b) / 1e6 / rate : 0.0);
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_, last_;
+  std::size_t tensors_ = 0;
+  uint64_t bytes_ = 0;
+  std::atomic<std::size_t> done_{0};
+  std::atomic<uint64_t> done_bytes_{0};
+  std::mutex mu_;
+};
+
 bool in_scope(const std::string& name, const std::string& scope) {
   if (scope == "all") return true;
   if (scope == "dense")
@@ -274,8 +312,16 @@ Result<ValidateReport> validate_conversion(const ValidateOptions& opt) {
   ValidateReport rep;
   auto id = source_identity(opt.from, ck->tensor_names().size(), ck->total_bytes());
   if (!id) return id.status();
-  if (!(*id == manifest->source))
-    rep.mismatches.push_back("manifest.json: source identity differs from --from (another model?)");
+  if (!(*id == manifest->source)) {
+    // A conversion of another checkpoint: comparing its tensors would only repeat that, once per
+    // tensor.
+    rep.mismatches.push_back(fmt::format(
+        "manifest.json: source identity differs from --from: the conversion was made from another "
+        "checkpoint ({}; --from has {}); tensors not compared",
+        describe(manifest->source), describe(*id)));
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return rep;
+  }
 
   // Names: exactly the expected set.
   const auto expected = expected_names(*ck, *cfg, manifest->fp8 == "bf16");
@@ -316,6 +362,9 @@ Result<ValidateReport> validate_conversion(const ValidateOptions& opt) {
   std::vector<std::string> why(manifest->tensors.size());
   std::vector<char> checked(manifest->tensors.size(), 0);
   std::atomic<std::size_t> next{0};
+  Progress progress(t0);
+  for (const auto& t : manifest->tensors)
+    if (in_scope(t.name, opt.scope)) progress.add_total(t.bytes);
   auto worker = [&] {
     for (std::size_t i; (i = next.fetch_add(1)) < manifest->tensors.size();) {
       const auto& t = manifest->tensors[i];
@@ -323,16 +372,17 @@ Result<ValidateReport> validate_conversion(const ValidateOptions& opt) {
       auto b = ctx.out.find(t.name);
       if (b == ctx.out.end()) {
         why[i] = "its bytes are not in " + t.file;
-        continue;
-      }
-      checked[i] = 1;
-      if (sha256_hex(b->second.data(), b->second.size()) != t.sha256) {
-        why[i] = "sha256 of the bytes differs from the manifest";
       } else {
-        why[i] = check_tensor(ctx, t, b->second);
+        checked[i] = 1;
+        if (sha256_hex(b->second.data(), b->second.size()) != t.sha256) {
+          why[i] = "sha256 of the bytes differs from the manifest";
+        } else {
+          why[i] = check_tensor(ctx, t, b->second);
+        }
+        files.at(t.file)->release(b->second.data(),
+                                  b->second.size());  // keep RSS bounded on big outputs
       }
-      files.at(t.file)->release(b->second.data(),
-                                b->second.size());  // keep RSS bounded on big outputs
+      progress.done(t.bytes);
     }
   };
   std::vector<std::thread> pool;
