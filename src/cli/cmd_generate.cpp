@@ -95,7 +95,10 @@ void add_generate(CLI::App& app, Runner* run) {
         std::fflush(stdout);
         if (out.finished) break;
       }
+      // The text ends its own line, flushed before the statistics go to stderr: piped into one
+      // stream (2>&1), the log line must not land in the middle of the text's last line.
       std::fputc('\n', stdout);
+      std::fflush(stdout);
       const auto t2 = std::chrono::steady_clock::now();
       if (out.reason == FinishReason::kError) {
         log::error("generate: {}", out.error);

@@ -170,11 +170,24 @@ int run_inspect(const std::string& dir, bool as_json, bool verify) {
             ? (", " + std::to_string(rep.ignored_vision) + " vision tensors ignored").c_str()
             : "");
   if (!rep.ok()) {
+    // A config value the shapes contradict comes first; then each kind of problem, one line per
+    // tensor when there are few, else the first and a count (--json lists them all).
+    for (const auto& c : config_contradictions(cfg.value(), expected, ckpt.value(), rep))
+      errors.push_back((fs::path(dir) / "config.json").string() + ": " + c);
     const std::string where = dir + ": inventory check failed: ";
-    for (const auto& n : rep.missing) errors.push_back(where + "missing tensor '" + n + "'");
-    for (const auto& n : rep.extra) errors.push_back(where + "unexpected tensor '" + n + "'");
-    for (const auto& n : rep.wrong_shape) errors.push_back(where + "wrong shape: " + n);
-    for (const auto& n : rep.wrong_dtype) errors.push_back(where + "wrong dtype: " + n);
+    auto list = [&](const std::vector<std::string>& v, const std::string& what,
+                    const std::string& open, const std::string& close, const char* plural) {
+      constexpr std::size_t kListed = 10;
+      for (std::size_t i = 0; i < v.size() && (v.size() <= kListed || i == 0); ++i)
+        errors.push_back(where + what + open + v[i] + close);
+      if (v.size() > kListed)
+        errors.back() += fmt::format("; {} more tensors {} (inspect --json lists them all)",
+                                     v.size() - 1, plural);
+    };
+    list(rep.missing, "missing tensor", " '", "'", "are missing");
+    list(rep.extra, "unexpected tensor", " '", "'", "are unexpected");
+    list(rep.wrong_shape, "wrong shape", ": ", "", "have the wrong shape");
+    list(rep.wrong_dtype, "wrong dtype", ": ", "", "have the wrong dtype");
     return finish(kExitInvalid);
   }
   return finish(kExitOk);

@@ -3,6 +3,8 @@
 
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "io/safetensors.h"
 
 namespace dsv41 {
@@ -206,6 +208,72 @@ InventoryReport check_inventory(const std::vector<ExpectedTensor>& expected,
       r.extra.push_back(name);
   }
   return r;
+}
+
+namespace {
+
+// A config field and the tensor dimension it sets on its own (the first expected tensor named
+// `tensor` or ending in "." + `tensor`).
+struct Anchor {
+  const char* field;
+  int64_t TextConfig::*value;
+  const char* tensor;
+  std::size_t dim;
+  const char* unit;
+};
+constexpr Anchor kAnchors[] = {
+    {"vocab_size", &TextConfig::vocab_size, "embed.weight", 0, "rows"},
+    {"hidden_size", &TextConfig::hidden_size, "embed.weight", 1, "columns"},
+    {"num_attention_heads", &TextConfig::num_attention_heads, "attn.attn_sink", 0, "entries"},
+    {"head_dim", &TextConfig::head_dim, "attn.kv_norm.weight", 0, "entries"},
+    {"q_lora_rank", &TextConfig::q_lora_rank, "attn.q_norm.weight", 0, "entries"},
+    {"moe_intermediate_size", &TextConfig::moe_intermediate_size, "ffn.experts.0.w1.weight", 0,
+     "rows"},
+    {"n_routed_experts", &TextConfig::n_routed_experts, "layers.0.ffn.gate.bias", 0, "entries"},
+    {"dspark_n_routed_experts", &TextConfig::dspark_n_routed_experts, "mtp.0.ffn.gate.bias", 0,
+     "entries"},
+    {"index_n_heads", &TextConfig::index_n_heads, "attn.indexer.weights_proj.weight", 0, "rows"},
+    {"index_head_dim", &TextConfig::index_head_dim, "attn.indexer.k_norm.weight", 0, "entries"},
+    {"hc_mult", &TextConfig::hc_mult, "engram.q_weight", 0, "rows"},
+    {"engram_head_dim", &TextConfig::engram_head_dim, "engram.embed.weight", 1, "columns"},
+    {"dspark_markov_rank", &TextConfig::dspark_markov_rank, "markov_head.embed.weight", 1,
+     "columns"},
+};
+
+const ExpectedTensor* find_anchor(const std::vector<ExpectedTensor>& expected, const char* tensor) {
+  const std::string name = tensor, suffix = "." + name;
+  for (const auto& e : expected)
+    if (e.name == name || e.name.ends_with(suffix)) return &e;
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> config_contradictions(const ModelConfig& c,
+                                               const std::vector<ExpectedTensor>& expected,
+                                               const Checkpoint& ckpt, const InventoryReport& rep) {
+  std::vector<std::string> out;
+  for (const Anchor& a : kAnchors) {
+    const ExpectedTensor* e = find_anchor(expected, a.tensor);
+    const Checkpoint::Entry* found = e ? ckpt.find(e->name) : nullptr;
+    if (!found || found->info->shape.size() != e->shape.size() || a.dim >= e->shape.size())
+      continue;
+    const int64_t have = found->info->shape[a.dim];
+    if (have == e->shape[a.dim] || have <= 0) continue;
+    ModelConfig fixed = c;
+    fixed.text.*a.value = have;
+    auto plan = build_layer_plan(fixed);
+    if (!plan) continue;
+    const InventoryReport again = check_inventory(expected_text_tensors(fixed, *plan), ckpt);
+    if (again.problems() * 2 >= rep.problems()) continue;  // explains too little
+    out.push_back(
+        fmt::format("text_config.{} = {} in config.json, but {} has {} {} ({})", a.field,
+                    c.text.*a.value, e->name, have, a.unit,
+                    again.ok() ? fmt::format("with {} = {} every tensor matches", a.field, have)
+                               : fmt::format("with {} = {}, {} of the {} inventory problems remain",
+                                             a.field, have, again.problems(), rep.problems())));
+  }
+  return out;
 }
 
 std::string InventoryReport::summary(std::size_t max_per_kind) const {

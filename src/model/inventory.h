@@ -52,14 +52,24 @@ struct InventoryReport {
   std::vector<std::string> wrong_dtype;  // "name: expected X, found Y"
   std::size_t matched = 0;
   std::size_t ignored_vision = 0;
-  bool ok() const {
-    return missing.empty() && extra.empty() && wrong_shape.empty() && wrong_dtype.empty();
+  bool ok() const { return problems() == 0; }
+  std::size_t problems() const {
+    return missing.size() + extra.size() + wrong_shape.size() + wrong_dtype.size();
   }
   std::string summary(std::size_t max_per_kind = 20) const;
 };
 
 InventoryReport check_inventory(const std::vector<ExpectedTensor>& expected,
                                 const Checkpoint& ckpt);
+
+// When one config.json value is wrong, hundreds of shapes disagree; this names the value. For each
+// config field that sets one dimension of a tensor directly (hidden_size: embed.weight's columns,
+// ...), where the checkpoint's dimension differs, the inventory is checked again with the field set
+// to the checkpoint's value; the field is named when that removes most of `rep`'s problems:
+// "text_config.hidden_size = 288 in config.json, but embed.weight has 256 columns (...)".
+std::vector<std::string> config_contradictions(const ModelConfig& c,
+                                               const std::vector<ExpectedTensor>& expected,
+                                               const Checkpoint& ckpt, const InventoryReport& rep);
 
 struct InventoryTotals {
   std::size_t tensors = 0;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <iterator>
 
@@ -53,7 +54,7 @@ TEST(Cli, VersionAndUsage) {
 }
 
 TEST(Cli, PresetsPassInspect) {
-  for (const char* preset : {"tiny", "demo", "small"}) {
+  for (const char* preset : {"tiny", "tiny-top1", "demo", "small"}) {
     TempDir dir;
     CliRun m =
         run(std::string("make-tiny --preset ") + preset + " --seed 3 --out " + dir.path() + "/ck");
@@ -170,6 +171,36 @@ TEST_F(Tampered, MissingShardConfigAndBadConfigAreNamed) {
   CliRun n = run("inspect --model " + ck());
   EXPECT_EQ(n.code, 2);
   EXPECT_NE(n.err.find("config.json: cannot open"), std::string::npos) << n.err;
+}
+
+// One wrong config.json value makes hundreds of shapes disagree: inspect names the value and the
+// tensor it contradicts first, then counts the rest instead of listing them (--json lists all).
+TEST_F(Tampered, OneWrongConfigValueIsNamedBeforeACount) {
+  const std::string cfg = testing::read_file(ck() + "/config.json");
+  for (const auto& [field, from, to, evidence] : std::vector<std::array<std::string, 4>>{
+           {"hidden_size", "64", "96",
+            "hidden_size = 96 in config.json, but embed.weight has 64 "
+            "columns"},
+           {"moe_intermediate_size", "32", "64",
+            "moe_intermediate_size = 64 in config.json, but layers.0.ffn.experts.0.w1.weight has "
+            "32 rows"}}) {
+    std::string edited = cfg;
+    const std::string key = "\"" + field + "\": " + from + ",";
+    ASSERT_NE(edited.find(key), std::string::npos) << key;
+    edited.replace(edited.find(key), key.size(), "\"" + field + "\": " + to + ",");
+    testing::write_file(ck() + "/config.json", edited);
+    CliRun i = run("inspect --model " + ck());
+    EXPECT_EQ(i.code, 2) << field;
+    const std::string first = i.err.substr(0, i.err.find('\n'));
+    EXPECT_NE(first.find("text_config." + evidence), std::string::npos) << i.err;
+    EXPECT_LE(std::count(i.err.begin(), i.err.end(), '\n'), 4) << i.err;
+    EXPECT_NE(i.err.find("more"), std::string::npos) << i.err;  // the rest, counted
+    CliRun j = run("inspect --json --model " + ck());
+    EXPECT_EQ(j.code, 2);
+    const auto doc = nlohmann::json::parse(j.out);
+    EXPECT_GT(doc["inventory"]["wrong_shape"].size(), 20u) << field;  // still all listed
+    EXPECT_NE(doc["errors"][0].get<std::string>().find(evidence), std::string::npos) << j.out;
+  }
 }
 
 TEST(Cli, MakeTinyErrors) {
@@ -454,6 +485,24 @@ TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
   CliRun again =
       run("generate --model " + dir.path() + "/ck --prompt 'hello world' --max-tokens 12");
   EXPECT_EQ(again.out, g.out);
+  // Piped with the log into one stream, the statistics line is a line of its own, not glued to
+  // the generated text (stdout ends its text with a newline before the log line is written).
+  EXPECT_EQ(g.out.back(), '\n');
+  const std::string merged = dir.file("merged.txt");
+  ASSERT_EQ(std::system((std::string(DSV41_BINARY) + " generate --model " + dir.path() +
+                         "/ck --prompt 'hello world' --max-tokens 12 --seed 3 >" + merged + " 2>&1")
+                            .c_str()),
+            0);
+  const std::string both = testing::read_file(merged);
+  const std::size_t stats = both.rfind("generate: ", both.find(" prompt tokens, "));
+  ASSERT_NE(stats, std::string::npos) << both;
+  const std::size_t line = both.rfind('\n', stats);
+  ASSERT_NE(line, std::string::npos) << both;
+  const std::string prefix = both.substr(line + 1, stats - line - 1);  // "[time] [info] "
+  EXPECT_TRUE(prefix.front() == '[' && prefix.ends_with("] [info] "))
+      << "the statistics line does not start a line:\n"
+      << both;
+  EXPECT_NE(both.find(g.out), std::string::npos) << both;
   CliRun chat = run("generate --model " + dir.path() + "/ck --prompt 'hi' --max-tokens 3 --chat");
   EXPECT_EQ(chat.code, 0) << chat.err;
   CliRun bad = run("generate --model " + dir.path() + "/nope --prompt x");
@@ -482,6 +531,19 @@ TEST(Cli, ServeRefusesABusyPortAndABadModel) {
   close(fd);
   EXPECT_EQ(busy.code, 1);
   EXPECT_NE(busy.err.find("cannot listen"), std::string::npos) << busy.err;
+  EXPECT_NE(busy.err.find("address in use"), std::string::npos) << busy.err;
+}
+
+// Ports outside 0-65535 are a usage error (0 = any free port), not a port taken modulo 65536. The
+// timeout only bounds a serve that wrongly starts.
+TEST(Cli, ServeRefusesAPortOutOfRange) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  for (const char* port : {"99999", "65536", "-1"}) {
+    CliRun r = run("serve --model " + dir.path() + "/ck --port " + port, "", 20);
+    EXPECT_EQ(r.code, 1) << port << ": " << r.err;
+    EXPECT_NE(r.err.find("--port"), std::string::npos) << port << ": " << r.err;
+  }
 }
 
 }  // namespace

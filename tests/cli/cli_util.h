@@ -18,11 +18,14 @@ struct CliRun {
   double seconds = 0;
 };
 
-// `env`: optional "NAME=value ..." assignments for the command.
-inline CliRun run(const std::string& args, const std::string& env = "") {
+// `env`: optional "NAME=value ..." assignments for the command. `timeout_s` > 0: the command is
+// killed after that many seconds (exit code 124), for commands that must not run on.
+inline CliRun run(const std::string& args, const std::string& env = "", int timeout_s = 0) {
   testing::TempDir tmp;
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(DSV41_BINARY) +
-                          " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") +
+                          (timeout_s > 0 ? "timeout -k 2 " + std::to_string(timeout_s) + " " : "") +
+                          std::string(DSV41_BINARY) + " " + args + " >" + tmp.file("out") + " 2>" +
+                          tmp.file("err");
   const auto t0 = std::chrono::steady_clock::now();
   const int st = std::system(cmd.c_str());
   CliRun r;
