@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/fast_logits.h"
 #include "cli/token_args.h"
 #include "core/log.h"
 #include "model/reference/reference_model.h"
@@ -24,6 +25,7 @@ struct LogitsArgs {
                                                index_keys = "owner";
   std::string precision = "fp32", dump_dir;
   bool stream = false;
+  FastLogitsArgs fast;  // --path fast
 };
 
 double peak_rss_mb() {
@@ -131,8 +133,20 @@ int run_logits(const LogitsArgs& a) {
     log::error("logits: {}", chunk.status().message());
     return kExitUsage;
   }
-  if (a.path != "reference") {
-    log::error("logits: --path {}: only the reference path exists so far", a.path);
+  if (a.path == "fast") {
+    if (a.precision != "fp32" || a.stream || !a.dump_dir.empty()) {
+      log::error("logits: --path fast computes in fp32 and has no --stream or --dump-layers");
+      return kExitUsage;
+    }
+    FastLogitsArgs f = a.fast;
+    f.model = a.model;
+    f.out = a.out;
+    f.mode = a.mode;
+    f.index_keys = a.index_keys;
+    return run_fast_logits(f, ids.value(), chunk.value());
+  }
+  if (a.fast.act_quant != "off" || a.fast.companions > 0) {
+    log::error("logits: --act-quant on and --companions need --path fast");
     return kExitUsage;
   }
   return a.precision == "fp64" ? run_reference<double>(a, ids.value(), chunk.value())
@@ -148,7 +162,9 @@ void add_logits(CLI::App& app, Runner* run) {
       "Teacher-forced logits for a token sequence: writes little-endian float32 [T, vocab] "
       "(float64 when --out ends "
       "in .f64), row t = next-token logits after tokens[0..t]; prints one JSON summary line.");
-  sub->add_option("--model", a->model, "Checkpoint directory (official layout)")->required();
+  sub->add_option("--model", a->model,
+                  "Checkpoint directory (official layout; --path fast also takes a converted one)")
+      ->required();
   auto* tok = sub->add_option("--tokens", a->tokens, "Token ids, comma separated");
   auto* file = sub->add_option("--tokens-file", a->tokens_file,
                                "File of token ids (whitespace or comma separated)");
@@ -171,6 +187,25 @@ void add_logits(CLI::App& app, Runner* run) {
   sub->add_option(
       "--dump-layers", a->dump_dir,
       "Write each layer's output residual stream to DIR/layer_NNN.f32|f64 ([T, hc_mult, hidden])");
+  sub->add_option("--act-quant", a->fast.act_quant,
+                  "fast path: on = DeepSeek's inference numerics (E4M3 per 32 before every "
+                  "FP8/FP4 linear), off = model-faithful as the reference")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub->add_option("--companions", a->fast.companions,
+                  "fast path: run the sequence among N random companion sequences (the output "
+                  "must equal the solo run byte for byte)")
+      ->check(CLI::Range(0, 1000));
+  sub->add_option("--companion-seed", a->fast.companion_seed, "Seed of the companions")
+      ->capture_default_str();
+  sub->add_option("--threads", a->fast.threads, "fast path: threads (0: every core)")
+      ->check(CLI::Range(0, 4096));
+  sub->add_option("--kv-cache-gb", a->fast.kv_cache_gb,
+                  "fast path: KV pool size in GB (0: a quarter of available memory)")
+      ->check(CLI::Range(0.0, 1e6));
+  sub->add_option("--converted", a->fast.converted_dir,
+                  "fast path, official-layout --model: where its one-time conversion goes "
+                  "(default: DIR.dsv41-converted beside it)");
   sub->callback([a, run, tok, file] {
     *run = [a, tok, file] {
       if (tok->count() == 0 && file->count() == 0) {

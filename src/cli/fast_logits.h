@@ -1,0 +1,22 @@
+// `dsv41 logits --path fast`: teacher-forced logits from the fast engine (model/fast), optionally
+// among random companion sequences (the batch-invariance check: the output must equal the solo
+// run byte for byte).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dsv41::cli {
+
+struct FastLogitsArgs {
+  std::string model, converted_dir, out, mode, index_keys = "owner", act_quant = "off";
+  int companions = 0;
+  uint64_t companion_seed = 1;
+  int threads = 0;
+  double kv_cache_gb = 0;
+};
+
+int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, int64_t chunk);
+
+}  // namespace dsv41::cli
