@@ -146,9 +146,11 @@ Agreement compare(const std::vector<float>& a, const std::vector<float>& b,
 }
 
 std::vector<float> reference_logits(const std::vector<int32_t>& tokens,
-                                    IndexKeySemantics keys = IndexKeySemantics::kOwner) {
+                                    IndexKeySemantics keys = IndexKeySemantics::kOwner,
+                                    bool act_quant = false) {
   ReferenceOptions ro;
   ro.index_keys = keys;
+  ro.act_quant = act_quant;
   auto r = ReferenceRunner<float>::load(official_dir(), ro);
   EXPECT_TRUE(r.is_ok());
   return run(**r, 1, tokens, 0);
@@ -168,11 +170,22 @@ TEST(FastModel, RefusesOfficialLayoutNamingIt) {
   EXPECT_NE(m.status().message().find("manifest"), std::string::npos) << m.status().message();
 }
 
+std::vector<float> reference64_logits(const std::vector<int32_t>& tokens, IndexKeySemantics keys,
+                                      bool act_quant) {
+  ReferenceOptions ro;
+  ro.index_keys = keys;
+  ro.act_quant = act_quant;
+  auto r = ReferenceRunner<double>::load(official_dir(), ro);
+  EXPECT_TRUE(r.is_ok());
+  return run(**r, 1, tokens, 0);  // the runner hands out fp32 copies of the fp64 logits
+}
+
+// design.md §7 with act_quant off (model-faithful): the fast path against the fp32 reference.
 TEST(FastModel, MatchesReferenceOnShortPrefixes) {
   auto m = load_fast();
   ASSERT_TRUE(m);
   const int64_t v = m->vocab_size();
-  for (uint64_t seed : {1, 2, 3}) {
+  for (uint64_t seed : {1, 2, 3, 4, 5}) {
     const auto toks = random_tokens(seed, 16, int32_t(v));
     const auto fast = run(*m, 100 + seed, toks, 0);
     const auto ref = reference_logits(toks);
@@ -182,22 +195,63 @@ TEST(FastModel, MatchesReferenceOnShortPrefixes) {
 }
 
 TEST(FastModel, MatchesReferenceOverLongSequences) {
-  auto m = load_fast();
-  ASSERT_TRUE(m);
-  const int64_t v = m->vocab_size();
+  const auto v = load_fast()->vocab_size();
+  const auto toks = random_tokens(11, 300, int32_t(v));
   for (auto keys : {IndexKeySemantics::kOwner, IndexKeySemantics::kVendor}) {
     FastOptions o;
     o.index_keys = keys;
     auto mk = load_fast(o);
-    const auto toks = random_tokens(11, 300, int32_t(v));
     const auto fast = run(*mk, 1, toks, 0);
     const auto ref = reference_logits(toks, keys);
     const Agreement g = compare(fast, ref, toks, v, 0);
-    EXPECT_GE(g.argmax, 0.97);
+    EXPECT_GE(g.argmax, 0.97) << "vendor " << (keys == IndexKeySemantics::kVendor);
     EXPECT_LT(g.mean_dlogprob, 0.05);
-    RecordProperty(keys == IndexKeySemantics::kOwner ? "owner_argmax" : "vendor_argmax",
-                   std::to_string(g.argmax));
   }
+}
+
+// act_quant on: E4M3 roundings before every FP8/FP4 linear make fp32 results chaotic on this
+// random-weight model even for the oracle: the fp32 reference itself leaves the fp64 reference's
+// row on some 16-token prefixes (0.06-0.22 relative L2 within 6 rows, seeds 1, 7, 8 of 1..12) and
+// agrees on only ~86% of argmaxes over 300 tokens. So the fast path is gated against the exact
+// (fp64) reference in the same mode, and must do at least as well as the fp32 reference does
+// there (docs/decisions.md).
+TEST(FastModel, ActQuantTracksTheExactReferenceAsWellAsFp32Does) {
+  FastOptions o;
+  o.act_quant = true;
+  auto m = load_fast(o);
+  const int64_t v = m->vocab_size();
+  int fast_off = 0, ref_off = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    const auto toks = random_tokens(seed, 16, int32_t(v));
+    const auto fast = run(*m, 100 + seed, toks, 0);
+    const auto r32 = reference_logits(toks, IndexKeySemantics::kOwner, true);
+    const auto r64 = reference64_logits(toks, IndexKeySemantics::kOwner, true);
+    fast_off += compare(fast, r64, toks, v, 6).first_rel_l2 > 5e-3;
+    ref_off += compare(r32, r64, toks, v, 6).first_rel_l2 > 5e-3;
+  }
+  EXPECT_LE(fast_off, ref_off) << "prefixes off the fp64 row: fast " << fast_off << ", fp32 "
+                               << ref_off;
+  EXPECT_LE(fast_off, 3);
+  const auto toks = random_tokens(11, 300, int32_t(v));
+  const auto fast = run(*m, 1, toks, 0);
+  const auto r32 = reference_logits(toks, IndexKeySemantics::kOwner, true);
+  const auto r64 = reference64_logits(toks, IndexKeySemantics::kOwner, true);
+  const Agreement gf = compare(fast, r64, toks, v, 0), gr = compare(r32, r64, toks, v, 0);
+  EXPECT_GE(gf.argmax, gr.argmax - 0.02) << "fast " << gf.argmax << " fp32 " << gr.argmax;
+  EXPECT_LE(gf.mean_dlogprob, gr.mean_dlogprob + 0.01)
+      << "fast " << gf.mean_dlogprob << " fp32 " << gr.mean_dlogprob;
+  EXPECT_GE(gf.argmax, 0.85);
+}
+
+// The two numerics modes really differ (so the gates above test two things).
+TEST(FastModel, ActQuantChangesTheLogits) {
+  FastOptions o;
+  o.act_quant = true;
+  auto a = load_fast(), b = load_fast(o);
+  const auto toks = random_tokens(12, 8, a->vocab_size());
+  const auto la = run(*a, 1, toks, 0), lb = run(*b, 1, toks, 0);
+  const Agreement g = compare(la, lb, toks, a->vocab_size(), 8);
+  EXPECT_GT(g.first_rel_l2, 1e-2);
 }
 
 TEST(FastModel, DecodeAndChunkedTrackPrefill) {

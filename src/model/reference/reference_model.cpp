@@ -155,6 +155,19 @@ struct ReferenceModel<T>::Impl {
                       {}});
   }
 
+  // A linear layer; with act_quant, an FP8/FP4 weight's input is first rounded to E4M3 with a
+  // power-of-two scale per 32 values, as DeepSeek's inference code does (spec §3.3; the rule is the
+  // window rows' FP8 fake-quant). `act` = false for wo_a, which DeepSeek's converter dequantizes to
+  // BF16 for a grouped einsum (no activation rounding there).
+  void lin(const WeightView& w, const T* x, T* y, int64_t r0 = 0, int64_t n = -1, bool act = true) {
+    using K = WeightView::Kind;
+    if (!opt.act_quant || !act || (w.kind != K::kFP8 && w.kind != K::kFP4))
+      return ref::matvec(w, x, y, r0, n);
+    std::vector<T> q(x, x + w.cols);
+    ref::fake_fp8_pow2(q.data(), w.cols, 32);
+    ref::matvec(w, q.data(), y, r0, n);
+  }
+
   // Per-call state, indexed by position within the call.
   std::map<int, std::vector<std::vector<int64_t>>> selections;  // index layer -> [t] -> entries
   std::vector<std::vector<char>> candidates;                    // [t] -> mask over entries
@@ -184,7 +197,7 @@ void ReferenceModel<T>::Impl::engram(const LayerPlan& p, const LayerW<T>& w, int
           T(e4m3_to_float(codes[std::size_t(rows[c] * hd + i)])) *
           T(e8m0_to_double(scales[std::size_t(rows[c] * (hd / 32) + i / 32)]));
   std::vector<T> kv(std::size_t(w.e_wkv.rows));
-  ref::matvec(w.e_wkv, emb.data(), kv.data());
+  lin(w.e_wkv, emb.data(), kv.data());
   const T* value = kv.data() + HC * D;
   const T eps = T(t.rms_norm_eps);
   for (int64_t j = 0; j < HC; ++j) {
@@ -204,11 +217,11 @@ void ReferenceModel<T>::Impl::compressor_step(const LayerPlan& p, const LayerW<T
   SourceState<T>& st = sources[p.index];
   std::vector<T> latent(static_cast<std::size_t>(Dh));
   if (r == 1) {
-    ref::matvec(w.c_wkv, x, latent.data());
+    lin(w.c_wkv, x, latent.data());
   } else {
     std::vector<T> kv(static_cast<std::size_t>(Dh)), g(static_cast<std::size_t>(Dh));
-    ref::matvec(w.c_wkv, x, kv.data());
-    ref::matvec(w.c_wgate, x, g.data());
+    lin(w.c_wkv, x, kv.data());
+    lin(w.c_wgate, x, g.data());
     st.part_kv.push_back(kv);
     st.part_gate.push_back(g);
     if ((P + 1) % r != 0) return;
@@ -220,7 +233,7 @@ void ReferenceModel<T>::Impl::compressor_step(const LayerPlan& p, const LayerW<T
   const int64_t j = P / r, entry_pos = j * r;
   // Index key from the pre-RoPE latent; then the latent itself is rotated and FP4-quantized.
   std::vector<T> key(std::size_t(t.index_head_dim));
-  ref::matvec(w.i_wk, latent.data(), key.data());
+  lin(w.i_wk, latent.data(), key.data());
   ref::rmsnorm(key.data(), w.i_k_norm.data(), t.index_head_dim, T(t.rms_norm_eps), key.data());
   rope_comp.apply(key.data(), t.index_head_dim, entry_pos);
   quant([](T* v, int64_t k, ref::QuantTrace* q) { ref::fake_fp4_pow2(v, k, 32, q); }, key.data(),
@@ -247,14 +260,14 @@ void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, co
   const auto& keys = sources[keys_owner].keys;
   DSV41_CHECK(int64_t(keys.size()) >= nvis);
   std::vector<T> q(std::size_t(nh * di));
-  ref::matvec(w.i_wq_b, qr, q.data());
+  lin(w.i_wq_b, qr, q.data());
   for (int64_t h = 0; h < nh; ++h) {
     rope_comp.apply(q.data() + h * di, di, P);
     quant([](T* v, int64_t k, ref::QuantTrace* qt) { ref::fake_fp4_pow2(v, k, 32, qt); },
           q.data() + h * di, di, TraceSite::kIndexQuery, P, h);
   }
   std::vector<T> wts(static_cast<std::size_t>(nh));
-  ref::matvec(w.i_wproj, x, wts.data());
+  lin(w.i_wproj, x, wts.data());
   const T wscale = T(1.0 / std::sqrt(double(di)) / std::sqrt(double(nh)));
   for (auto& v : wts) v *= wscale;
   const T ninf = -std::numeric_limits<T>::infinity();
@@ -295,13 +308,13 @@ void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, 
   const T eps = T(tc.rms_norm_eps);
   const ref::Rope<T>& rope = p.compress_ratio > 0 ? rope_comp : rope_swa;
   std::vector<T> qr(std::size_t(tc.q_lora_rank));
-  ref::matvec(w.wq_a, x, qr.data());
+  lin(w.wq_a, x, qr.data());
   ref::rmsnorm(qr.data(), w.q_norm.data(), tc.q_lora_rank, eps, qr.data());
   std::vector<T> q(std::size_t(H * Dh));
-  ref::matvec(w.wq_b, qr.data(), q.data());
+  lin(w.wq_b, qr.data(), q.data());
   for (int64_t h = 0; h < H; ++h) rope.apply(q.data() + h * Dh, Dh, P);
   std::vector<T> kv(static_cast<std::size_t>(Dh));
-  ref::matvec(w.wkv, x, kv.data());
+  lin(w.wkv, x, kv.data());
   ref::rmsnorm(kv.data(), w.kv_norm.data(), Dh, eps, kv.data());
   rope.apply(kv.data(), Dh, P);
   quant([](T* v, int64_t k, ref::QuantTrace* qt) { ref::fake_fp8_pow2(v, k, 32, qt); }, kv.data(),
@@ -333,9 +346,9 @@ void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, 
   const int64_t G = tc.o_groups, R = tc.o_lora_rank, gin = H * Dh / G;
   std::vector<T> u(std::size_t(G * R));
   for (int64_t g = 0; g < G; ++g) {
-    ref::matvec(w.wo_a, o.data() + g * gin, u.data() + g * R, g * R, R);
+    lin(w.wo_a, o.data() + g * gin, u.data() + g * R, g * R, R, /*act=*/false);
   }
-  ref::matvec(w.wo_b, u.data(), out);
+  lin(w.wo_b, u.data(), out);
 }
 
 template <typename T>
@@ -343,7 +356,7 @@ void ReferenceModel<T>::Impl::moe(const LayerPlan& p, const LayerW<T>& w, const 
   const TextConfig& tc = cfg.text;
   const int64_t D = tc.hidden_size, E = p.n_routed_experts;
   std::vector<T> logits(static_cast<std::size_t>(E));
-  ref::matvec(w.gate, x, logits.data());
+  lin(w.gate, x, logits.data());
   const auto routing = ref::route(logits, w.gate_bias, p.experts_per_tok, T(tc.gate_temp),
                                   tc.norm_topk_prob, T(tc.routed_scaling_factor));
   record(TraceSite::kExperts, cur_pos, routing.experts, routing.biased);
@@ -353,11 +366,11 @@ void ReferenceModel<T>::Impl::moe(const LayerPlan& p, const LayerW<T>& w, const 
     const int64_t I = ew.w1.rows;
     std::vector<T> g(static_cast<std::size_t>(I)), u(static_cast<std::size_t>(I)),
         yo(static_cast<std::size_t>(D));
-    ref::matvec(ew.w1, x, g.data());
-    ref::matvec(ew.w3, x, u.data());
+    lin(ew.w1, x, g.data());
+    lin(ew.w3, x, u.data());
     for (int64_t i = 0; i < I; ++i)
       g[std::size_t(i)] = ref::swiglu_clamped(g[std::size_t(i)], u[std::size_t(i)], lim, weight);
-    ref::matvec(ew.w2, g.data(), yo.data());
+    lin(ew.w2, g.data(), yo.data());
     for (int64_t i = 0; i < D; ++i) y[std::size_t(i)] += yo[std::size_t(i)];
   };
   for (std::size_t k = 0; k < routing.experts.size(); ++k)
@@ -549,7 +562,7 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
     ref::rmsnorm(x.data(), im.norm.data(), D, eps, x.data());
     const std::size_t off = logits->size();
     logits->resize(off + std::size_t(V));
-    ref::matvec(im.head, x.data(), logits->data() + off);
+    im.lin(im.head, x.data(), logits->data() + off);
   }
   if (im.opt.streaming) {
     im.ckpt.release("head.weight");

@@ -28,6 +28,9 @@ struct ReferenceOptions {
   // streaming, each layer's pages are also dropped once the layer is done, so at most one layer's
   // weights (plus the rows of embedding/head in use) stay resident.
   bool streaming = false;
+  // DeepSeek's inference numerics: every FP8/FP4 linear's input rounded to E4M3 with a power-of-two
+  // scale per 32 first (spec §3.3). Off (default): model-faithful.
+  bool act_quant = false;
 };
 
 // Counters over the life of a model object, so tests can show which paths a sequence exercised.
