@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/demo_model.h"
+#include "cli/fast_model_dir.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "text/chat.h"
@@ -18,6 +19,7 @@ void add_generate(CLI::App& app, Runner* run) {
     double temperature = 0.0;
     uint64_t seed = 0;
     bool chat = false, thinking = false;
+    PathArgs paths;
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub =
@@ -36,6 +38,7 @@ void add_generate(CLI::App& app, Runner* run) {
                 "Wrap the prompt in the V4.1 chat format (one user turn, chat mode)");
   sub->add_flag("--thinking", a->thinking,
                 "With --chat: thinking mode (the reasoning is printed too)");
+  add_path_options(sub, &a->paths);
   sub->callback([a, run] {
     *run = [a] {
       std::string dir = a->model;
@@ -50,7 +53,10 @@ void add_generate(CLI::App& app, Runner* run) {
       log::info("generate: loading {} ...", dir);
       const auto t0 = std::chrono::steady_clock::now();
       EngineOptions eo;
-      eo.model_dir = dir;
+      if (Status st = apply_path_options(a->paths, dir, &eo); !st.is_ok()) {
+        log::error("generate: --model: {}", st.message());
+        return kExitInvalid;
+      }
       auto engine = Engine::load(eo);
       if (!engine) {
         log::error("generate: --model: {}", engine.status().message());

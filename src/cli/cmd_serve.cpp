@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/demo_model.h"
+#include "cli/fast_model_dir.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "server/http_server.h"
@@ -24,6 +25,7 @@ void add_serve(CLI::App& app, Runner* run) {
     std::size_t max_body_mb = 8;
     int64_t max_context = 0;
     uint64_t seed = 0;
+    PathArgs paths;
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
@@ -31,10 +33,11 @@ void add_serve(CLI::App& app, Runner* run) {
       "OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streaming, logprobs, "
       "tools), /v1/models, /tokenize, /detokenize, /health, /metrics. Without --model it creates "
       "(first "
-      "run) and serves a small random-weight demo model. The reference forward runs the model for "
-      "now.");
+      "run) and serves a small random-weight demo model. The fast engine runs the model (an "
+      "official-layout checkpoint is converted once beside it); requests run one at a time "
+      "until continuous batching lands.");
   sub->add_option("--model", a->model,
-                  "Checkpoint directory (official layout); default: the demo model");
+                  "Checkpoint directory (official or converted layout); default: the demo model");
   sub->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", a->server.port, "Port to listen on (0: any free port)")
       ->capture_default_str()
@@ -55,6 +58,7 @@ void add_serve(CLI::App& app, Runner* run) {
       ->capture_default_str();
   sub->add_option("--seed", a->seed, "Seed for requests that do not carry one")
       ->capture_default_str();
+  add_path_options(sub, &a->paths);
   sub->callback([a, run] {
     *run = [a] {
       // Signals are taken by one thread (sigwait); every thread created from here inherits the
@@ -83,7 +87,10 @@ void add_serve(CLI::App& app, Runner* run) {
       log::info("serve: loading {} ...", dir);
       const auto t0 = std::chrono::steady_clock::now();
       EngineOptions eo;
-      eo.model_dir = dir;
+      if (Status st = apply_path_options(a->paths, dir, &eo); !st.is_ok()) {
+        log::error("serve: --model: {}", st.message());
+        return kExitInvalid;
+      }
       eo.seed = a->seed;
       eo.max_context = a->max_context;
       auto engine = Engine::load(eo);

@@ -37,4 +37,43 @@ Result<std::string> ensure_converted(const std::string& model_dir,
   return to;
 }
 
+void add_path_options(CLI::App* sub, PathArgs* a) {
+  sub->add_option("--path", a->path,
+                  "fast (the engine; an official-layout --model is converted once beside it) | "
+                  "reference (the plain oracle, slow)")
+      ->check(CLI::IsMember({"fast", "reference"}))
+      ->capture_default_str();
+  sub->add_option("--converted", a->converted,
+                  "fast path: where an official-layout model's conversion goes (default: "
+                  "DIR.dsv41-converted beside it)");
+  sub->add_option("--threads", a->threads, "fast path: threads (0: every core)")
+      ->check(CLI::Range(0, 4096));
+  sub->add_option("--kv-cache-gb", a->kv_cache_gb,
+                  "fast path: KV pool size in GB (0: a quarter of available memory)")
+      ->check(CLI::Range(0.0, 1e6));
+  sub->add_option("--act-quant", a->act_quant,
+                  "fast path: on = DeepSeek's inference numerics (E4M3 per 32 before every "
+                  "FP8/FP4 linear), off = model-faithful")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+}
+
+Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo) {
+  eo->path = a.path;
+  eo->model_dir = model_dir;
+  if (a.path == "reference") {
+    if (is_converted_checkpoint(model_dir))
+      return Status::error(
+          model_dir + " is a converted checkpoint; --path reference reads the official layout");
+    return Status::ok();
+  }
+  auto dir = ensure_converted(model_dir, a.converted);
+  if (!dir) return dir.status();
+  eo->model_dir = *dir;
+  eo->fast.threads = a.threads;
+  eo->fast.kv_cache_gb = a.kv_cache_gb;
+  eo->fast.act_quant = a.act_quant == "on";
+  return Status::ok();
+}
+
 }  // namespace dsv41::cli

@@ -5,9 +5,22 @@
 
 #include <string>
 
+#include "cli/commands.h"
 #include "core/status.h"
+#include "engine/engine.h"
 
 namespace dsv41::cli {
+
+// The forward-path options of `generate` and `serve`.
+struct PathArgs {
+  std::string path = "fast", converted, act_quant = "off";
+  int threads = 0;
+  double kv_cache_gb = 0;
+};
+void add_path_options(CLI::App* sub, PathArgs* a);
+// Fills eo.path / eo.fast / eo.model_dir from the options (converting an official-layout model
+// for the fast path first).
+Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo);
 
 // Returns the converted directory to load; says on stderr what it found and did.
 Result<std::string> ensure_converted(const std::string& model_dir,

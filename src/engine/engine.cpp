@@ -92,7 +92,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     return Status::error(tok_path + ": not found (the model needs its tokenizer)");
   auto tok = Tokenizer::load(tok_path);
   if (!tok) return tok.status();
-  auto backend = load_reference_backend(options.model_dir);
+  auto backend = options.path == "reference" ? load_reference_backend(options.model_dir)
+                                             : load_fast_backend(options.model_dir, options.fast);
   if (!backend) return backend.status();
   return create(std::move(*backend), std::move(*tok), options);
 }

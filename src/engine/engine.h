@@ -67,7 +67,9 @@ class RequestHandle {
 };
 
 struct EngineOptions {
-  std::string model_dir;
+  std::string model_dir;  // path "fast": a converted checkpoint; "reference": the official layout
+  std::string path = "fast";
+  FastBackendOptions fast;
   uint64_t seed = 0;        // seeds requests that carry no seed of their own
   int max_queue = 256;      // submissions beyond this are refused
   int64_t max_context = 0;  // 0: the model's limit
@@ -83,7 +85,8 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Loads the tokenizer and the model from options.model_dir (official layout, reference forward).
+  // Loads the tokenizer and the model from options.model_dir (path "fast": a converted checkpoint;
+  // "reference": the official layout, the plain oracle).
   static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);
   // With an explicit backend (tests, other model paths).
   static Result<std::unique_ptr<Engine>> create(std::unique_ptr<ModelBackend> backend,

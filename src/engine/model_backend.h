@@ -1,6 +1,7 @@
 // The engine's view of a model: one sequence at a time, tokens in, next-token logits out. The
-// reference forward implements it today; the fast engine will implement it (batched) later, and
-// tests plug scripted backends in to drive the server through exact token sequences.
+// reference forward and the fast forward (through the model seam, engine/runner_backend.cpp)
+// implement it; tests plug scripted backends in to drive the server through exact token
+// sequences. The scheduler of continuous batching will drive the seam directly.
 #pragma once
 
 #include <cstdint>
@@ -26,5 +27,14 @@ class ModelBackend {
 
 // The reference forward (fp32) on a checkpoint in the official layout.
 Result<std::unique_ptr<ModelBackend>> load_reference_backend(const std::string& model_dir);
+
+struct FastBackendOptions {
+  int threads = 0;         // 0: every core
+  bool act_quant = false;  // DeepSeek's E4M3 activation rounding (spec §3.3)
+  double kv_cache_gb = 0;  // 0: a quarter of available memory
+};
+// The fast forward (model/fast) on a converted checkpoint.
+Result<std::unique_ptr<ModelBackend>> load_fast_backend(const std::string& converted_dir,
+                                                        const FastBackendOptions& o);
 
 }  // namespace dsv41

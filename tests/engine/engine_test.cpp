@@ -11,6 +11,8 @@
 
 #include "engine/engine.h"
 #include "io/test_util.h"
+#include "model/convert/converter.h"
+#include "model/fast/fast_model.h"
 #include "model/reference/reference_model.h"
 #include "model/tiny_checkpoint.h"
 #include "text/tokenizer_file.h"
@@ -281,6 +283,7 @@ TEST(Engine, ReferenceBackendGreedyMatchesTeacherForcedArgmax) {
   ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
   EngineOptions opt;
   opt.model_dir = mt.out_dir;
+  opt.path = "reference";
   auto e = Engine::load(opt);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
   GenerationRequest r;
@@ -304,6 +307,57 @@ TEST(Engine, ReferenceBackendGreedyMatchesTeacherForcedArgmax) {
     const auto best = static_cast<int32_t>(std::max_element(l, l + v) - l);
     EXPECT_EQ(c.tokens[k], best) << "token " << k;
   }
+}
+
+// The engine on the fast path (the default): greedy tokens equal the argmax of the fast model's
+// own teacher-forced logits (the fast path gives a sequence the same bits whatever its chunking),
+// and stay close to the reference's.
+TEST(Engine, FastBackendGreedyMatchesTeacherForcedArgmax) {
+  testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/ck";
+  mt.preset = "tiny";
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  ConvertOptions co;
+  co.from = mt.out_dir;
+  co.to = dir.path() + "/conv";
+  ASSERT_TRUE(convert_checkpoint(co).is_ok());
+  EngineOptions opt;
+  opt.model_dir = co.to;
+  opt.fast.kv_cache_gb = 0.05;
+  auto e = Engine::load(opt);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  GenerationRequest r;
+  r.prompt = (*e)->tokenizer().encode("hello world, the");
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 12;
+  r.sampling.ignore_eos = true;
+  Collected c = collect(*(*e)->submit(r));
+  ASSERT_EQ(c.tokens.size(), 12u);
+  FastOptions fo;
+  fo.kv_cache_bytes = 50'000'000;
+  auto fast = FastModel::load(co.to, fo);
+  ASSERT_TRUE(fast.is_ok());
+  std::vector<int32_t> seq = r.prompt;
+  seq.insert(seq.end(), c.tokens.begin(), c.tokens.end() - 1);
+  ASSERT_TRUE((*fast)->open(1).is_ok());
+  StepBatch b;
+  b.slices.push_back({1, 0, seq, {}, {}});
+  for (int32_t i = 0; i < int32_t(seq.size()); ++i) b.slices[0].logits_rows.push_back(i);
+  StepOutput out;
+  ASSERT_TRUE((*fast)->step(b, &out).is_ok());
+  const std::size_t v = static_cast<std::size_t>((*fast)->vocab_size());
+  for (std::size_t k = 0; k < c.tokens.size(); ++k) {
+    const float* l = out.slices[0].logits.data() + (r.prompt.size() - 1 + k) * v;
+    EXPECT_EQ(c.tokens[k], static_cast<int32_t>(std::max_element(l, l + v) - l)) << "token " << k;
+  }
+  // A converted checkpoint is refused by the reference path, an official one by the fast path.
+  EngineOptions bad = opt;
+  bad.path = "reference";
+  EXPECT_FALSE(Engine::load(bad).is_ok());
+  bad.path = "fast";
+  bad.model_dir = mt.out_dir;
+  EXPECT_FALSE(Engine::load(bad).is_ok());
 }
 
 }  // namespace
