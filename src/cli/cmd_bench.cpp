@@ -1,6 +1,6 @@
-// `dsv41 bench`: performance measurements printed as JSON (design.md §8). So far: `bench
-// tokenizer`, the encode/decode throughput of a model's tokenizer on a deterministic mixed-script
-// corpus.
+// `dsv41 bench`: performance measurements printed as JSON (design.md §8): `bench tokenizer`, the
+// encode/decode throughput of a model's tokenizer on a deterministic mixed-script corpus; `bench
+// kernels`; `bench decode` / `bench prefill` (cmd_bench_model.cpp).
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -118,6 +118,7 @@ void add_bench(CLI::App& app, Runner* run) {
       return kExitOk;
     };
   });
+  add_bench_model(bench, run);
 }
 
 }  // namespace dsv41::cli

@@ -233,8 +233,10 @@ void FastModel::Impl::attention(const LayerPlan& p, const fast::LayerW& w, int64
     kern->rope(att_o.data() + hh * Dh, Dh, rope.dim, cosb.data(), sinb.data(), true);
   // Grouped low-rank output: group g (heads g*H/G ..) through rows [g*R, (g+1)*R) of wo_a.
   const int64_t G = tc.o_groups, R = tc.o_lora_rank, gin = H * Dh / G;
+  linear_count(w.wo_a);
   for (int64_t g = 0; g < G; ++g) {
     Linear part = w.wo_a;
+    part.stamp = stats.steps;  // counted whole above
     part.out = R;
     if (part.quantized()) {
       part.w += g * R * part.in;

@@ -32,6 +32,9 @@ struct Linear {
   // An FP8 linear of the checkpoint whose input DeepSeek's code rounds (act_quant mode); wo_a is
   // not one (DeepSeek's converter dequantizes it to BF16 for a grouped einsum).
   bool act = false;
+  // The step that last counted this weight's bytes (FastStats::weight_bytes counts each weight
+  // once per step, whatever number of tokens read it).
+  mutable int64_t stamp = -1;
   bool quantized() const { return dtype == DType::kF8_E4M3; }
 };
 
@@ -127,6 +130,7 @@ struct FastModel::Impl {
   // ---- helpers (fast_model.cpp) ----
   // y[0..out) = W x, rows split over the thread pool at fixed, shape-only boundaries.
   void linear(const Linear& l, const float* x, float* y);
+  void linear_count(const Linear& l);  // adds l's bytes to the step's count, once per step
   // Runs fn(r0, r1) over [0, n) in chunks aligned to `align`, a split that depends only on n.
   void par_rows(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn);
   const float* maybe_act_quant(const float* x, int64_t n);

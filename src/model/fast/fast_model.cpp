@@ -344,8 +344,16 @@ const float* FastModel::Impl::maybe_act_quant(const float* x, int64_t n) {
   return xq.data();
 }
 
+void FastModel::Impl::linear_count(const Linear& l) {
+  if (l.stamp == stats.steps) return;
+  l.stamp = stats.steps;
+  stats.weight_bytes +=
+      l.quantized() ? l.out * l.in + ((l.out + 31) / 32) * ((l.in + 31) / 32) : l.out * l.in * 2;
+}
+
 void FastModel::Impl::linear(const Linear& l, const float* x_in, float* out) {
   const float* xin = l.act ? maybe_act_quant(x_in, l.in) : x_in;
+  linear_count(l);
   const ops::Kernels& kk = *kern;
   if (l.quantized()) {
     const int64_t sin = (l.in + 31) / 32;
@@ -547,6 +555,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   for (int l = 0; l < im.plan.num_backbone; ++l) {
     const LayerPlan& p = im.plan.layers[std::size_t(l)];
     const fast::LayerW& w = im.layers[std::size_t(l)];
+    im.stats.weight_bytes += 2 * tc.hc_mix() * HC * D * 4;  // hc_attn_fn, hc_ffn_fn (F32)
     if (p.is_kv_source())
       for (const auto& sl : batch.slices)
         for (int64_t P = sl.first_pos; P < sl.first_pos + int64_t(sl.tokens.size()); ++P)

@@ -37,6 +37,11 @@ struct FastOptions {
 struct FastStats {
   int64_t steps = 0;
   int64_t tokens = 0;
+  // Weight bytes a step needs, counted as the kernels are handed them: each linear, mHC matrix and
+  // routed expert once per step however many of the step's tokens use it, plus each token's
+  // Engram rows; and the distinct routed experts per layer, summed over the steps.
+  int64_t weight_bytes = 0;
+  int64_t distinct_experts = 0;
   int64_t foreign_reads = 0;  // the isolation counter (must stay 0)
 };
 

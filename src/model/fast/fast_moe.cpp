@@ -86,6 +86,12 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
       by_expert[std::size_t(e)].push_back(int32_t(t * K + s));
     }
   }
+  const int64_t I = tc.moe_intermediate_size;
+  for (int64_t e = 0; e < E; ++e)
+    if (!by_expert[std::size_t(e)].empty()) {
+      ++stats.distinct_experts;
+      stats.weight_bytes += 3 * I * (D / 2 + D / 32);  // w13 and w2 with their scales, once
+    }
   for (int64_t e = 0; e < E; ++e)
     for (int32_t item : by_expert[std::size_t(e)])
       expert_swiglu(w.experts[std::size_t(e)], xs.data() + (item / K) * D,
@@ -112,6 +118,7 @@ void FastModel::Impl::engram(const LayerPlan& p, const fast::LayerW& w, int64_t 
   hasher->hash(row.seq->history, row.pos, std::size_t(p.engram), topk_out.data());
   const auto& offsets = hasher->layouts()[std::size_t(p.engram)].offsets;
   if (int64_t(emb.size()) < int64_t(cols) * hd) emb.resize(cols * std::size_t(hd));
+  stats.weight_bytes += int64_t(cols) * (hd + hd / 32);
   for (std::size_t c = 0; c < cols; ++c) {
     const int64_t r = topk_out[c] - offsets[c];  // the row inside hash column c's bucket
     const uint8_t* codes = w.e_codes[c] + r * hd;

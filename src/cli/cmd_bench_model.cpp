@@ -1,0 +1,261 @@
+// `dsv41 bench decode` and `dsv41 bench prefill` (design.md §8): the fast engine on a model,
+// JSON. Decode: per (streams, context) point, steps of one token per stream after a prefill of
+// `context` tokens each: tok/s (aggregate and per stream), weight bytes the kernels read per step
+// (counted by the engine), distinct routed experts per step, achieved GB/s, the read probe measured
+// beside it and fraction_of_floor = (bytes per step / probe GB/s) / step time. Prefill: per prompt
+// length, one step of the whole prompt: tok/s and time to first token.
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/fast_model_dir.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "model/fast/fast_model.h"
+#include "ops/kernels.h"
+
+namespace dsv41::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct BenchArgs {
+  std::string model, converted, streams = "1,4,16", context = "0", lengths = "512,4096,16384";
+  int steps = 8, threads = 0;
+  double kv_cache_gb = 0;
+  std::string act_quant = "off";
+  std::size_t probe_mb = 1024;
+};
+
+Result<std::vector<int64_t>> parse_list(const std::string& s, const std::string& what) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const long long x = std::stoll(item, &used);
+      if (used != item.size() || x < 0) throw std::invalid_argument(item);
+      v.push_back(x);
+    } catch (const std::exception&) {
+      return Status::error(what + ": '" + item + "' is not a non-negative integer");
+    }
+  }
+  if (v.empty()) return Status::error(what + ": empty list");
+  return v;
+}
+
+// Streaming-read bandwidth (GB/s) of all threads over a buffer larger than the caches.
+class ReadProbe {
+ public:
+  ReadProbe(std::size_t mb, std::size_t threads) : buf_(mb << 18), pool_(threads) {
+    for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] = float(i & 1023);
+  }
+  double gb_per_s() {
+    std::vector<float> sink(pool_.size());
+    const auto t0 = Clock::now();
+    auto job = [&](std::size_t b, std::size_t e, std::size_t p) {
+      sink[p] += ops::kernels().read_sum(buf_.data() + b, int64_t(e - b));
+    };
+    pool_.parallel_for(buf_.size(), std::ref(job));
+    const double s = secs(t0, Clock::now());
+    volatile float keep = sink[0];
+    (void)keep;
+    return double(buf_.size() * sizeof(float)) / 1e9 / s;
+  }
+
+ private:
+  std::vector<float> buf_;
+  ThreadPool pool_;
+};
+
+Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a) {
+  auto dir = ensure_converted(a.model, a.converted);
+  if (!dir) return dir.status();
+  FastOptions o;
+  o.threads = a.threads;
+  o.act_quant = a.act_quant == "on";
+  o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
+  return FastModel::load(*dir, o);
+}
+
+std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
+  std::vector<int32_t> t(static_cast<std::size_t>(n));
+  for (auto& v : t) v = int32_t(rng.below(uint64_t(vocab)));
+  return t;
+}
+
+Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int64_t streams,
+                                            int64_t context, int steps, Rng& rng) {
+  const int32_t V = m.vocab_size();
+  for (int64_t s = 0; s < streams; ++s) {
+    DSV41_RETURN_IF_ERROR(m.open(SeqId(s + 1)));
+    if (context > 0) {  // each stream's context, one prefill step per stream
+      StepBatch b;
+      b.slices.push_back({SeqId(s + 1), 0, random_tokens(rng, V, context), {}, {}});
+      StepOutput out;
+      DSV41_RETURN_IF_ERROR(m.step(b, &out));
+    }
+  }
+  StepBatch b;
+  for (int64_t s = 0; s < streams; ++s) b.slices.push_back({SeqId(s + 1), context, {1}, {0}, {}});
+  StepOutput out;
+  auto run_step = [&]() -> Status {
+    for (auto& sl : b.slices) {
+      sl.first_pos = m.length(sl.seq);
+      sl.tokens[0] = int32_t(rng.below(uint64_t(V)));
+    }
+    return m.step(b, &out);
+  };
+  DSV41_RETURN_IF_ERROR(run_step());  // warm-up: scratch, first touch of pages
+  const double probe_before = probe.gb_per_s();
+  const FastStats s0 = m.stats();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) DSV41_RETURN_IF_ERROR(run_step());
+  const double t = secs(t0, Clock::now());
+  const FastStats s1 = m.stats();
+  const double probe_gbs = std::max(probe_before, probe.gb_per_s());
+  for (int64_t s = 0; s < streams; ++s) m.free(SeqId(s + 1));
+  const double step_s = t / steps;
+  const double bytes = double(s1.weight_bytes - s0.weight_bytes) / steps;
+  const double tok_s = double(streams) / step_s;
+  return nlohmann::ordered_json{
+      {"streams", streams},
+      {"context", context},
+      {"steps", steps},
+      {"tok_s", tok_s},
+      {"tok_s_per_stream", tok_s / double(streams)},
+      {"step_ms", step_s * 1e3},
+      {"bytes_per_step", bytes},
+      {"distinct_experts_per_step", double(s1.distinct_experts - s0.distinct_experts) / steps},
+      {"achieved_gb_per_s", bytes / 1e9 / step_s},
+      {"read_probe_gb_per_s", probe_gbs},
+      {"fraction_of_floor", bytes / 1e9 / probe_gbs / step_s},
+      {"foreign_reads", s1.foreign_reads}};
+}
+
+int run_bench_decode(const BenchArgs& a) {
+  auto streams = parse_list(a.streams, "--streams");
+  auto context = parse_list(a.context, "--context");
+  if (!streams || !context) {
+    log::error("bench decode: {}", (!streams ? streams.status() : context.status()).message());
+    return kExitUsage;
+  }
+  auto m = load_for_bench(a);
+  if (!m) {
+    log::error("bench decode: --model: {}", m.status().message());
+    return kExitInvalid;
+  }
+  ReadProbe probe(a.probe_mb, std::size_t(a.threads));
+  Rng rng(1);
+  nlohmann::ordered_json points = nlohmann::ordered_json::array();
+  for (int64_t c : *context)
+    for (int64_t s : *streams) {
+      if (s < 1) continue;
+      log::info("bench decode: {} streams at context {} ...", s, c);
+      auto p = decode_point(**m, probe, s, c, a.steps, rng);
+      if (!p) {
+        log::error("bench decode: {} streams, context {}: {}", s, c, p.status().message());
+        return kExitInvalid;
+      }
+      points.push_back(*p);
+    }
+  nlohmann::ordered_json j = {{"bench", "decode"},    {"model", a.model},
+                              {"isa", (*m)->isa()},   {"act_quant", a.act_quant},
+                              {"threads", a.threads}, {"points", points}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return kExitOk;
+}
+
+int run_bench_prefill(const BenchArgs& a) {
+  auto lengths = parse_list(a.lengths, "--lengths");
+  if (!lengths) {
+    log::error("bench prefill: {}", lengths.status().message());
+    return kExitUsage;
+  }
+  auto m = load_for_bench(a);
+  if (!m) {
+    log::error("bench prefill: --model: {}", m.status().message());
+    return kExitInvalid;
+  }
+  Rng rng(2);
+  nlohmann::ordered_json points = nlohmann::ordered_json::array();
+  for (int64_t len : *lengths) {
+    if (len < 1) continue;
+    log::info("bench prefill: {} tokens ...", len);
+    FastModel& fm = **m;
+    if (Status st = fm.open(1); !st.is_ok()) {
+      log::error("bench prefill: {}", st.message());
+      return kExitInvalid;
+    }
+    StepBatch b;
+    b.slices.push_back({1, 0, random_tokens(rng, fm.vocab_size(), len), {int32_t(len - 1)}, {}});
+    StepOutput out;
+    const FastStats s0 = fm.stats();
+    const auto t0 = Clock::now();
+    const Status st = fm.step(b, &out);
+    const double t = secs(t0, Clock::now());
+    fm.free(1);
+    if (!st.is_ok()) {
+      log::error("bench prefill: {} tokens: {}", len, st.message());
+      return kExitInvalid;
+    }
+    points.push_back({{"tokens", len},
+                      {"tok_s", double(len) / t},
+                      {"ttft_ms", t * 1e3},
+                      {"bytes_read", double(fm.stats().weight_bytes - s0.weight_bytes)}});
+  }
+  nlohmann::ordered_json j = {{"bench", "prefill"},   {"model", a.model},
+                              {"isa", (*m)->isa()},   {"act_quant", a.act_quant},
+                              {"threads", a.threads}, {"points", points}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return kExitOk;
+}
+
+void add_common(CLI::App* sub, BenchArgs* a) {
+  sub->add_option("--model", a->model, "Checkpoint (converted, or official: converted once)")
+      ->required();
+  sub->add_option("--converted", a->converted, "Where an official-layout model is converted to");
+  sub->add_option("--threads", a->threads, "Threads (0: every core)")->check(CLI::Range(0, 4096));
+  sub->add_option("--kv-cache-gb", a->kv_cache_gb, "KV pool size in GB (0: default)")
+      ->check(CLI::Range(0.0, 1e6));
+  sub->add_option("--act-quant", a->act_quant, "on | off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+}
+
+}  // namespace
+
+void add_bench_model(CLI::App* bench, Runner* run) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* dec = bench->add_subcommand(
+      "decode",
+      "Fast-engine decode, JSON per (streams, context): tok/s, bytes_per_step (weight bytes the "
+      "kernels read, counted), distinct_experts_per_step, achieved GB/s, read_probe_gb_per_s "
+      "measured beside it, fraction_of_floor = (bytes/probe)/step time, isa.");
+  add_common(dec, a.get());
+  dec->add_option("--streams", a->streams, "Comma-separated stream counts")->capture_default_str();
+  dec->add_option("--context", a->context, "Comma-separated context depths (tokens prefilled)")
+      ->capture_default_str();
+  dec->add_option("--steps", a->steps, "Timed decode steps per point")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  dec->add_option("--probe-mb", a->probe_mb, "Read-probe buffer (MiB)")
+      ->check(CLI::Range(16, 65536))
+      ->capture_default_str();
+  dec->callback([=] { *run = [=] { return run_bench_decode(*a); }; });
+  auto p = std::make_shared<BenchArgs>();
+  CLI::App* pre = bench->add_subcommand(
+      "prefill", "Fast-engine prefill, JSON per prompt length: tok/s and ttft_ms, isa.");
+  add_common(pre, p.get());
+  pre->add_option("--lengths", p->lengths, "Comma-separated prompt lengths")->capture_default_str();
+  pre->callback([=] { *run = [=] { return run_bench_prefill(*p); }; });
+}
+
+}  // namespace dsv41::cli
