@@ -28,4 +28,22 @@ same = sum(max(range(V), key=lambda i: fa[t*V+i]) == max(range(V), key=lambda i:
 print("argmax agreement", same / T)
 assert same / T >= 0.97
 PY
+# bench decode / prefill print the keys checks read (design.md §8), with counted bytes.
+"$BIN" bench decode --model "$T/m.dsv41-converted" --streams 1,2 --steps 2 --probe-mb 16 \
+  2>/dev/null >"$T/dec.json"
+"$BIN" bench prefill --model "$T/m.dsv41-converted" --lengths 8,32 2>/dev/null >"$T/pre.json"
+python3 - "$T/dec.json" "$T/pre.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); p = json.load(open(sys.argv[2]))
+assert d["isa"] and len(d["points"]) == 2, d
+for pt in d["points"]:
+    for k in ("tok_s", "fraction_of_floor", "read_probe_gb_per_s", "bytes_per_step",
+              "distinct_experts_per_step"):
+        assert pt[k] > 0, (k, pt)
+    assert pt["foreign_reads"] == 0
+# two streams read the same dense weights once: bytes grow only by the extra experts' share
+a, b = d["points"]
+assert a["bytes_per_step"] <= b["bytes_per_step"] < 2 * a["bytes_per_step"], (a, b)
+assert [q["tokens"] for q in p["points"]] == [8, 32] and all(q["ttft_ms"] > 0 for q in p["points"])
+PY
 echo ok
