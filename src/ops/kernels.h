@@ -116,6 +116,9 @@ struct Kernels {
   void (*mxfp4_gate_up_f32)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
                             const float* x, const float* route, int64_t ntok, float limit,
                             float* h);
+  // One token of a BF16 linear: y[o] = W[o, :] . x (fp32 accumulation); a row's result does not
+  // depend on how the caller splits the rows.
+  void (*bf16_gemv)(const uint16_t* w, int64_t out, int64_t in, const float* x, float* y);
 };
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).

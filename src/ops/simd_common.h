@@ -504,6 +504,52 @@ void mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter, i
   }
 }
 
+// ---- BF16 one-token GEMV -----------------------------------------------------------------------
+// y[o] = W[o, :] . x for one token, W bf16 row-major: each row's 16-wide chunks widened to fp32 (a
+// shift: exact) and accumulated by FMA in two registers, the tail in scalar. Four rows at a time
+// share the activation loads; every row's sum runs in the same order whether it falls in a group
+// of four or in the remainder (its own accumulators, the same chunk order), so a row's result does
+// not depend on how the rows are split.
+inline __m256 bf16x8_to_f32(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <int R>
+inline void bf16_rows_dot(const uint16_t* w, int64_t in, const float* x, float* y) {
+  __m256 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= in; i += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+    for (int r = 0; r < R; ++r) {
+      a0[r] = _mm256_fmadd_ps(bf16x8_to_f32(w + r * in + i), x0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(bf16x8_to_f32(w + r * in + i + 8), x1, a1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = hsum256(_mm256_add_ps(a0[r], a1[r]));
+    for (int64_t k = i; k < in; ++k) {
+      const uint32_t bits = uint32_t(w[r * in + k]) << 16;
+      float wf;
+      std::memcpy(&wf, &bits, 4);
+      s += wf * x[k];
+    }
+    y[r] = s;
+  }
+}
+
+inline void bf16_gemv_simd(const uint16_t* w, int64_t out, int64_t in, const float* x, float* y) {
+  int64_t o = 0;
+  for (; o + 4 <= out; o += 4) {
+    if (o + 8 <= out)  // the next group's first lines, a group ahead
+      for (int r = 0; r < 4; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (o + 4 + r) * in), _MM_HINT_T0);
+    bf16_rows_dot<4>(w + o * in, in, x, y + o);
+  }
+  for (; o < out; ++o) bf16_rows_dot<1>(w + o * in, in, x, y + o);
+}
+
 template <typename S>
 void rmsnorm_impl(const float* x, const float* w, int64_t n, float eps, float* y) {
   const float r = 1.0f / std::sqrt(S::sum_squares(x, n) / float(n) + eps);

@@ -39,7 +39,8 @@ constexpr Kernels simd_table(Isa isa) {
                  &pack_index_key_simd,
                  &unpack_index_key_simd,
                  &mxfp4_gemv_impl<S, false>,
-                 &mxfp4_gate_up_any<S, false>};
+                 &mxfp4_gate_up_any<S, false>,
+                 &bf16_gemv_simd};
 }
 
 }  // namespace

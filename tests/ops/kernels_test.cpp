@@ -423,6 +423,32 @@ TEST_P(KernelTier, Bf16Gemm) {
     }
 }
 
+TEST_P(KernelTier, Bf16Gemv) {
+  for (auto [out, in] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {7, 77}, {33, 512}, {9, 5120}}) {
+    std::vector<uint16_t> w(static_cast<std::size_t>(out * in));
+    for (auto& b : w) b = float_to_bf16(g_.normal());
+    std::vector<float> x(static_cast<std::size_t>(in));
+    for (auto& v : x) v = g_.normal();
+    std::vector<float> y(std::size_t(out), NAN), want(y.size()), part(y.size(), NAN);
+    std::vector<double> scale(y.size());
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i)
+        scale[std::size_t(o)] +=
+            std::fabs(double(bf16_to_float(w[std::size_t(o * in + i)])) * x[std::size_t(i)]);
+    k_->bf16_gemv(w.data(), out, in, x.data(), y.data());
+    ref_->bf16_gemv(w.data(), out, in, x.data(), want.data());
+    expect_close(y, want, scale, sum_tol(in),
+                 "bf16_gemv " + std::to_string(out) + "x" + std::to_string(in));
+    // Rows split anywhere give the same bits (the fast forward splits rows over threads).
+    for (int64_t o0 = 0; o0 < out; o0 += 3)
+      k_->bf16_gemv(w.data() + o0 * in, std::min<int64_t>(3, out - o0), in, x.data(),
+                    part.data() + o0);
+    for (int64_t o = 0; o < out; ++o)
+      ASSERT_EQ(bits_of_float(part[std::size_t(o)]), bits_of_float(y[std::size_t(o)])) << o;
+  }
+}
+
 TEST_P(KernelTier, Mxfp4Gemm) {
   for (auto [out, in] : kGemmShapes)
     for (int64_t ntok : kGemmTokens) {

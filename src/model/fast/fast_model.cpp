@@ -364,7 +364,7 @@ void FastModel::Impl::linear(const Linear& l, const float* x_in, float* out) {
   } else {
     const uint16_t* w = reinterpret_cast<const uint16_t*>(l.w);
     auto fn = [&](int64_t r0, int64_t r1) {
-      kk.bf16_gemm(w + r0 * l.in, r1 - r0, l.in, xin, 1, out + r0, r1 - r0);
+      kk.bf16_gemv(w + r0 * l.in, r1 - r0, l.in, xin, out + r0);
     };
     par_rows(l.out, 32, std::ref(fn));
   }

@@ -42,6 +42,10 @@ void bf16_gemm(const uint16_t* w, int64_t out, int64_t in, const float* x, int64
     }
 }
 
+void bf16_gemv(const uint16_t* w, int64_t out, int64_t in, const float* x, float* y) {
+  bf16_gemm(w, out, in, x, 1, y, out);
+}
+
 double mxfp4_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
   double acc = 0;
   for (int64_t i = 0; i < in; ++i)
@@ -238,6 +242,7 @@ extern const Kernels kScalarKernels = {Isa::kScalar,
                                        pack_index_key,
                                        unpack_index_key,
                                        mxfp4_gemv,
-                                       mxfp4_gate_up};
+                                       mxfp4_gate_up,
+                                       bf16_gemv};
 
 }  // namespace dsv41::ops
