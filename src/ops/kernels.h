@@ -108,9 +108,11 @@ struct Kernels {
   void (*unpack_compressed_row)(const uint8_t* in, int64_t n, float* x);
   void (*pack_index_key)(const float* x, int64_t n, uint8_t* out);
   void (*unpack_index_key)(const uint8_t* in, int64_t n, float* x);
-  // mxfp4_gemv / mxfp4_gate_up with fp32 products at every ntok: the one-token int16 rounding of
-  // the activations is skipped (it fails the fast path's short-prefix gate on random weights,
-  // docs/decisions.md); a token's result does not depend on ntok's other tokens' values.
+  // mxfp4_gemv / mxfp4_gate_up without the one-token int16 rounding of the activations (it fails
+  // the fast path's short-prefix gate on random weights, docs/decisions.md): one token splits each
+  // activation into two int16 terms (error below 2^-30 of its block's largest value; exact integer
+  // dots), several tokens use fp32 products; a token's result does not depend on the other
+  // tokens' values.
   void (*mxfp4_gemv_f32)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                          const float* x, int64_t ntok, float* y);
   void (*mxfp4_gate_up_f32)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,

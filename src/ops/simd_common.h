@@ -355,6 +355,92 @@ inline float fp4_row_dot_i16(const uint8_t* row, const uint8_t* srow, int64_t in
   return hsum256(acc);
 }
 
+// ---- MXFP4 through two int16 terms per activation (the "exact" one-token path) ------------------
+// As above, but each 32-block's activations are split as x = step * hi + (step / 32768) * lo with
+// step the power of two >= max|x| / 32767: hi = round(x / step), and the remainder x - step * hi
+// (exact: step is a power of two) rounded again, lo = round(remainder * 32768 / step), |lo| <=
+// 16384. What is left is at most step / 65536, below 2^-30 of the block's largest magnitude: values
+// within 2^7 of the maximum are represented exactly, and the error of the whole dot product stays
+// far below the fp32 rounding of a plain product sum. Both integer dots are exact; the weights are
+// looked up once for both. Twice the integer work of the int16 path, a fraction of the fp32 path's.
+struct Fp4Act2 {
+  alignas(32) int16_t hi[kFp4ActMax];
+  alignas(32) int16_t lo[kFp4ActMax];
+  alignas(32) float step[kFp4ActMax / 32 + 8];  // step / 512 per block, zero past the end
+};
+
+// False as fp4_act_prepare (a nonzero block below 2^-96: the fp32 path); NaN/inf blocks get a NaN
+// step.
+inline bool fp4_act_prepare2(const float* x, int64_t n, Fp4Act2& a) {
+  const int64_t padded = (n + 63) / 64 * 64;
+  std::fill(a.hi + n / 64 * 64, a.hi + padded, int16_t{0});
+  std::fill(a.lo + n / 64 * 64, a.lo + padded, int16_t{0});
+  std::fill(a.step + n / 32, a.step + kFp4ActMax / 32 + 8, 0.0f);
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    float m;
+    const bool finite = amax_finite(xb, 32, m);
+    int16_t* qh = a.hi + (b / 2) * 64;
+    int16_t* ql = a.lo + (b / 2) * 64;
+    const int blk = int(b % 2);
+    if (!finite || m == 0.0f) {
+      for (int k = 0; k < 32; ++k) qh[fp4_act_slot(blk, k)] = ql[fp4_act_slot(blk, k)] = 0;
+      a.step[b] = finite ? 0.0f : NAN;
+      continue;
+    }
+    if (m < 0x1p-96f) return false;
+    int e;
+    std::frexp(m / 32767.0f, &e);  // m / 32767 in [2^(e-1), 2^e): step = 2^e >= m / 32767
+    const float step = std::ldexp(1.0f, e), inv = std::ldexp(1.0f, -e);
+    const float inv_lo = std::ldexp(1.0f, 15 - e);
+    for (int k = 0; k < 32; ++k) {
+      const float h = std::nearbyint(xb[k] * inv);  // |h| <= 32767
+      const float r = xb[k] - h * step;             // exact
+      qh[fp4_act_slot(blk, k)] = static_cast<int16_t>(h);
+      ql[fp4_act_slot(blk, k)] = static_cast<int16_t>(std::nearbyint(r * inv_lo));
+    }
+    a.step[b] = step / 512.0f;
+  }
+  return true;
+}
+
+inline float fp4_row_dot_i16x2(const uint8_t* row, const uint8_t* srow, int64_t in,
+                               const Fp4Act2& a) {
+  const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
+                                       1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m256i nib = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
+  const int64_t nblocks = in / 32;
+  __m256 acc = _mm256_setzero_ps(), acc_lo = _mm256_setzero_ps(), sv = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nblocks; b += 2) {
+    if ((b & 7) == 0) sv = fp4_scales8(srow + b, nblocks - b, a.step + b);
+    _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
+    const bool pair = b + 2 <= nblocks;
+    const __m256i v =
+        pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16))
+             : _mm256_inserti128_si256(
+                   z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16)), 0);
+    const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
+    const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+    const __m256i w0 = _mm256_unpacklo_epi8(z, we), w1 = _mm256_unpackhi_epi8(z, we);
+    const __m256i w2 = _mm256_unpacklo_epi8(z, wo), w3 = _mm256_unpackhi_epi8(z, wo);
+    const __m256i* xh = reinterpret_cast<const __m256i*>(a.hi + b * 32);
+    const __m256i* xl = reinterpret_cast<const __m256i*>(a.lo + b * 32);
+    const __m256i ih = _mm256_add_epi32(
+        _mm256_add_epi32(_mm256_madd_epi16(w0, xh[0]), _mm256_madd_epi16(w1, xh[1])),
+        _mm256_add_epi32(_mm256_madd_epi16(w2, xh[2]), _mm256_madd_epi16(w3, xh[3])));
+    const __m256i il = _mm256_add_epi32(
+        _mm256_add_epi32(_mm256_madd_epi16(w0, xl[0]), _mm256_madd_epi16(w1, xl[1])),
+        _mm256_add_epi32(_mm256_madd_epi16(w2, xl[2]), _mm256_madd_epi16(w3, xl[3])));
+    const int k = int(b & 7);
+    __m256 sc =
+        _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
+    if (!pair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), sc, acc);
+    acc_lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), sc, acc_lo);
+  }
+  return hsum256(_mm256_add_ps(acc, _mm256_mul_ps(acc_lo, _mm256_set1_ps(1.0f / 32768.0f))));
+}
+
 // acc[t] += buf . x_t for every token, four tokens per pass over buf (one load of each weight
 // vector feeds four FMAs), the rest one by one.
 template <typename S>
@@ -446,7 +532,8 @@ void fp4_row_dots(const uint8_t* row, const uint8_t* srow, int64_t in, const flo
   }
 }
 
-// kInt16 = false: fp32 products at every ntok (the one-token int16 rounding is skipped).
+// kInt16 = false: the one-token int16 rounding is replaced by the two-term split (fp4_act_prepare2,
+// error below 2^-30 of each block's largest activation); several tokens: fp32 products either way.
 template <typename S, bool kInt16 = true>
 void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                      const float* x, int64_t ntok, float* y) {
@@ -468,6 +555,14 @@ void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
     for (int64_t o = 0; o < out; ++o)
       y[o] = fp4_row_dot_i16(w + o * (in / 2), scale + o * (in / 32), in, a);
     return;
+  }
+  if (!kInt16 && ntok == 1 && in <= kFp4ActMax) {
+    static thread_local Fp4Act2 a2;  // 32 KB: off the stack, reused (no allocation per call)
+    if (fp4_act_prepare2(x, in, a2)) {
+      for (int64_t o = 0; o < out; ++o)
+        y[o] = fp4_row_dot_i16x2(w + o * (in / 2), scale + o * (in / 32), in, a2);
+      return;
+    }
   }
   int64_t o = 0;
   if (ntok > 1)
@@ -493,6 +588,20 @@ void mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter, i
       h[j] = gc / (1.0f + std::exp(-gc)) * uc * route[0];
     }
     return;
+  }
+  if (!kInt16 && ntok == 1 && dim <= kFp4ActMax) {
+    static thread_local Fp4Act2 a2;
+    if (fp4_act_prepare2(x, dim, a2)) {
+      for (int64_t j = 0; j < inter; ++j) {
+        const float gc = std::min(
+            fp4_row_dot_i16x2(w13 + 2 * j * (dim / 2), s13 + 2 * j * (dim / 32), dim, a2), limit);
+        const float uc = std::clamp(fp4_row_dot_i16x2(w13 + (2 * j + 1) * (dim / 2),
+                                                      s13 + (2 * j + 1) * (dim / 32), dim, a2),
+                                    -limit, limit);
+        h[j] = gc / (1.0f + std::exp(-gc)) * uc * route[0];
+      }
+      return;
+    }
   }
   for (int64_t j = 0; j < inter; ++j) {
     fp4_row_dots<S>(w13 + (2 * j) * (dim / 2), s13 + (2 * j) * (dim / 32), dim, x, ntok, g);
