@@ -121,6 +121,18 @@ struct Kernels {
   // One token of a BF16 linear: y[o] = W[o, :] . x (fp32 accumulation); a row's result does not
   // depend on how the caller splits the rows.
   void (*bf16_gemv)(const uint16_t* w, int64_t out, int64_t in, const float* x, float* y);
+  // Batch-invariant several-token GEMVs: token t's outputs (y[t * ldy + o], h[t * ldh + j]) are bit
+  // for bit those of the one-token entry for x_t alone (fp8_gemv with ntok 1, bf16_gemv,
+  // mxfp4_gemv_f32 / mxfp4_gate_up_f32 with ntok 1); only the reading of the weights is shared.
+  void (*fp8_gemv_batch)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                         const float* x, int64_t ntok, float* y, int64_t ldy);
+  void (*bf16_gemv_batch)(const uint16_t* w, int64_t out, int64_t in, const float* x, int64_t ntok,
+                          float* y, int64_t ldy);
+  void (*mxfp4_gemv_batch)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                           const float* x, int64_t ntok, float* y, int64_t ldy);
+  void (*mxfp4_gate_up_batch)(const uint8_t* w13, const uint8_t* scale13, int64_t inter,
+                              int64_t dim, const float* x, const float* route, int64_t ntok,
+                              float limit, float* h, int64_t ldh);
 };
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).

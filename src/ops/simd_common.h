@@ -659,6 +659,135 @@ inline void bf16_gemv_simd(const uint16_t* w, int64_t out, int64_t in, const flo
   for (; o < out; ++o) bf16_rows_dot<1>(w + o * in, in, x, y + o);
 }
 
+// ---- Batch-invariant several-token GEMVs ------------------------------------------------------
+// Token t's outputs are bit for bit what the one-token kernel gives for x_t alone (the fast
+// forward's batch invariance, docs/decisions.md): each token runs the one-token path's arithmetic
+// in its order; only the memory traffic is shared (a row is decoded or loaded once, then every
+// token's dot reads it from L1). y[t * ldy + o].
+
+// fp8_row_dot_prescaled over a row decoded once into buf (the same values, the same four chains).
+inline float fp8_buf_dot_prescaled(const float* buf, const uint8_t* row, int64_t in,
+                                   const float* xs) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= in; i += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + i), _mm256_loadu_ps(xs + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + i + 8), _mm256_loadu_ps(xs + i + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + i + 16), _mm256_loadu_ps(xs + i + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + i + 24), _mm256_loadu_ps(xs + i + 24), a3);
+  }
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  if (i < in) {
+    float tail = 0;
+    for (int64_t k = i; k < in; ++k) tail += e4m3_scalar(row[k]) * 0x1p-8f * xs[k];
+    s += tail;
+  }
+  return s;
+}
+
+inline void fp8_gemv_batch_simd(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                                const float* x, int64_t ntok, float* y, int64_t ldy) {
+  if (in > kFp8ScaledMax) {
+    for (int64_t t = 0; t < ntok; ++t)
+      fp8_gemv_one_token(w, scale, out, in, x + t * in, y + t * ldy);
+    return;
+  }
+  static thread_local std::vector<float> xs, buf;
+  if (xs.size() < std::size_t(ntok * in)) xs.resize(std::size_t(ntok * in));
+  if (buf.size() < std::size_t(in)) buf.resize(std::size_t(in));
+  const int64_t sin = (in + 31) / 32;
+  for (int64_t g = 0; g * 32 < out; ++g) {
+    const uint8_t* srow = scale + g * sin;
+    const int64_t o1 = std::min<int64_t>(out, (g + 1) * 32);
+    bool ok = true;  // depends on the scales only: the same answer for every token
+    for (int64_t t = 0; t < ntok && ok; ++t)
+      ok = fp8_prescale(srow, in, x + t * in, xs.data() + t * in);
+    for (int64_t o = g * 32; o < o1; ++o) {
+      const uint8_t* row = w + o * in;
+      if (!ok) {
+        for (int64_t t = 0; t < ntok; ++t)
+          y[t * ldy + o] = fp8_row_dot_f16(row, srow, in, x + t * in);
+        continue;
+      }
+      if (o + 1 < o1) _mm_prefetch(reinterpret_cast<const char*>(row + in), _MM_HINT_T0);
+      for (int64_t i = 0; i + 32 <= in; i += 32) {
+        __m256 v[4];
+        e4m3x32_f16(row + i, v);
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(buf.data() + i + 8 * j, v[j]);
+      }
+      for (int64_t t = 0; t < ntok; ++t)
+        y[t * ldy + o] = fp8_buf_dot_prescaled(buf.data(), row, in, xs.data() + t * in);
+    }
+  }
+}
+
+inline void bf16_gemv_batch_simd(const uint16_t* w, int64_t out, int64_t in, const float* x,
+                                 int64_t ntok, float* y, int64_t ldy) {
+  int64_t o = 0;
+  float tmp[4];
+  for (; o + 4 <= out; o += 4)
+    for (int64_t t = 0; t < ntok; ++t) {
+      bf16_rows_dot<4>(w + o * in, in, x + t * in, tmp);
+      for (int r = 0; r < 4; ++r) y[t * ldy + o + r] = tmp[r];
+    }
+  for (; o < out; ++o)
+    for (int64_t t = 0; t < ntok; ++t)
+      bf16_rows_dot<1>(w + o * in, in, x + t * in, y + t * ldy + o);
+}
+
+// MXFP4, several tokens, each exactly as mxfp4_gemv_impl<S, false> / mxfp4_gate_up_impl<S, false>
+// with that token alone: the two-term activations per token, one pass over each row for all.
+template <typename S>
+void mxfp4_gemv_batch_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                           const float* x, int64_t ntok, float* y, int64_t ldy) {
+  static thread_local std::vector<Fp4Act2> acts;
+  static thread_local std::vector<float> tmp;
+  if (acts.size() < std::size_t(ntok)) acts.resize(std::size_t(ntok));
+  bool all = in <= kFp4ActMax;
+  for (int64_t t = 0; t < ntok && all; ++t)
+    all = fp4_act_prepare2(x + t * in, in, acts[std::size_t(t)]);
+  if (!all) {  // some token takes the fp32 path: each token alone, as the one-token kernel
+    if (tmp.size() < std::size_t(out)) tmp.resize(std::size_t(out));
+    for (int64_t t = 0; t < ntok; ++t) {
+      mxfp4_gemv_impl<S, false>(w, scale, out, in, x + t * in, 1, tmp.data());
+      std::copy_n(tmp.data(), out, y + t * ldy);
+    }
+    return;
+  }
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t t = 0; t < ntok; ++t)
+      y[t * ldy + o] =
+          fp4_row_dot_i16x2(w + o * (in / 2), scale + o * (in / 32), in, acts[std::size_t(t)]);
+}
+
+template <typename S>
+void mxfp4_gate_up_batch_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
+                              const float* x, const float* route, int64_t ntok, float limit,
+                              float* h, int64_t ldh) {
+  static thread_local std::vector<Fp4Act2> acts;
+  if (acts.size() < std::size_t(ntok)) acts.resize(std::size_t(ntok));
+  bool all = dim <= kFp4ActMax;
+  for (int64_t t = 0; t < ntok && all; ++t)
+    all = fp4_act_prepare2(x + t * dim, dim, acts[std::size_t(t)]);
+  if (!all) {
+    for (int64_t t = 0; t < ntok; ++t)
+      mxfp4_gate_up_impl<S, false>(w13, s13, inter, dim, x + t * dim, route + t, 1, limit,
+                                   h + t * ldh);
+    return;
+  }
+  for (int64_t j = 0; j < inter; ++j) {
+    const uint8_t* rg = w13 + 2 * j * (dim / 2);
+    const uint8_t* ru = w13 + (2 * j + 1) * (dim / 2);
+    for (int64_t t = 0; t < ntok; ++t) {
+      const Fp4Act2& a = acts[std::size_t(t)];
+      const float gc = std::min(fp4_row_dot_i16x2(rg, s13 + 2 * j * (dim / 32), dim, a), limit);
+      const float uc =
+          std::clamp(fp4_row_dot_i16x2(ru, s13 + (2 * j + 1) * (dim / 32), dim, a), -limit, limit);
+      h[t * ldh + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
+    }
+  }
+}
+
 template <typename S>
 void rmsnorm_impl(const float* x, const float* w, int64_t n, float eps, float* y) {
   const float r = 1.0f / std::sqrt(S::sum_squares(x, n) / float(n) + eps);

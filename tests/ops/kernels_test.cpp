@@ -449,6 +449,71 @@ TEST_P(KernelTier, Bf16Gemv) {
   }
 }
 
+// The batch entries give every token exactly the one-token entry's bits (the fast forward's batch
+// invariance rests on it): FP8, BF16, MXFP4 GEMV and gate/up, several shapes and token counts,
+// output strides wider than the rows.
+TEST_P(KernelTier, BatchGemvsEqualOneTokenBitForBit) {
+  for (const auto& [out, in] :
+       std::vector<std::pair<int64_t, int64_t>>{{33, 64}, {64, 2304}, {40, 5120}})
+    for (int64_t ntok : {1, 2, 5, 16}) {
+      const int64_t ldy = out + 3;
+      std::vector<float> x(static_cast<std::size_t>(ntok * in));
+      for (auto& v : x) v = g_.normal();
+      x[5] = 0;  // a zero and a tiny block do not break the equality
+      std::vector<float> y(static_cast<std::size_t>(ntok * ldy), NAN),
+          one(static_cast<std::size_t>(out));
+      // FP8
+      std::vector<uint8_t> w8(static_cast<std::size_t>(out * in)),
+          s8(static_cast<std::size_t>(((out + 31) / 32) * ((in + 31) / 32)));
+      for (auto& b : w8) b = g_.e4m3();
+      for (auto& b : s8) b = g_.e8m0();
+      k_->fp8_gemv_batch(w8.data(), s8.data(), out, in, x.data(), ntok, y.data(), ldy);
+      for (int64_t t = 0; t < ntok; ++t) {
+        k_->fp8_gemv(w8.data(), s8.data(), out, in, x.data() + t * in, 1, one.data());
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]), bits_of_float(one[std::size_t(o)]))
+              << "fp8 " << out << "x" << in << " t" << t << "/" << ntok << " row " << o;
+      }
+      // BF16
+      std::vector<uint16_t> wb(static_cast<std::size_t>(out * in));
+      for (auto& b : wb) b = float_to_bf16(g_.normal());
+      k_->bf16_gemv_batch(wb.data(), out, in, x.data(), ntok, y.data(), ldy);
+      for (int64_t t = 0; t < ntok; ++t) {
+        k_->bf16_gemv(wb.data(), out, in, x.data() + t * in, one.data());
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]), bits_of_float(one[std::size_t(o)]))
+              << "bf16 t" << t << " row " << o;
+      }
+      // MXFP4
+      std::vector<uint8_t> w4(static_cast<std::size_t>(out * in / 2)),
+          s4(static_cast<std::size_t>(out * in / 32));
+      for (auto& b : w4) b = g_.byte();
+      for (auto& b : s4) b = g_.e8m0();
+      k_->mxfp4_gemv_batch(w4.data(), s4.data(), out, in, x.data(), ntok, y.data(), ldy);
+      for (int64_t t = 0; t < ntok; ++t) {
+        k_->mxfp4_gemv_f32(w4.data(), s4.data(), out, in, x.data() + t * in, 1, one.data());
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]), bits_of_float(one[std::size_t(o)]))
+              << "mxfp4 t" << t << " row " << o;
+      }
+      if (out % 2) continue;
+      std::vector<float> route(static_cast<std::size_t>(ntok));
+      for (auto& r : route) r = 0.5f + std::fabs(g_.normal());
+      const int64_t inter = out / 2, ldh = inter + 1;
+      std::vector<float> h(static_cast<std::size_t>(ntok * ldh), NAN),
+          h1(static_cast<std::size_t>(inter));
+      k_->mxfp4_gate_up_batch(w4.data(), s4.data(), inter, in, x.data(), route.data(), ntok, 10.0f,
+                              h.data(), ldh);
+      for (int64_t t = 0; t < ntok; ++t) {
+        k_->mxfp4_gate_up_f32(w4.data(), s4.data(), inter, in, x.data() + t * in, route.data() + t,
+                              1, 10.0f, h1.data());
+        for (int64_t j = 0; j < inter; ++j)
+          ASSERT_EQ(bits_of_float(h[std::size_t(t * ldh + j)]), bits_of_float(h1[std::size_t(j)]))
+              << "gate/up t" << t << " " << j;
+      }
+    }
+}
+
 TEST_P(KernelTier, Mxfp4Gemm) {
   for (auto [out, in] : kGemmShapes)
     for (int64_t ntok : kGemmTokens) {

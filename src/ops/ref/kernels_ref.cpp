@@ -46,6 +46,11 @@ void bf16_gemv(const uint16_t* w, int64_t out, int64_t in, const float* x, float
   bf16_gemm(w, out, in, x, 1, y, out);
 }
 
+void bf16_gemv_batch(const uint16_t* w, int64_t out, int64_t in, const float* x, int64_t ntok,
+                     float* y, int64_t ldy) {
+  bf16_gemm(w, out, in, x, ntok, y, ldy);  // tokens are independent in the scalar tier
+}
+
 double mxfp4_dot(const uint8_t* row, const uint8_t* srow, int64_t in, const float* x) {
   double acc = 0;
   for (int64_t i = 0; i < in; ++i)
@@ -78,6 +83,24 @@ void mxfp4_gate_up(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_
       const double uc = std::clamp(u, -double(limit), double(limit));
       h[t * inter + j] = float(gc / (1 + std::exp(-gc)) * uc * route[t]);
     }
+}
+
+// The scalar tier's batch entries: every token alone through the one-token functions.
+void fp8_gemv_batch(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in, const float* x,
+                    int64_t ntok, float* y, int64_t ldy) {
+  fp8_gemm(w, scale, out, in, x, ntok, y, ldy);
+}
+
+void mxfp4_gemv_batch(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                      const float* x, int64_t ntok, float* y, int64_t ldy) {
+  mxfp4_gemm(w, scale, out, in, x, ntok, y, ldy);
+}
+
+void mxfp4_gate_up_batch(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
+                         const float* x, const float* route, int64_t ntok, float limit, float* h,
+                         int64_t ldh) {
+  for (int64_t t = 0; t < ntok; ++t)
+    mxfp4_gate_up(w13, s13, inter, dim, x + t * dim, route + t, 1, limit, h + t * ldh);
 }
 
 void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* y) {
@@ -243,6 +266,10 @@ extern const Kernels kScalarKernels = {Isa::kScalar,
                                        unpack_index_key,
                                        mxfp4_gemv,
                                        mxfp4_gate_up,
-                                       bf16_gemv};
+                                       bf16_gemv,
+                                       fp8_gemv_batch,
+                                       bf16_gemv_batch,
+                                       mxfp4_gemv_batch,
+                                       mxfp4_gate_up_batch};
 
 }  // namespace dsv41::ops
