@@ -1,9 +1,11 @@
 // The fast forward's attention (spec §5.6): low-rank q, the packed FP8 window row, the compressor
 // of KV sources (ratio 2 with partial groups, ratio 1), packed FP4 compressed rows and index keys,
 // the indexer with the layer-20 candidate pool, sort-free top-k, sparse attention with the sink
-// over packed rows, inverse RoPE and the grouped output. One token at a time, in sequence order
-// (a token's rows are written before any later token of its sequence reads them); the linears
-// split their rows over the thread pool, the attention its heads.
+// over packed rows, inverse RoPE and the grouped output. The step's tokens go in chunks: the
+// chunk's projections through the batch kernels (each token's bits those of a one-token call),
+// its window rows and compressor entries written in token order, then each token's indexer and
+// attention (it reads only positions up to its own); the linears split their rows over the
+// thread pool, the attention its heads.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,20 +29,16 @@ void reserve_geometric(V& v, std::size_t n) {
 }  // namespace
 
 void FastModel::Impl::compressor_step(const LayerPlan& p, const fast::LayerW& w, SeqState& s,
-                                      int64_t P, const float* xt) {
+                                      int64_t P, const float* kvp, const float* g) {
   const TextConfig& tc = cfg.text;
   const int64_t Dh = tc.head_dim, r = p.compress_ratio, di = tc.index_head_dim;
   const int si = source_of_layer[std::size_t(p.index)];
   fast::SourceSeq& ss = s.src[std::size_t(si)];
-  if (int64_t(lat.size()) < 4 * Dh) lat.resize(std::size_t(4 * Dh));
+  if (int64_t(lat.size()) < 2 * Dh) lat.resize(std::size_t(2 * Dh));
   float* latent = lat.data();
   if (r == 1) {
-    linear(w.c_wkv, xt, latent);
+    std::copy_n(kvp, Dh, latent);
   } else {
-    float* kvp = lat.data() + Dh;
-    float* g = lat.data() + 2 * Dh;
-    linear(w.c_wkv, xt, kvp);
-    linear(w.c_wgate, xt, g);
     const int64_t R = std::max<int64_t>(1, opt.max_rollback), slot = P % R;
     std::copy_n(kvp, Dh, ss.roll_kv.begin() + slot * Dh);
     std::copy_n(g, Dh, ss.roll_g.begin() + slot * Dh);
@@ -72,7 +70,7 @@ void FastModel::Impl::compressor_step(const LayerPlan& p, const fast::LayerW& w,
   kern->rmsnorm(latent, w.c_norm.data(), Dh, float(tc.rms_norm_eps), latent);
   const int64_t j = P / r, entry_pos = j * r;
   // Index key from the pre-RoPE latent; then the latent itself is rotated and packed (FP4).
-  float* key = lat.data() + 3 * Dh;
+  float* key = lat.data() + Dh;
   linear(w.i_wk, latent, key);
   kern->rmsnorm(key, w.i_k_norm.data(), di, float(tc.rms_norm_eps), key);
   rope_table(rope_comp, entry_pos);
@@ -87,8 +85,7 @@ void FastModel::Impl::compressor_step(const LayerPlan& p, const fast::LayerW& w,
   *tag = RowTag{s.tag, global_block(s, entry_pos).epoch, int32_t(entry_pos)};
 }
 
-void FastModel::Impl::indexer(const LayerPlan& p, const fast::LayerW& w, int64_t t, const float* xt,
-                              const float* qr_in) {
+void FastModel::Impl::indexer(const LayerPlan& p, int64_t t, float* qi, float* wq) {
   const TextConfig& tc = cfg.text;
   const fast::TokenRow& row = rows[std::size_t(t)];
   SeqState& s = *row.seq;
@@ -102,21 +99,17 @@ void FastModel::Impl::indexer(const LayerPlan& p, const fast::LayerW& w, int64_t
     owner_layer = s.vendor_slot;
   const int src = source_of_layer[std::size_t(owner_layer)];
   const KvLayout::Source& so = kv->layout().sources[std::size_t(src)];
-  // Queries: wq_b . qr, RoPE at P, each head packed as an index-key row (the fake FP4 of the
-  // reference, bit for bit).
-  if (int64_t(iq.size()) < nh * di) iq.resize(std::size_t(nh * di));
-  linear(w.i_wq_b, qr_in, iq.data());
+  // Queries (wq_b . qr, computed for the chunk), RoPE at P, each head packed as an index-key row
+  // (the fake FP4 of the reference, bit for bit).
   rope_table(rope_comp, P);
   const int64_t kb = ops::index_key_bytes(di);
   if (int64_t(qpack.size()) < nh * kb) qpack.resize(std::size_t(nh * kb));
   for (int64_t hh = 0; hh < nh; ++hh) {
-    kern->rope(iq.data() + hh * di, di, rope_comp.dim, cosb.data(), sinb.data(), false);
-    kern->pack_index_key(iq.data() + hh * di, di, qpack.data() + hh * kb);
+    kern->rope(qi + hh * di, di, rope_comp.dim, cosb.data(), sinb.data(), false);
+    kern->pack_index_key(qi + hh * di, di, qpack.data() + hh * kb);
   }
-  if (int64_t(tmp2.size()) < nh) tmp2.resize(std::size_t(nh));
-  linear(w.i_wproj, xt, tmp2.data());
   const float wscale = float(1.0 / std::sqrt(double(di)) / std::sqrt(double(nh)));
-  for (int64_t hh = 0; hh < nh; ++hh) tmp2[std::size_t(hh)] *= wscale;
+  for (int64_t hh = 0; hh < nh; ++hh) wq[hh] *= wscale;
   const float ninf = -std::numeric_limits<float>::infinity();
   // Scores over the visible keys, one contiguous span per global block.
   if (int64_t(scores.size()) < nvis) scores.resize(std::size_t(nvis));
@@ -130,7 +123,7 @@ void FastModel::Impl::indexer(const LayerPlan& p, const fast::LayerW& w, int64_t
       std::fill(scores.begin() + j0, scores.begin() + j1, ninf);
       continue;
     }
-    kern->indexer_scores(qpack.data(), tmp2.data(), nh, di, keys, j1 - j0, scores.data() + j0);
+    kern->indexer_scores(qpack.data(), wq, nh, di, keys, j1 - j0, scores.data() + j0);
   }
   if (p.candidate_source) {  // publish the block pool for this query (spec §5.6.3)
     // Block score = max over its entries; the block of the newest visible entry pinned to +inf;
@@ -171,69 +164,98 @@ void FastModel::Impl::indexer(const LayerPlan& p, const fast::LayerW& w, int64_t
   out.assign(topk_out.begin(), topk_out.begin() + got);
 }
 
-void FastModel::Impl::attention(const LayerPlan& p, const fast::LayerW& w, int64_t t,
-                                const float* xt, float* out) {
+void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0,
+                                      int64_t n) {
   const TextConfig& tc = cfg.text;
-  const fast::TokenRow& row = rows[std::size_t(t)];
-  SeqState& s = *row.seq;
-  const int64_t P = row.pos, H = tc.num_attention_heads, Dh = tc.head_dim;
+  const int64_t H = tc.num_attention_heads, Dh = tc.head_dim, D = tc.hidden_size;
+  const int64_t QL = tc.q_lora_rank, G = tc.o_groups, R = tc.o_lora_rank, gin = H * Dh / G;
   const float eps = float(tc.rms_norm_eps);
   const ref::Rope<float>& rope = p.compress_ratio > 0 ? rope_comp : rope_swa;
-  auto grow = [](std::vector<float>& v, int64_t n) {
-    if (int64_t(v.size()) < n) v.resize(std::size_t(n));
+  auto grow = [](std::vector<float>& v, int64_t sz) {
+    if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
   };
-  grow(qr, tc.q_lora_rank);
-  grow(att_o, H * Dh);
-  grow(kvrow, Dh);
-  grow(ubuf, tc.o_groups * tc.o_lora_rank);
-  linear(w.wq_a, xt, qr.data());
-  kern->rmsnorm(qr.data(), w.q_norm.data(), tc.q_lora_rank, eps, qr.data());
-  // q lives in `o` until the attention reads it (its heads are then overwritten in place by
-  // their outputs: each head reads only its own query).
-  std::vector<float>& qh = tmp;
-  grow(qh, H * Dh);
-  linear(w.wq_b, qr.data(), qh.data());
-  rope_table(rope, P);
-  for (int64_t hh = 0; hh < H; ++hh)
-    kern->rope(qh.data() + hh * Dh, Dh, rope.dim, cosb.data(), sinb.data(), false);
-  linear(w.wkv, xt, kvrow.data());
-  kern->rmsnorm(kvrow.data(), w.kv_norm.data(), Dh, eps, kvrow.data());
-  kern->rope(kvrow.data(), Dh, rope.dim, cosb.data(), sinb.data(), false);
-  RowTag* tag;
-  uint8_t* wr = window_row(s, p.index, P, &tag);
-  kern->pack_window_row(kvrow.data(), Dh, wr);
-  *tag = RowTag{s.tag, window_block(s, P).epoch, int32_t(P)};
-
-  att_rows.clear();
-  att_kinds.clear();
-  for (int64_t k0 = std::max<int64_t>(0, P - tc.sliding_window + 1); k0 <= P; ++k0)
-    if (const uint8_t* rr = read_window_row(s, p.index, k0)) {
-      att_rows.push_back(rr);
-      att_kinds.push_back(0);
+  grow(qr, n * QL);
+  grow(tmp, n * H * Dh);  // queries, then each head's output in place
+  grow(kvrow, 2 * n * Dh);
+  grow(ubuf, n * G * R);
+  grow(att_o, std::max(H * Dh, n * (gin + R)));
+  const float* xt = xs.data() + t0 * D;
+  // Queries and window rows of the chunk (every token's row is written before any is read).
+  linear_batch(w.wq_a, xt, n, qr.data());
+  for (int64_t t = 0; t < n; ++t)
+    kern->rmsnorm(qr.data() + t * QL, w.q_norm.data(), QL, eps, qr.data() + t * QL);
+  linear_batch(w.wq_b, qr.data(), n, tmp.data());
+  linear_batch(w.wkv, xt, n, kvrow.data());
+  for (int64_t t = 0; t < n; ++t) {
+    const fast::TokenRow& row = rows[std::size_t(t0 + t)];
+    SeqState& s = *row.seq;
+    rope_table(rope, row.pos);
+    for (int64_t hh = 0; hh < H; ++hh)
+      kern->rope(tmp.data() + (t * H + hh) * Dh, Dh, rope.dim, cosb.data(), sinb.data(), false);
+    float* kvt = kvrow.data() + t * Dh;
+    kern->rmsnorm(kvt, w.kv_norm.data(), Dh, eps, kvt);
+    kern->rope(kvt, Dh, rope.dim, cosb.data(), sinb.data(), false);
+    RowTag* tag;
+    uint8_t* wr = window_row(s, p.index, row.pos, &tag);
+    kern->pack_window_row(kvt, Dh, wr);
+    *tag = RowTag{s.tag, window_block(s, row.pos).epoch, int32_t(row.pos)};
+  }
+  if (p.is_kv_source()) {  // compressor: projections for the chunk, then each token in order
+    float* kvp = kvrow.data();
+    float* g = kvrow.data() + n * Dh;
+    linear_batch(w.c_wkv, xt, n, kvp);
+    if (p.compress_ratio > 1) linear_batch(w.c_wgate, xt, n, g);
+    for (int64_t t = 0; t < n; ++t) {
+      const fast::TokenRow& row = rows[std::size_t(t0 + t)];
+      compressor_step(p, w, *row.seq, row.pos, kvp + t * Dh, g + t * Dh);
     }
-  if (p.compress_ratio > 0) {
-    if (p.is_kv_source()) compressor_step(p, w, s, P, xt);
-    if (p.has_indexer()) indexer(p, w, t, xt, qr.data());
-    const int src = source_of_layer[std::size_t(p.kv_source)];
-    for (int64_t j : sel[std::size_t(t)])
-      if (const uint8_t* rr = read_comp_row(s, src, j, false)) {
-        att_rows.push_back(rr);
-        att_kinds.push_back(1);
-      }
+  }
+  const int64_t nh = tc.index_n_heads, di = tc.index_head_dim;
+  if (p.has_indexer()) {
+    grow(iq, n * nh * di);
+    grow(tmp2, n * nh);
+    linear_batch(w.i_wq_b, qr.data(), n, iq.data());
+    linear_batch(w.i_wproj, xt, n, tmp2.data());
   }
   const float scale = float(1.0 / std::sqrt(double(Dh)));
-  const int64_t nrows = int64_t(att_rows.size());
-  auto heads = [&](int64_t h0, int64_t hend) {
-    kern->sparse_attention(qh.data() + h0 * Dh, hend - h0, Dh, att_rows.data(), att_kinds.data(),
-                           nrows, scale, w.attn_sink + h0, att_o.data() + h0 * Dh);
-  };
-  par_rows(H, 1, std::ref(heads));
-  rope_table(rope, P);
-  for (int64_t hh = 0; hh < H; ++hh)
-    kern->rope(att_o.data() + hh * Dh, Dh, rope.dim, cosb.data(), sinb.data(), true);
-  // Grouped low-rank output: group g (heads g*H/G ..) through rows [g*R, (g+1)*R) of wo_a.
-  const int64_t G = tc.o_groups, R = tc.o_lora_rank, gin = H * Dh / G;
+  for (int64_t t = 0; t < n; ++t) {
+    const fast::TokenRow& row = rows[std::size_t(t0 + t)];
+    SeqState& s = *row.seq;
+    const int64_t P = row.pos;
+    att_rows.clear();
+    att_kinds.clear();
+    for (int64_t k0 = std::max<int64_t>(0, P - tc.sliding_window + 1); k0 <= P; ++k0)
+      if (const uint8_t* rr = read_window_row(s, p.index, k0)) {
+        att_rows.push_back(rr);
+        att_kinds.push_back(0);
+      }
+    if (p.compress_ratio > 0) {
+      if (p.has_indexer()) indexer(p, t0 + t, iq.data() + t * nh * di, tmp2.data() + t * nh);
+      const int src = source_of_layer[std::size_t(p.kv_source)];
+      for (int64_t j : sel[std::size_t(t0 + t)])
+        if (const uint8_t* rr = read_comp_row(s, src, j, false)) {
+          att_rows.push_back(rr);
+          att_kinds.push_back(1);
+        }
+    }
+    const int64_t nrows = int64_t(att_rows.size());
+    float* q = tmp.data() + t * H * Dh;
+    auto heads = [&](int64_t h0, int64_t hend) {
+      // Output over the query of the same heads: each head reads only its own query first.
+      kern->sparse_attention(q + h0 * Dh, hend - h0, Dh, att_rows.data(), att_kinds.data(), nrows,
+                             scale, w.attn_sink + h0, att_o.data() + h0 * Dh);
+      std::copy_n(att_o.data() + h0 * Dh, (hend - h0) * Dh, q + h0 * Dh);
+    };
+    par_rows(H, 1, std::ref(heads));
+    rope_table(rope, P);
+    for (int64_t hh = 0; hh < H; ++hh)
+      kern->rope(q + hh * Dh, Dh, rope.dim, cosb.data(), sinb.data(), true);
+  }
+  // Grouped low-rank output: group g (heads g*H/G ..) through rows [g*R, (g+1)*R) of wo_a, the
+  // chunk's group inputs gathered contiguous.
   linear_count(w.wo_a);
+  float* gin_x = att_o.data();
+  float* gin_y = att_o.data() + n * gin;
   for (int64_t g = 0; g < G; ++g) {
     Linear part = w.wo_a;
     part.stamp = stats.steps;  // counted whole above
@@ -244,9 +266,12 @@ void FastModel::Impl::attention(const LayerPlan& p, const fast::LayerW& w, int64
     } else {
       part.w += g * R * part.in * 2;
     }
-    linear(part, att_o.data() + g * gin, ubuf.data() + g * R);
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(tmp.data() + t * H * Dh + g * gin, gin, gin_x + t * gin);
+    linear_batch(part, gin_x, n, gin_y);
+    for (int64_t t = 0; t < n; ++t) std::copy_n(gin_y + t * R, R, ubuf.data() + t * G * R + g * R);
   }
-  linear(w.wo_b, ubuf.data(), out);
+  linear_batch(w.wo_b, ubuf.data(), n, ys.data() + t0 * D);
 }
 
 }  // namespace dsv41

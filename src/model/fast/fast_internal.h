@@ -91,6 +91,7 @@ namespace dsv41 {
 
 struct FastModel::Impl {
   using Linear = fast::Linear;
+  static constexpr int64_t kChunk = 16;  // tokens per batch-kernel call
   FastOptions opt;
   std::unique_ptr<ConvertedWeights> wts;
   ModelConfig cfg;
@@ -123,13 +124,18 @@ struct FastModel::Impl {
   std::vector<uint8_t> att_kinds;
   std::vector<int64_t> topk_out;
   // MoE scratch
-  std::vector<float> route_w, ybuf, hbuf, logits_e, bscore;
+  std::vector<float> route_w, ybuf, hbuf, logits_e, bscore, gx, gr, gy;
   std::vector<int32_t> route_e;
   std::vector<std::vector<int32_t>> by_expert;  // expert -> token*topk+slot
 
   // ---- helpers (fast_model.cpp) ----
   // y[0..out) = W x, rows split over the thread pool at fixed, shape-only boundaries.
   void linear(const Linear& l, const float* x, float* y);
+  // Y[t] = W X[t] for n tokens (x [n, in], y [n, out]) through the batch kernels: token t's bits
+  // are those of linear() on X[t] alone; the weights are read once for the n tokens.
+  void linear_batch(const Linear& l, const float* x, int64_t n, float* y);
+  // Rows of n values each, act_quant-rounded per row (the input itself when the mode is off).
+  const float* maybe_act_quant_rows(const float* x, int64_t rows, int64_t n);
   void linear_count(const Linear& l);  // adds l's bytes to the step's count, once per step
   // Runs fn(r0, r1) over [0, n) in chunks aligned to `align`, a split that depends only on n.
   void par_rows(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn);
@@ -141,15 +147,18 @@ struct FastModel::Impl {
   void release_old_window(fast::SeqState& s);
 
   // ---- layers ----
-  void attention(const LayerPlan& p, const fast::LayerW& w, int64_t t, const float* x, float* out);
+  // Attention of tokens [t0, t0 + n) (n <= kChunk): xs rows in, ys rows out.
+  void attention_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0, int64_t n);
+  // One token's compressor step from its projections kvp (and gate g for ratio > 1).
   void compressor_step(const LayerPlan& p, const fast::LayerW& w, fast::SeqState& s, int64_t pos,
-                       const float* x);
-  void indexer(const LayerPlan& p, const fast::LayerW& w, int64_t t, const float* x,
-               const float* qr_in);
-  void moe(const LayerPlan& p, const fast::LayerW& w, int64_t n);  // x -> y for tokens [0, n)
-  void engram(const LayerPlan& p, const fast::LayerW& w, int64_t t, float* ht);
-  void expert_swiglu(const fast::ExpertW& e, const float* x, float route, float* out);
-  void shared_expert(const fast::LayerW& w, const float* x, float* out);
+                       const float* kvp, const float* g);
+  // Token t's indexer from its queries qi [heads, dim] (rotated in place) and weights wts [heads].
+  void indexer(const LayerPlan& p, int64_t t, float* qi, float* wts);
+  void moe(const LayerPlan& p, const fast::LayerW& w, int64_t n);  // xs -> ys for tokens [0, n)
+  void engram_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0, int64_t n);
+  // Routed expert e on m gathered tokens (x [m, hidden], route [m]) -> out [m, hidden].
+  void expert_batch(const fast::ExpertW& e, const float* x, const float* route, int64_t m,
+                    float* out);
 
   // ---- pool row access with tag checks ----
   uint8_t* window_row(fast::SeqState& s, int layer, int64_t pos, RowTag** tag);

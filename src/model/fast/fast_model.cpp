@@ -344,6 +344,35 @@ const float* FastModel::Impl::maybe_act_quant(const float* x, int64_t n) {
   return xq.data();
 }
 
+const float* FastModel::Impl::maybe_act_quant_rows(const float* x, int64_t rows_n, int64_t n) {
+  if (!opt.act_quant) return x;
+  if (int64_t(xq.size()) < rows_n * n) xq.resize(std::size_t(rows_n * n));
+  std::copy_n(x, rows_n * n, xq.data());
+  for (int64_t r = 0; r < rows_n; ++r) ref::fake_fp8_pow2(xq.data() + r * n, n, 32);
+  return xq.data();
+}
+
+void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n, float* out) {
+  if (n == 1) return linear(l, x_in, out);
+  const float* xin = l.act ? maybe_act_quant_rows(x_in, n, l.in) : x_in;
+  linear_count(l);
+  const ops::Kernels& kk = *kern;
+  if (l.quantized()) {
+    const int64_t sin = (l.in + 31) / 32;
+    auto fn = [&](int64_t r0, int64_t r1) {
+      kk.fp8_gemv_batch(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xin, n, out + r0,
+                        l.out);
+    };
+    par_rows(l.out, 32, std::ref(fn));
+  } else {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(l.w);
+    auto fn = [&](int64_t r0, int64_t r1) {
+      kk.bf16_gemv_batch(w + r0 * l.in, r1 - r0, l.in, xin, n, out + r0, l.out);
+    };
+    par_rows(l.out, 32, std::ref(fn));
+  }
+}
+
 void FastModel::Impl::linear_count(const Linear& l) {
   if (l.stamp == stats.steps) return;
   l.stamp = stats.steps;
@@ -560,34 +589,40 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
       for (const auto& sl : batch.slices)
         for (int64_t P = sl.first_pos; P < sl.first_pos + int64_t(sl.tokens.size()); ++P)
           if ((P + 1) % p.compress_ratio == 0) im.seqs.at(sl.seq)->vendor_slot = l;
-    for (int64_t t = 0; t < n; ++t) {
-      float* ht = im.hs.data() + t * HC * D;
-      const fast::TokenRow& row = im.rows[std::size_t(t)];
-      if (p.engram >= 0) im.engram(p, w, t, ht);
-      const SeqSlice& sl = batch.slices[std::size_t(row.slice)];
-      for (std::size_t k = 0; k < sl.taps.size(); ++k)
-        if (sl.taps[k] == l) {
-          float* dst = out->slices[std::size_t(row.slice)].taps[k].data() + row.row_in_slice * D;
-          for (int64_t i = 0; i < D; ++i) {
-            float s = 0;
-            for (int64_t j = 0; j < HC; ++j) s += ht[j * D + i];
-            dst[i] = s / float(HC);
+    for (int64_t c0 = 0; c0 < n; c0 += Impl::kChunk) {
+      const int64_t cn = std::min(Impl::kChunk, n - c0);
+      if (p.engram >= 0) im.engram_chunk(p, w, c0, cn);
+      for (int64_t t = c0; t < c0 + cn; ++t) {
+        float* ht = im.hs.data() + t * HC * D;
+        const fast::TokenRow& row = im.rows[std::size_t(t)];
+        const SeqSlice& sl = batch.slices[std::size_t(row.slice)];
+        for (std::size_t k = 0; k < sl.taps.size(); ++k)
+          if (sl.taps[k] == l) {
+            float* dst = out->slices[std::size_t(row.slice)].taps[k].data() + row.row_in_slice * D;
+            for (int64_t i = 0; i < D; ++i) {
+              float s = 0;
+              for (int64_t j = 0; j < HC; ++j) s += ht[j * D + i];
+              dst[i] = s / float(HC);
+            }
           }
-        }
-      float* pa = im.pre_a.data() + t * HC;
-      float* post = im.mix_post.data() + t * HC;
-      float* comb = im.mix_comb.data() + t * HC * HC;
-      kk.hc_mix(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, eps, hc_eps,
-                tc.hc_sinkhorn_iters, pa, post, comb);
-      float* xt = im.xs.data() + t * D;
-      kk.hc_collapse_rmsnorm(ht, im.pre.data() + t * HC, HC, D, w.attn_norm.data(), eps, xt);
-      float* at = im.ys.data() + t * D;
-      im.attention(p, w, t, xt, at);
-      float* h1t = im.h1s.data() + t * HC * D;
-      kk.hc_expand(at, ht, post, comb, HC, D, h1t);
-      kk.hc_mix(h1t, HC, D, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, eps, hc_eps,
-                tc.hc_sinkhorn_iters, im.pre.data() + t * HC, post, comb);
-      kk.hc_collapse_rmsnorm(h1t, pa, HC, D, w.ffn_norm.data(), eps, xt);
+        kk.hc_mix(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, eps, hc_eps,
+                  tc.hc_sinkhorn_iters, im.pre_a.data() + t * HC, im.mix_post.data() + t * HC,
+                  im.mix_comb.data() + t * HC * HC);
+        kk.hc_collapse_rmsnorm(ht, im.pre.data() + t * HC, HC, D, w.attn_norm.data(), eps,
+                               im.xs.data() + t * D);
+      }
+      im.attention_chunk(p, w, c0, cn);  // xs -> ys
+      for (int64_t t = c0; t < c0 + cn; ++t) {
+        float* ht = im.hs.data() + t * HC * D;
+        float* h1t = im.h1s.data() + t * HC * D;
+        float* post = im.mix_post.data() + t * HC;
+        float* comb = im.mix_comb.data() + t * HC * HC;
+        kk.hc_expand(im.ys.data() + t * D, ht, post, comb, HC, D, h1t);
+        kk.hc_mix(h1t, HC, D, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, eps, hc_eps,
+                  tc.hc_sinkhorn_iters, im.pre.data() + t * HC, post, comb);
+        kk.hc_collapse_rmsnorm(h1t, im.pre_a.data() + t * HC, HC, D, w.ffn_norm.data(), eps,
+                               im.xs.data() + t * D);
+      }
     }
     im.moe(p, w, n);  // x -> y for every token, grouped by expert
     for (int64_t t = 0; t < n; ++t) {
@@ -597,19 +632,35 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
                    im.mix_comb.data() + t * HC * HC, HC, D, im.hs.data() + t * HC * D);
     }
   }
-  // Head: the rows the slices want.
-  int64_t t0 = 0;
+  // Head: the rows the slices want, up to kChunk at a time through the batch kernel.
+  const int64_t V = tc.vocab_size;
+  std::size_t nwant = 0;
+  for (const auto& sl : batch.slices) nwant += sl.logits_rows.size();
+  grow(im.gx, std::min<int64_t>(int64_t(nwant), Impl::kChunk) * D);
+  grow(im.gy, std::min<int64_t>(int64_t(nwant), Impl::kChunk) * V);
+  int64_t t0 = 0, pending = 0;
+  std::size_t want_slice[Impl::kChunk], want_row[Impl::kChunk];
+  auto flush = [&] {
+    if (pending == 0) return;
+    im.linear_batch(im.head, im.gx.data(), pending, im.gy.data());
+    for (int64_t k = 0; k < pending; ++k)
+      std::copy_n(im.gy.data() + k * V, V,
+                  out->slices[want_slice[k]].logits.data() + want_row[k] * std::size_t(V));
+    pending = 0;
+  };
   for (std::size_t si = 0; si < batch.slices.size(); ++si) {
     const SeqSlice& sl = batch.slices[si];
     for (std::size_t r = 0; r < sl.logits_rows.size(); ++r) {
       const int64_t t = t0 + sl.logits_rows[r];
-      float* xt = im.xs.data() + t * D;
       kk.hc_collapse_rmsnorm(im.hs.data() + t * HC * D, im.pre.data() + t * HC, HC, D,
-                             im.norm.data(), eps, xt);
-      im.linear(im.head, xt, out->slices[si].logits.data() + r * std::size_t(tc.vocab_size));
+                             im.norm.data(), eps, im.gx.data() + pending * D);
+      want_slice[pending] = si;
+      want_row[pending] = r;
+      if (++pending == Impl::kChunk) flush();
     }
     t0 += int64_t(sl.tokens.size());
   }
+  flush();
   for (const auto& sl : batch.slices) {
     fast::SeqState& s = *im.seqs.at(sl.seq);
     s.len += int64_t(sl.tokens.size());
