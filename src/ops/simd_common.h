@@ -665,24 +665,51 @@ inline void bf16_gemv_simd(const uint16_t* w, int64_t out, int64_t in, const flo
 // in its order; only the memory traffic is shared (a row is decoded or loaded once, then every
 // token's dot reads it from L1). y[t * ldy + o].
 
-// fp8_row_dot_prescaled over a row decoded once into buf (the same values, the same four chains).
-inline float fp8_buf_dot_prescaled(const float* buf, const uint8_t* row, int64_t in,
-                                   const float* xs) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 32 <= in; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + i), _mm256_loadu_ps(xs + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + i + 8), _mm256_loadu_ps(xs + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + i + 16), _mm256_loadu_ps(xs + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(buf + i + 24), _mm256_loadu_ps(xs + i + 24), a3);
+// Rows [0, nrows) of one 32-row scale group times NT (1..3) tokens' prescaled activations, each
+// (row, token) exactly fp8_row_dot_prescaled's arithmetic: the same four chains over 32-value
+// steps in k order, the same final sum and tail. The reordering only shares work: a row's 32
+// decoded weights (four registers) feed NT tokens' FMAs, and k runs in chunks of kFp8KChunk so the
+// NT tokens' activation chunks stay in L1 across the group's rows (the chains wait in acc between
+// chunks; a store and reload keeps their bits).
+constexpr int64_t kFp8KChunk = 1024;
+
+template <int NT>
+inline void fp8_group_dots(const uint8_t* w, int64_t nrows, int64_t in, const float* const* xs,
+                           __m256 (*acc)[3][4], float* const* out) {
+  const int64_t full = in / 32 * 32;
+  for (int64_t r = 0; r < nrows; ++r)
+    for (int t = 0; t < NT; ++t)
+      for (int j = 0; j < 4; ++j) acc[r][t][j] = _mm256_setzero_ps();
+  for (int64_t k0 = 0; k0 < full; k0 += kFp8KChunk) {
+    const int64_t k1 = std::min(full, k0 + kFp8KChunk);
+    for (int64_t r = 0; r < nrows; ++r) {
+      const uint8_t* row = w + r * in;
+      if (r + 1 < nrows) _mm_prefetch(reinterpret_cast<const char*>(row + in + k0), _MM_HINT_T0);
+      __m256 a[NT][4];
+      for (int t = 0; t < NT; ++t)
+        for (int j = 0; j < 4; ++j) a[t][j] = acc[r][t][j];
+      for (int64_t i = k0; i < k1; i += 32) {
+        __m256 v[4];
+        e4m3x32_f16(row + i, v);
+        for (int t = 0; t < NT; ++t)
+          for (int j = 0; j < 4; ++j)
+            a[t][j] = _mm256_fmadd_ps(v[j], _mm256_loadu_ps(xs[t] + i + 8 * j), a[t][j]);
+      }
+      for (int t = 0; t < NT; ++t)
+        for (int j = 0; j < 4; ++j) acc[r][t][j] = a[t][j];
+    }
   }
-  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  if (i < in) {
-    float tail = 0;
-    for (int64_t k = i; k < in; ++k) tail += e4m3_scalar(row[k]) * 0x1p-8f * xs[k];
-    s += tail;
-  }
-  return s;
+  for (int64_t r = 0; r < nrows; ++r)
+    for (int t = 0; t < NT; ++t) {
+      const __m256* a = acc[r][t];
+      float sum = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+      if (full < in) {
+        float tail = 0;
+        for (int64_t k = full; k < in; ++k) tail += e4m3_scalar(w[r * in + k]) * 0x1p-8f * xs[t][k];
+        sum += tail;
+      }
+      out[t][r] = sum;
+    }
 }
 
 inline void fp8_gemv_batch_simd(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
@@ -692,31 +719,34 @@ inline void fp8_gemv_batch_simd(const uint8_t* w, const uint8_t* scale, int64_t 
       fp8_gemv_one_token(w, scale, out, in, x + t * in, y + t * ldy);
     return;
   }
-  static thread_local std::vector<float> xs, buf;
+  static thread_local std::vector<float> xs;
   if (xs.size() < std::size_t(ntok * in)) xs.resize(std::size_t(ntok * in));
-  if (buf.size() < std::size_t(in)) buf.resize(std::size_t(in));
+  alignas(32) __m256 acc[32][3][4];
   const int64_t sin = (in + 31) / 32;
   for (int64_t g = 0; g * 32 < out; ++g) {
     const uint8_t* srow = scale + g * sin;
-    const int64_t o1 = std::min<int64_t>(out, (g + 1) * 32);
+    const int64_t o0 = g * 32, nrows = std::min<int64_t>(out, o0 + 32) - o0;
     bool ok = true;  // depends on the scales only: the same answer for every token
     for (int64_t t = 0; t < ntok && ok; ++t)
       ok = fp8_prescale(srow, in, x + t * in, xs.data() + t * in);
-    for (int64_t o = g * 32; o < o1; ++o) {
-      const uint8_t* row = w + o * in;
-      if (!ok) {
+    if (!ok) {
+      for (int64_t o = o0; o < o0 + nrows; ++o)
         for (int64_t t = 0; t < ntok; ++t)
-          y[t * ldy + o] = fp8_row_dot_f16(row, srow, in, x + t * in);
-        continue;
-      }
-      if (o + 1 < o1) _mm_prefetch(reinterpret_cast<const char*>(row + in), _MM_HINT_T0);
-      for (int64_t i = 0; i + 32 <= in; i += 32) {
-        __m256 v[4];
-        e4m3x32_f16(row + i, v);
-        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(buf.data() + i + 8 * j, v[j]);
-      }
-      for (int64_t t = 0; t < ntok; ++t)
-        y[t * ldy + o] = fp8_buf_dot_prescaled(buf.data(), row, in, xs.data() + t * in);
+          y[t * ldy + o] = fp8_row_dot_f16(w + o * in, srow, in, x + t * in);
+      continue;
+    }
+    for (int64_t t0 = 0; t0 < ntok; t0 += 3) {
+      const int nt = int(std::min<int64_t>(3, ntok - t0));
+      const float* xp[3] = {xs.data() + t0 * in, xs.data() + (t0 + std::min(1, nt - 1)) * in,
+                            xs.data() + (t0 + std::min(2, nt - 1)) * in};
+      float* op[3] = {y + t0 * ldy + o0, y + (t0 + std::min(1, nt - 1)) * ldy + o0,
+                      y + (t0 + std::min(2, nt - 1)) * ldy + o0};
+      if (nt == 3)
+        fp8_group_dots<3>(w + o0 * in, nrows, in, xp, acc, op);
+      else if (nt == 2)
+        fp8_group_dots<2>(w + o0 * in, nrows, in, xp, acc, op);
+      else
+        fp8_group_dots<1>(w + o0 * in, nrows, in, xp, acc, op);
     }
   }
 }
@@ -737,6 +767,81 @@ inline void bf16_gemv_batch_simd(const uint16_t* w, int64_t out, int64_t in, con
 
 // MXFP4, several tokens, each exactly as mxfp4_gemv_impl<S, false> / mxfp4_gate_up_impl<S, false>
 // with that token alone: the two-term activations per token, one pass over each row for all.
+// R rows x ntok (<= kFp4TileTokens) tokens of fp4_row_dot_i16x2 at once, bit for bit: per (row,
+// token) the same scale vectors (every 8 blocks), the same block-pair order into the same two
+// accumulators, the same final sum; the loops are reordered so a row's decoded block pair feeds
+// every token and each token's activations are read once per R rows (the one-row order read
+// every token's 20 KB of activations per row, which ran from L2 at several tokens).
+constexpr int64_t kFp4TileTokens = 16;
+
+template <int R>
+inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, const Fp4Act2* acts,
+                           int64_t ntok, float* out, int64_t ldo) {
+  const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
+                                       1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m256i nib = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
+  const int64_t nblocks = in / 32;
+  __m256 acc[R][kFp4TileTokens], lo[R][kFp4TileTokens], sv[R][kFp4TileTokens];
+  for (int r = 0; r < R; ++r)
+    for (int64_t t = 0; t < ntok; ++t) acc[r][t] = lo[r][t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nblocks; b += 2) {
+    if ((b & 7) == 0)
+      for (int r = 0; r < R; ++r)
+        for (int64_t t = 0; t < ntok; ++t)
+          sv[r][t] = fp4_scales8(scale + r * (in / 32) + b, nblocks - b, acts[t].step + b);
+    const bool pair = b + 2 <= nblocks;
+    const int k = int(b & 7);
+    const __m256i perm = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = w + r * (in / 2);
+      const __m256i v =
+          pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16))
+               : _mm256_inserti128_si256(
+                     z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16)), 0);
+      const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
+      const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+      const __m256i w0 = _mm256_unpacklo_epi8(z, we), w1 = _mm256_unpackhi_epi8(z, we);
+      const __m256i w2 = _mm256_unpacklo_epi8(z, wo), w3 = _mm256_unpackhi_epi8(z, wo);
+      for (int64_t t = 0; t < ntok; ++t) {
+        const __m256i* xh = reinterpret_cast<const __m256i*>(acts[t].hi + b * 32);
+        const __m256i* xl = reinterpret_cast<const __m256i*>(acts[t].lo + b * 32);
+        const __m256i ih = _mm256_add_epi32(
+            _mm256_add_epi32(_mm256_madd_epi16(w0, xh[0]), _mm256_madd_epi16(w1, xh[1])),
+            _mm256_add_epi32(_mm256_madd_epi16(w2, xh[2]), _mm256_madd_epi16(w3, xh[3])));
+        const __m256i il = _mm256_add_epi32(
+            _mm256_add_epi32(_mm256_madd_epi16(w0, xl[0]), _mm256_madd_epi16(w1, xl[1])),
+            _mm256_add_epi32(_mm256_madd_epi16(w2, xl[2]), _mm256_madd_epi16(w3, xl[3])));
+        __m256 sc = _mm256_permutevar8x32_ps(sv[r][t], perm);
+        if (!pair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), sc, acc[r][t]);
+        lo[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), sc, lo[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t t = 0; t < ntok; ++t)
+      out[t * ldo + r] = hsum256(
+          _mm256_add_ps(acc[r][t], _mm256_mul_ps(lo[r][t], _mm256_set1_ps(1.0f / 32768.0f))));
+}
+
+// Rows [0, out) of the tile kernel, 8 rows at a time, the rest one by one; tokens in groups of
+// kFp4TileTokens.
+inline void fp4_rows_i16x2(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                           const Fp4Act2* acts, int64_t ntok, float* y, int64_t ldy) {
+  for (int64_t t0 = 0; t0 < ntok; t0 += kFp4TileTokens) {
+    const int64_t nt = std::min(kFp4TileTokens, ntok - t0);
+    int64_t o = 0;
+    for (; o + 8 <= out; o += 8)
+      fp4_tile_i16x2<8>(w + o * (in / 2), scale + o * (in / 32), in, acts + t0, nt,
+                        y + t0 * ldy + o, ldy);
+    for (; o < out; ++o)
+      fp4_tile_i16x2<1>(w + o * (in / 2), scale + o * (in / 32), in, acts + t0, nt,
+                        y + t0 * ldy + o, ldy);
+  }
+}
+
+// MXFP4, several tokens, each exactly as mxfp4_gemv_impl<S, false> / mxfp4_gate_up_impl<S, false>
+// with that token alone: the two-term activations per token, the weights read once for all.
 template <typename S>
 void mxfp4_gemv_batch_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                            const float* x, int64_t ntok, float* y, int64_t ldy) {
@@ -754,10 +859,7 @@ void mxfp4_gemv_batch_impl(const uint8_t* w, const uint8_t* scale, int64_t out, 
     }
     return;
   }
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t t = 0; t < ntok; ++t)
-      y[t * ldy + o] =
-          fp4_row_dot_i16x2(w + o * (in / 2), scale + o * (in / 32), in, acts[std::size_t(t)]);
+  fp4_rows_i16x2(w, scale, out, in, acts.data(), ntok, y, ldy);
 }
 
 template <typename S>
@@ -765,6 +867,7 @@ void mxfp4_gate_up_batch_impl(const uint8_t* w13, const uint8_t* s13, int64_t in
                               const float* x, const float* route, int64_t ntok, float limit,
                               float* h, int64_t ldh) {
   static thread_local std::vector<Fp4Act2> acts;
+  static thread_local std::vector<float> gu;
   if (acts.size() < std::size_t(ntok)) acts.resize(std::size_t(ntok));
   bool all = dim <= kFp4ActMax;
   for (int64_t t = 0; t < ntok && all; ++t)
@@ -775,16 +878,19 @@ void mxfp4_gate_up_batch_impl(const uint8_t* w13, const uint8_t* s13, int64_t in
                                    h + t * ldh);
     return;
   }
-  for (int64_t j = 0; j < inter; ++j) {
-    const uint8_t* rg = w13 + 2 * j * (dim / 2);
-    const uint8_t* ru = w13 + (2 * j + 1) * (dim / 2);
-    for (int64_t t = 0; t < ntok; ++t) {
-      const Fp4Act2& a = acts[std::size_t(t)];
-      const float gc = std::min(fp4_row_dot_i16x2(rg, s13 + 2 * j * (dim / 32), dim, a), limit);
-      const float uc =
-          std::clamp(fp4_row_dot_i16x2(ru, s13 + (2 * j + 1) * (dim / 32), dim, a), -limit, limit);
-      h[t * ldh + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
-    }
+  // 48 gate/up pairs (96 interleaved rows) at a time, then the clamp epilogue per token.
+  constexpr int64_t kPairs = 48;
+  if (gu.size() < std::size_t(ntok * 2 * kPairs)) gu.resize(std::size_t(ntok * 2 * kPairs));
+  for (int64_t j0 = 0; j0 < inter; j0 += kPairs) {
+    const int64_t jn = std::min(kPairs, inter - j0);
+    fp4_rows_i16x2(w13 + 2 * j0 * (dim / 2), s13 + 2 * j0 * (dim / 32), 2 * jn, dim, acts.data(),
+                   ntok, gu.data(), 2 * jn);
+    for (int64_t t = 0; t < ntok; ++t)
+      for (int64_t j = 0; j < jn; ++j) {
+        const float gc = std::min(gu[std::size_t(t * 2 * jn + 2 * j)], limit);
+        const float uc = std::clamp(gu[std::size_t(t * 2 * jn + 2 * j + 1)], -limit, limit);
+        h[t * ldh + j0 + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
+      }
   }
 }
 
