@@ -346,8 +346,11 @@ TEST_F(LogitsCli, BadInputsAreNamed) {
   CliRun mode = run(base() + " --mode sideways --out " + dir_->file("x.f32"));
   EXPECT_EQ(mode.code, 1);
   EXPECT_NE(mode.err.find("--mode"), std::string::npos);
-  CliRun fast = run(base() + " --path fast --out " + dir_->file("x.f32"));
+  CliRun fast = run(base() + " --path fast --precision fp64 --out " + dir_->file("x.f32"));
   EXPECT_EQ(fast.code, 1);
+  EXPECT_NE(fast.err.find("--path fast computes in fp32"), std::string::npos) << fast.err;
+  CliRun comp = run(base() + " --companions 2 --out " + dir_->file("x.f32"));
+  EXPECT_EQ(comp.code, 1);
   CliRun none = run("logits --model " + dir_->path() + "/ck --out " + dir_->file("x.f32"));
   EXPECT_EQ(none.code, 1);
   CliRun missing = run("logits --model /nonexistent --tokens 1 --out " + dir_->file("x.f32"));
