@@ -4,8 +4,10 @@
 #include <filesystem>
 
 #include "core/log.h"
+#include "io/checkpoint.h"
 #include "model/convert/converted_checkpoint.h"
 #include "model/convert/converter.h"
+#include "model/convert/manifest.h"
 
 namespace dsv41::cli {
 
@@ -20,6 +22,17 @@ Result<std::string> ensure_converted(const std::string& model_dir,
     to = base + ".dsv41-converted";
   }
   if (fs::exists(fs::path(to) / "manifest.json")) {
+    // Only a conversion of this very checkpoint is reused (the manifest records its source).
+    auto man = read_manifest(to);
+    if (!man) return man.status();
+    auto ck = Checkpoint::open(model_dir);
+    if (!ck) return ck.status();
+    auto id = source_identity(model_dir, ck->tensor_names().size(), ck->total_bytes());
+    if (!id) return id.status();
+    if (!(man->source == *id))
+      return Status::error(to + " holds a conversion of another checkpoint than " + model_dir +
+                           " (its manifest's source identity differs); remove it or name another "
+                           "directory with --converted");
     log::info("{} is in the official layout; using its conversion in {}", model_dir, to);
     return to;
   }

@@ -359,10 +359,11 @@ inline float fp4_row_dot_i16(const uint8_t* row, const uint8_t* srow, int64_t in
 // As above, but each 32-block's activations are split as x = step * hi + (step / 32768) * lo with
 // step the power of two >= max|x| / 32767: hi = round(x / step), and the remainder x - step * hi
 // (exact: step is a power of two) rounded again, lo = round(remainder * 32768 / step), |lo| <=
-// 16384. What is left is at most step / 65536, below 2^-30 of the block's largest magnitude: values
-// within 2^7 of the maximum are represented exactly, and the error of the whole dot product stays
-// far below the fp32 rounding of a plain product sum. Both integer dots are exact; the weights are
-// looked up once for both. Twice the integer work of the int16 path, a fraction of the fp32 path's.
+// 16384. What is left is at most step / 65536 <= max / (32767 * 32768), about 2^-30 of the block's
+// largest magnitude: values within 2^7 of the maximum are represented exactly, and the error of the
+// whole dot product stays far below the fp32 rounding of a plain product sum. Both integer dots are
+// exact; the weights are looked up once for both. Twice the integer work of the int16 path, a
+// fraction of the fp32 path's.
 struct Fp4Act2 {
   alignas(32) int16_t hi[kFp4ActMax];
   alignas(32) int16_t lo[kFp4ActMax];
@@ -404,6 +405,8 @@ inline bool fp4_act_prepare2(const float* x, int64_t n, Fp4Act2& a) {
   return true;
 }
 
+// The one-token path's own loop (fp4_tile_i16x2<1> computes the same bits, but its accumulators
+// live in memory and a single row's chain then runs ~6x slower: measured on real-shape decode).
 inline float fp4_row_dot_i16x2(const uint8_t* row, const uint8_t* srow, int64_t in,
                                const Fp4Act2& a) {
   const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
@@ -783,7 +786,7 @@ inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, c
   const int64_t nblocks = in / 32;
   __m256 acc[R][kFp4TileTokens], lo[R][kFp4TileTokens], sv[R][kFp4TileTokens];
   for (int r = 0; r < R; ++r)
-    for (int64_t t = 0; t < ntok; ++t) acc[r][t] = lo[r][t] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < ntok; ++t) acc[r][t] = lo[r][t] = sv[r][t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nblocks; b += 2) {
     if ((b & 7) == 0)
       for (int r = 0; r < R; ++r)
@@ -794,6 +797,8 @@ inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, c
     const __m256i perm = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
     for (int r = 0; r < R; ++r) {
       const uint8_t* row = w + r * (in / 2);
+      if ((b & 3) == 0)  // a 64-byte line every 4 blocks, 512 bytes ahead
+        _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
       const __m256i v =
           pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16))
                : _mm256_inserti128_si256(

@@ -373,6 +373,65 @@ TEST(FastModel, TruncateRollsBackEveryCache) {
   EXPECT_EQ(m2->length(1), 40);
 }
 
+// A reopened compressor group whose projections the rollback ring no longer holds is refused, not
+// rebuilt from overwritten slots (101 tokens, ring of 64: position 36's slot holds 100); a rollback
+// the ring does cover stays exact, also after an earlier truncate.
+TEST(FastModel, TruncateRefusesOverwrittenRingSlots) {
+  auto m = load_fast();
+  const int32_t v = m->vocab_size();
+  const auto toks = random_tokens(61, 101, v);
+  run(*m, 1, toks, 0);
+  const Status st = m->truncate(1, 37);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("compressor projections of position 36"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(m->length(1), 101);
+  // 101 -> 90 -> 81 (odd: reopens the group of position 80, written at step 81 and still held).
+  ASSERT_TRUE(m->truncate(1, 90).is_ok());
+  ASSERT_TRUE(m->truncate(1, 81).is_ok());
+  const auto alt = random_tokens(62, 5, v);
+  StepBatch b;
+  b.slices.push_back({1, 81, alt, {0, 1, 2, 3, 4}, {}});
+  StepOutput out;
+  ASSERT_TRUE(m->step(b, &out).is_ok());
+  std::vector<int32_t> want(toks.begin(), toks.begin() + 81);
+  want.insert(want.end(), alt.begin(), alt.end());
+  const auto expect = run(*m, 2, want, 0);
+  const std::size_t off = 81 * std::size_t(v);
+  EXPECT_EQ(std::memcmp(out.slices[0].logits.data(), expect.data() + off,
+                        out.slices[0].logits.size() * sizeof(float)),
+            0);
+}
+
+TEST(FastModel, TapsAreTheMeanOfTheStreamEnteringALayer) {
+  auto m = load_fast();
+  const int32_t v = m->vocab_size();
+  ASSERT_TRUE(m->open(1).is_ok());
+  StepBatch b;
+  b.slices.push_back({1, 0, random_tokens(71, 6, v), {5}, {3, 5}});
+  StepOutput out;
+  ASSERT_TRUE(m->step(b, &out).is_ok());
+  ASSERT_EQ(out.slices[0].taps.size(), 2u);
+  // The reference runner taps the same stream (layers without Engram), statistically equal.
+  auto r = ReferenceRunner<float>::load(official_dir(), {});
+  ASSERT_TRUE(r.is_ok());
+  ASSERT_TRUE((*r)->open(1).is_ok());
+  StepOutput ro;
+  ASSERT_TRUE((*r)->step(b, &ro).is_ok());
+  for (std::size_t k = 0; k < 2; ++k) {
+    double d = 0, n = 0;
+    for (std::size_t i = 0; i < out.slices[0].taps[k].size(); ++i) {
+      d += std::pow(out.slices[0].taps[k][i] - ro.slices[0].taps[k][i], 2);
+      n += std::pow(ro.slices[0].taps[k][i], 2);
+    }
+    EXPECT_LT(std::sqrt(d / n), 1e-4) << "tap " << k;
+    EXPECT_GT(n, 0);
+  }
+  StepBatch bad;
+  bad.slices.push_back({1, 6, {1}, {}, {5, 3}});
+  EXPECT_FALSE(m->step(bad, &out).is_ok());
+}
+
 TEST(FastModel, PoolBlocksReturnOnFree) {
   auto m = load_fast();
   const int64_t free0 = m->pool().blocks_free();

@@ -42,6 +42,7 @@ void FastModel::Impl::compressor_step(const LayerPlan& p, const fast::LayerW& w,
     const int64_t R = std::max<int64_t>(1, opt.max_rollback), slot = P % R;
     std::copy_n(kvp, Dh, ss.roll_kv.begin() + slot * Dh);
     std::copy_n(g, Dh, ss.roll_g.begin() + slot * Dh);
+    ss.roll_pos[std::size_t(slot)] = P;
     if ((P + 1) % r != 0) {
       std::copy_n(kvp, Dh, ss.part_kv.begin() + ss.part_n * Dh);
       std::copy_n(g, Dh, ss.part_g.begin() + ss.part_n * Dh);

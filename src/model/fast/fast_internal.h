@@ -64,6 +64,7 @@ struct SourceSeq {
   int part_n = 0;
   std::vector<float> part_kv, part_g;  // [ratio - 1][head_dim]
   std::vector<float> roll_kv, roll_g;  // ring [max_rollback][head_dim], slot = pos % max_rollback
+  std::vector<int64_t> roll_pos;       // the position each slot holds (-1: none)
 };
 
 struct SeqState {

@@ -222,6 +222,7 @@ Status FastModel::open(SeqId seq) {
       ss.part_g.assign(std::size_t((src.ratio - 1) * Dh), 0.0f);
       ss.roll_kv.assign(std::size_t(R * Dh), 0.0f);
       ss.roll_g.assign(std::size_t(R * Dh), 0.0f);
+      ss.roll_pos.assign(std::size_t(R), -1);
     }
     s->src.push_back(std::move(ss));
   }
@@ -267,6 +268,18 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
   if (s.len - length > R)
     return Status::error("truncate: rolling back " + std::to_string(s.len - length) +
                          " tokens exceeds the rollback margin of " + std::to_string(R));
+  // Every position of a group to reopen must still be in its ring slot (a slot holds the latest
+  // position written there; earlier truncates and steps may have overwritten older ones).
+  for (std::size_t si = 0; si < L.sources.size(); ++si) {
+    const int r = L.sources[si].ratio;
+    if (r <= 1) continue;
+    for (int64_t pos = length - length % r; pos < length; ++pos)
+      if (s.src[si].roll_pos[std::size_t(pos % R)] != pos)
+        return Status::error("truncate: sequence " + std::to_string(seq) +
+                             " no longer holds the compressor projections of position " +
+                             std::to_string(pos) + " (layer " +
+                             std::to_string(L.sources[si].layer) + "); free and recompute");
+  }
   const int64_t Dh = im.cfg.text.head_dim;
   for (std::size_t si = 0; si < L.sources.size(); ++si) {
     const int r = L.sources[si].ratio;
@@ -289,16 +302,11 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
   };
   trim(s.win, L.window_tokens);
   trim(s.glob, L.global_tokens);
-  for (int64_t p = length; p < s.len; ++p) {
-    if (p / L.window_tokens < int64_t(s.win.size()))
-      for (int l = 0; l < L.num_layers; ++l) {
-        RowTag* t;
-        im.window_row(s, l, p, &t);
-        *t = RowTag{};
-      }
-    for (std::size_t si = 0; si < L.sources.size(); ++si) {
-      const int r = L.sources[si].ratio;
-      if (p % r != 0 || p / L.global_tokens >= int64_t(s.glob.size())) continue;
+  // Compressed entries from the one straddling the new end (completed by a removed position).
+  for (std::size_t si = 0; si < L.sources.size(); ++si) {
+    const int r = L.sources[si].ratio;
+    for (int64_t p = length / r * r; p < s.len; p += r) {
+      if (p / L.global_tokens >= int64_t(s.glob.size())) break;
       RowTag* t;
       im.comp_row(s, int(si), p / r, false, &t);
       *t = RowTag{};
@@ -306,6 +314,15 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
       *t = RowTag{};
     }
   }
+  for (int64_t p = length; p < s.len; ++p) {
+    if (p / L.window_tokens < int64_t(s.win.size()))
+      for (int l = 0; l < L.num_layers; ++l) {
+        RowTag* t;
+        im.window_row(s, l, p, &t);
+        *t = RowTag{};
+      }
+  }
+  if (length == 0) s.vendor_slot = -1;  // vendor keys: nothing published any more
   s.history.resize(std::size_t(length));
   s.len = length;
   return Status::ok();
@@ -506,6 +523,14 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   const TextConfig& tc = im.cfg.text;
   DSV41_RETURN_IF_ERROR(
       check_step_batch(batch, vocab_size(), max_context(), [&](SeqId id) { return length(id); }));
+  for (std::size_t i = 0; i < batch.slices.size(); ++i) {
+    const auto& taps = batch.slices[i].taps;
+    for (std::size_t k = 0; k < taps.size(); ++k)
+      if (taps[k] < 0 || taps[k] >= im.plan.num_backbone || (k > 0 && taps[k] <= taps[k - 1]))
+        return Status::error("slice " + std::to_string(i) +
+                             ": taps must be ascending backbone layers in [0, " +
+                             std::to_string(im.plan.num_backbone) + ")");
+  }
   // Blocks first: a step that cannot get its blocks changes nothing.
   int64_t need = 0;
   for (const auto& sl : batch.slices) {
