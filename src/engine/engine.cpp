@@ -92,13 +92,13 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     return Status::error(tok_path + ": not found (the model needs its tokenizer)");
   auto tok = Tokenizer::load(tok_path);
   if (!tok) return tok.status();
-  auto backend = options.path == "reference" ? load_reference_backend(options.model_dir)
-                                             : load_fast_backend(options.model_dir, options.fast);
-  if (!backend) return backend.status();
-  return create(std::move(*backend), std::move(*tok), options);
+  auto runner = options.path == "reference" ? load_reference_runner(options.model_dir)
+                                            : load_fast_runner(options.model_dir, options.fast);
+  if (!runner) return runner.status();
+  return create(std::move(*runner), std::move(*tok), options);
 }
 
-Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<ModelBackend> backend,
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<ModelRunner> backend,
                                                std::unique_ptr<Tokenizer> tokenizer,
                                                const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
@@ -187,8 +187,30 @@ void Engine::run(RequestChannel& ch) {
   const SamplingParams& sp = req.sampling;
   const auto prompt_len = static_cast<int64_t>(req.prompt.size());
   if (ch.cancelled()) return ch.finish(FinishReason::kCancelled, prompt_len, 0);
-  backend_->reset();
+  // The request is one sequence of the seam for its lifetime (freed on every way out).
+  const SeqId seq = ch.id();
+  if (Status st = backend_->open(seq); !st)
+    return ch.finish(FinishReason::kError, prompt_len, 0, {}, st.message());
+  struct Release {
+    ModelRunner& r;
+    SeqId id;
+    ~Release() { r.free(id); }
+  } release{*backend_, seq};
+  StepBatch batch;
+  batch.slices.resize(1);
+  StepOutput step_out;
   std::vector<float> logits;
+  // One slice: the tokens at the sequence's next positions, the logits after the last of them.
+  auto forward = [&](const std::vector<int32_t>& toks) -> Status {
+    SeqSlice& sl = batch.slices[0];
+    sl.seq = seq;
+    sl.first_pos = backend_->length(seq);
+    sl.tokens = toks;
+    sl.logits_rows.assign(1, int32_t(toks.size()) - 1);
+    DSV41_RETURN_IF_ERROR(backend_->step(batch, &step_out));
+    logits = step_out.slices[0].logits;
+    return Status::ok();
+  };
   std::vector<int32_t> chunk;
   const std::size_t step = static_cast<std::size_t>(std::max(1, options_.prefill_chunk));
   for (std::size_t i = 0; i < req.prompt.size(); i += step) {
@@ -196,7 +218,7 @@ void Engine::run(RequestChannel& ch) {
     chunk.assign(
         req.prompt.begin() + static_cast<std::ptrdiff_t>(i),
         req.prompt.begin() + static_cast<std::ptrdiff_t>(std::min(req.prompt.size(), i + step)));
-    Status st = backend_->forward(chunk, logits);
+    Status st = forward(chunk);
     if (!st) return ch.finish(FinishReason::kError, prompt_len, 0, {}, st.message());
   }
   prompt_tokens_total_.fetch_add(prompt_len);
@@ -239,7 +261,7 @@ void Engine::run(RequestChannel& ch) {
       return ch.finish(FinishReason::kLength, prompt_len, generated);
     }
     ch.publish(&out, s.text);
-    Status st = backend_->forward({tok}, logits);
+    Status st = forward({tok});
     if (!st) return ch.finish(FinishReason::kError, prompt_len, generated, {}, st.message());
   }
 }

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/model_backend.h"
+#include "engine/model_backend.h"  // the runners the engine loads; model/seam.h
 #include "engine/sampler.h"
 #include "text/tokenizer.h"
 
@@ -89,7 +89,7 @@ class Engine {
   // "reference": the official layout, the plain oracle).
   static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);
   // With an explicit backend (tests, other model paths).
-  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<ModelBackend> backend,
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<ModelRunner> backend,
                                                 std::unique_ptr<Tokenizer> tokenizer,
                                                 const EngineOptions& options);
   ~Engine();  // cancels what is left and joins the engine thread
@@ -109,7 +109,7 @@ class Engine {
   void loop();
   void run(RequestChannel& ch);
 
-  std::unique_ptr<ModelBackend> backend_;
+  std::unique_ptr<ModelRunner> backend_;  // the model seam (model/seam.h)
   std::unique_ptr<Tokenizer> tokenizer_;
   EngineOptions options_;
   int32_t vocab_size_ = 0;

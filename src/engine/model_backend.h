@@ -1,32 +1,20 @@
-// The engine's view of a model: one sequence at a time, tokens in, next-token logits out. The
-// reference forward and the fast forward (through the model seam, engine/runner_backend.cpp)
-// implement it; tests plug scripted backends in to drive the server through exact token
-// sequences. The scheduler of continuous batching will drive the seam directly.
+// The models the engine drives, all through the model seam (model/seam.h): the fast forward on a
+// converted checkpoint, or the reference forward (fp32) on the official layout. Tests plug
+// scripted ModelRunners in to drive the engine and the server through exact token sequences.
+// Requests run one at a time for now, each as one sequence of the seam (open, steps, free); the
+// scheduler of continuous batching will put several in one step.
 #pragma once
 
-#include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "core/status.h"
+#include "model/seam.h"
 
 namespace dsv41 {
 
-class ModelBackend {
- public:
-  virtual ~ModelBackend() = default;
-  virtual int32_t vocab_size() const = 0;
-  virtual int64_t max_context() const = 0;  // longest sequence (prompt + generated)
-  // Starts a new sequence.
-  virtual void reset() = 0;
-  // Consumes `tokens` at the next positions; `last_logits` receives the vocab_size logits after the
-  // last of them.
-  virtual Status forward(const std::vector<int32_t>& tokens, std::vector<float>& last_logits) = 0;
-};
-
 // The reference forward (fp32) on a checkpoint in the official layout.
-Result<std::unique_ptr<ModelBackend>> load_reference_backend(const std::string& model_dir);
+Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& model_dir);
 
 struct FastBackendOptions {
   int threads = 0;         // 0: every core
@@ -34,7 +22,7 @@ struct FastBackendOptions {
   double kv_cache_gb = 0;  // 0: a quarter of available memory
 };
 // The fast forward (model/fast) on a converted checkpoint.
-Result<std::unique_ptr<ModelBackend>> load_fast_backend(const std::string& converted_dir,
-                                                        const FastBackendOptions& o);
+Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& converted_dir,
+                                                      const FastBackendOptions& o);
 
 }  // namespace dsv41

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/one_seq_runner.h"
 #include "io/test_util.h"
 #include "model/convert/converter.h"
 #include "model/fast/fast_model.h"
@@ -24,7 +25,7 @@ using namespace std::chrono_literals;
 
 // Next-token logits depend only on the last token: a peak of `peak` at next_of(last) over a gentle
 // slope, so greedy decoding follows a known chain and sampling has a known distribution.
-class ChainBackend final : public ModelBackend {
+class ChainBackend final : public testing::OneSeqRunner {
  public:
   ChainBackend(int32_t vocab, int64_t ctx, std::map<int32_t, int32_t> next, int sleep_ms = 0)
       : vocab_(vocab), ctx_(ctx), next_(std::move(next)), sleep_ms_(sleep_ms) {}

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/one_seq_runner.h"
 #include "io/test_util.h"
 #include "model/tiny_checkpoint.h"
 #include "server/http_server.h"
@@ -31,7 +32,7 @@ using namespace std::chrono_literals;
 
 // Answers every request with the tokens of `script` (then EOS), counted from the last
 // <｜Assistant｜> token of the sequence; before any cue it follows a fixed chain.
-class ScriptBackend final : public ModelBackend {
+class ScriptBackend final : public testing::OneSeqRunner {
  public:
   ScriptBackend(const Tokenizer& tok, std::vector<int32_t> script, int sleep_ms)
       : vocab_(tok.vocab_size()),

@@ -1,0 +1,25 @@
+// The runners the engine loads (engine/model_backend.h).
+#include "engine/model_backend.h"
+#include "model/fast/fast_model.h"
+#include "model/reference/reference_runner.h"
+
+namespace dsv41 {
+
+Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& model_dir) {
+  auto r = ReferenceRunner<float>::load(model_dir, ReferenceOptions{});
+  if (!r) return r.status();
+  return std::unique_ptr<ModelRunner>(std::move(*r));
+}
+
+Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& converted_dir,
+                                                      const FastBackendOptions& o) {
+  FastOptions fo;
+  fo.threads = o.threads;
+  fo.act_quant = o.act_quant;
+  fo.kv_cache_bytes = int64_t(o.kv_cache_gb * 1e9);
+  auto m = FastModel::load(converted_dir, fo);
+  if (!m) return m.status();
+  return std::unique_ptr<ModelRunner>(std::move(*m));
+}
+
+}  // namespace dsv41
