@@ -1,11 +1,13 @@
 // Expected-tensor derivation (spec §3.6 shapes) and the inventory check.
 #include "model/inventory.h"
 
+#include <tuple>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "io/safetensors.h"
+#include "model/tensor_names.h"
 
 namespace dsv41 {
 namespace {
@@ -41,62 +43,60 @@ class Builder {
 };
 
 void add_block(Builder& b, const TextConfig& t, const LayerPlan& p) {
-  const std::string L = p.tensor_prefix();
+  const BlockTensorNames n = block_tensor_names(p);
   const int64_t D = t.hidden_size, H = t.num_attention_heads, Dh = t.head_dim,
                 I = t.moe_intermediate_size;
-  b.add(L + "attn_norm.weight", DType::kBF16, {D}, TensorRole::kNorm);
-  b.add(L + "ffn_norm.weight", DType::kBF16, {D}, TensorRole::kNorm);
-  for (const char* site : {"attn", "ffn"}) {
-    b.add(L + "hc_" + site + "_fn", DType::kF32, {t.hc_mix(), t.hc_mult * D}, TensorRole::kMhc);
-    b.add(L + "hc_" + site + "_base", DType::kF32, {t.hc_mix()}, TensorRole::kMhc);
-    b.add(L + "hc_" + site + "_scale", DType::kF32, {3}, TensorRole::kMhc);
+  b.add(n.attn_norm, DType::kBF16, {D}, TensorRole::kNorm);
+  b.add(n.ffn_norm, DType::kBF16, {D}, TensorRole::kNorm);
+  for (const auto& [fn, base, scale] : {std::tie(n.hc_attn_fn, n.hc_attn_base, n.hc_attn_scale),
+                                        std::tie(n.hc_ffn_fn, n.hc_ffn_base, n.hc_ffn_scale)}) {
+    b.add(fn, DType::kF32, {t.hc_mix(), t.hc_mult * D}, TensorRole::kMhc);
+    b.add(base, DType::kF32, {t.hc_mix()}, TensorRole::kMhc);
+    b.add(scale, DType::kF32, {3}, TensorRole::kMhc);
   }
-  b.add(L + "attn.attn_sink", DType::kF32, {H}, TensorRole::kAttn);
-  b.add(L + "attn.q_norm.weight", DType::kBF16, {t.q_lora_rank}, TensorRole::kAttn);
-  b.add(L + "attn.kv_norm.weight", DType::kBF16, {Dh}, TensorRole::kAttn);
-  b.fp8_linear(L + "attn.wq_a", t.q_lora_rank, D, TensorRole::kAttn);
-  b.fp8_linear(L + "attn.wq_b", H * Dh, t.q_lora_rank, TensorRole::kAttn);
-  b.fp8_linear(L + "attn.wkv", t.num_key_value_heads * Dh, D, TensorRole::kAttn);
-  b.fp8_linear(L + "attn.wo_a", t.o_groups * t.o_lora_rank, H * Dh / t.o_groups, TensorRole::kAttn);
-  b.fp8_linear(L + "attn.wo_b", D, t.o_groups * t.o_lora_rank, TensorRole::kAttn);
+  b.add(n.attn_sink, DType::kF32, {H}, TensorRole::kAttn);
+  b.add(n.q_norm, DType::kBF16, {t.q_lora_rank}, TensorRole::kAttn);
+  b.add(n.kv_norm, DType::kBF16, {Dh}, TensorRole::kAttn);
+  b.fp8_linear(n.wq_a, t.q_lora_rank, D, TensorRole::kAttn);
+  b.fp8_linear(n.wq_b, H * Dh, t.q_lora_rank, TensorRole::kAttn);
+  b.fp8_linear(n.wkv, t.num_key_value_heads * Dh, D, TensorRole::kAttn);
+  b.fp8_linear(n.wo_a, t.o_groups * t.o_lora_rank, H * Dh / t.o_groups, TensorRole::kAttn);
+  b.fp8_linear(n.wo_b, D, t.o_groups * t.o_lora_rank, TensorRole::kAttn);
   if (p.is_kv_source()) {
-    b.add(L + "attn.compressor.norm.weight", DType::kBF16, {Dh}, TensorRole::kCompressor);
-    b.add(L + "attn.compressor.wkv.weight", DType::kBF16, {Dh, D}, TensorRole::kCompressor);
+    b.add(n.c_norm, DType::kBF16, {Dh}, TensorRole::kCompressor);
+    b.add(n.c_wkv + ".weight", DType::kBF16, {Dh, D}, TensorRole::kCompressor);
     if (p.compressor_gate)
-      b.add(L + "attn.compressor.wgate.weight", DType::kBF16, {Dh, D}, TensorRole::kCompressor);
-    b.add(L + "attn.indexer.wk.weight", DType::kBF16, {t.index_head_dim, Dh}, TensorRole::kIndexer);
-    b.add(L + "attn.indexer.k_norm.weight", DType::kBF16, {t.index_head_dim}, TensorRole::kIndexer);
+      b.add(n.c_wgate + ".weight", DType::kBF16, {Dh, D}, TensorRole::kCompressor);
+    b.add(n.i_wk + ".weight", DType::kBF16, {t.index_head_dim, Dh}, TensorRole::kIndexer);
+    b.add(n.i_k_norm, DType::kBF16, {t.index_head_dim}, TensorRole::kIndexer);
   }
   if (p.has_indexer()) {
-    b.fp8_linear(L + "attn.indexer.wq_b", t.index_n_heads * t.index_head_dim, t.q_lora_rank,
-                 TensorRole::kIndexer);
-    b.add(L + "attn.indexer.weights_proj.weight", DType::kBF16, {t.index_n_heads, D},
-          TensorRole::kIndexer);
+    b.fp8_linear(n.i_wq_b, t.index_n_heads * t.index_head_dim, t.q_lora_rank, TensorRole::kIndexer);
+    b.add(n.i_wproj + ".weight", DType::kBF16, {t.index_n_heads, D}, TensorRole::kIndexer);
   }
-  b.add(L + "ffn.gate.weight", DType::kBF16, {p.n_routed_experts, D}, TensorRole::kRouter);
-  b.add(L + "ffn.gate.bias", DType::kF32, {p.n_routed_experts}, TensorRole::kRouter);
-  b.add(L + "ffn.gate.bias_vl", DType::kF32, {p.n_routed_experts}, TensorRole::kRouter);
+  b.add(n.gate + ".weight", DType::kBF16, {p.n_routed_experts, D}, TensorRole::kRouter);
+  b.add(n.gate_bias, DType::kF32, {p.n_routed_experts}, TensorRole::kRouter);
+  b.add(n.gate_bias_vl, DType::kF32, {p.n_routed_experts}, TensorRole::kRouter);
   for (int e = 0; e < p.n_routed_experts; ++e) {
-    const std::string E = L + "ffn.experts." + std::to_string(e) + ".";
-    b.fp4_linear(E + "w1", I, D);
-    b.fp4_linear(E + "w2", D, I);
-    b.fp4_linear(E + "w3", I, D);
+    b.fp4_linear(n.expert(e, "w1"), I, D);
+    b.fp4_linear(n.expert(e, "w2"), D, I);
+    b.fp4_linear(n.expert(e, "w3"), I, D);
   }
   const int64_t Is = I * t.n_shared_experts;
-  b.fp8_linear(L + "ffn.shared_experts.w1", Is, D, TensorRole::kSharedExpert);
-  b.fp8_linear(L + "ffn.shared_experts.w2", D, Is, TensorRole::kSharedExpert);
-  b.fp8_linear(L + "ffn.shared_experts.w3", Is, D, TensorRole::kSharedExpert);
+  b.fp8_linear(n.sh_w1, Is, D, TensorRole::kSharedExpert);
+  b.fp8_linear(n.sh_w2, D, Is, TensorRole::kSharedExpert);
+  b.fp8_linear(n.sh_w3, Is, D, TensorRole::kSharedExpert);
 }
 
 void add_engram(Builder& b, const TextConfig& t, const LayerPlan& p) {
-  const std::string L = p.tensor_prefix() + "engram.";
+  const BlockTensorNames n = block_tensor_names(p);
   const int64_t rows = t.engram_num_embeddings[std::size_t(p.engram)];
   const int64_t in = (t.engram_max_ngram_size - 1) * t.engram_n_heads * t.engram_head_dim;
-  b.add(L + "embed.weight", DType::kF8_E4M3, {rows, t.engram_head_dim}, TensorRole::kEngram);
-  b.add(L + "embed.scale", DType::kF8_E8M0, {rows, t.engram_head_dim / 32}, TensorRole::kEngram);
-  b.fp8_linear(L + "wkv", (t.hc_mult + 1) * t.hidden_size, in, TensorRole::kEngram);
-  b.add(L + "q_weight", DType::kBF16, {t.hc_mult, t.hidden_size}, TensorRole::kEngram);
-  b.add(L + "k_weight", DType::kBF16, {t.hc_mult, t.hidden_size}, TensorRole::kEngram);
+  b.add(n.e_embed + ".weight", DType::kF8_E4M3, {rows, t.engram_head_dim}, TensorRole::kEngram);
+  b.add(n.e_embed + ".scale", DType::kF8_E8M0, {rows, t.engram_head_dim / 32}, TensorRole::kEngram);
+  b.fp8_linear(n.e_wkv, (t.hc_mult + 1) * t.hidden_size, in, TensorRole::kEngram);
+  b.add(n.e_q, DType::kBF16, {t.hc_mult, t.hidden_size}, TensorRole::kEngram);
+  b.add(n.e_k, DType::kBF16, {t.hc_mult, t.hidden_size}, TensorRole::kEngram);
 }
 
 }  // namespace
@@ -112,9 +112,9 @@ std::vector<ExpectedTensor> expected_text_tensors(const ModelConfig& c, const Mo
   std::vector<ExpectedTensor> out;
   Builder b(c, &out);
   const int64_t V = t.vocab_size, D = t.hidden_size;
-  b.add("embed.weight", DType::kBF16, {V, D}, TensorRole::kGlobal);
-  b.add("head.weight", DType::kBF16, {V, D}, TensorRole::kGlobal);
-  b.add("norm.weight", DType::kBF16, {D}, TensorRole::kGlobal);
+  b.add(kEmbedName, DType::kBF16, {V, D}, TensorRole::kGlobal);
+  b.add(std::string(kHeadName) + ".weight", DType::kBF16, {V, D}, TensorRole::kGlobal);
+  b.add(kFinalNormName, DType::kBF16, {D}, TensorRole::kGlobal);
   for (const char* g : {"image_start", "image_end", "image_newline"})
     b.add(g, DType::kBF16, {D}, TensorRole::kGlobal);
   for (const LayerPlan& p : plan.layers) {

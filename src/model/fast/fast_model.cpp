@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "model/fast/fast_internal.h"
+#include "model/tensor_names.h"
 #include "text/engram_token_map.h"
 #include "text/tokenizer_file.h"
 
@@ -68,54 +69,54 @@ struct Binder {
 };
 
 fast::LayerW bind_layer(const Binder& b, const LayerPlan& p, const EngramHasher& hasher) {
-  const std::string L = p.tensor_prefix();
+  const BlockTensorNames n = block_tensor_names(p);
   fast::LayerW w;
-  w.attn_norm = b.vec(L + "attn_norm.weight");
-  w.ffn_norm = b.vec(L + "ffn_norm.weight");
-  w.hc_attn_fn = b.f32(L + "hc_attn_fn");
-  w.hc_attn_base = b.f32(L + "hc_attn_base");
-  w.hc_attn_scale = b.f32(L + "hc_attn_scale");
-  w.hc_ffn_fn = b.f32(L + "hc_ffn_fn");
-  w.hc_ffn_base = b.f32(L + "hc_ffn_base");
-  w.hc_ffn_scale = b.f32(L + "hc_ffn_scale");
-  w.attn_sink = b.f32(L + "attn.attn_sink");
-  w.q_norm = b.vec(L + "attn.q_norm.weight");
-  w.kv_norm = b.vec(L + "attn.kv_norm.weight");
-  w.wq_a = b.lin(L + "attn.wq_a");
-  w.wq_b = b.lin(L + "attn.wq_b");
-  w.wkv = b.lin(L + "attn.wkv");
-  w.wo_a = b.lin(L + "attn.wo_a");
+  w.attn_norm = b.vec(n.attn_norm);
+  w.ffn_norm = b.vec(n.ffn_norm);
+  w.hc_attn_fn = b.f32(n.hc_attn_fn);
+  w.hc_attn_base = b.f32(n.hc_attn_base);
+  w.hc_attn_scale = b.f32(n.hc_attn_scale);
+  w.hc_ffn_fn = b.f32(n.hc_ffn_fn);
+  w.hc_ffn_base = b.f32(n.hc_ffn_base);
+  w.hc_ffn_scale = b.f32(n.hc_ffn_scale);
+  w.attn_sink = b.f32(n.attn_sink);
+  w.q_norm = b.vec(n.q_norm);
+  w.kv_norm = b.vec(n.kv_norm);
+  w.wq_a = b.lin(n.wq_a);
+  w.wq_b = b.lin(n.wq_b);
+  w.wkv = b.lin(n.wkv);
+  w.wo_a = b.lin(n.wo_a);
   w.wo_a.act = false;
-  w.wo_b = b.lin(L + "attn.wo_b");
+  w.wo_b = b.lin(n.wo_b);
   if (p.is_kv_source()) {
-    w.c_norm = b.vec(L + "attn.compressor.norm.weight");
-    w.c_wkv = b.lin(L + "attn.compressor.wkv");
-    if (p.compressor_gate) w.c_wgate = b.lin(L + "attn.compressor.wgate");
-    w.i_wk = b.lin(L + "attn.indexer.wk");
-    w.i_k_norm = b.vec(L + "attn.indexer.k_norm.weight");
+    w.c_norm = b.vec(n.c_norm);
+    w.c_wkv = b.lin(n.c_wkv);
+    if (p.compressor_gate) w.c_wgate = b.lin(n.c_wgate);
+    w.i_wk = b.lin(n.i_wk);
+    w.i_k_norm = b.vec(n.i_k_norm);
   }
   if (p.has_indexer()) {
-    w.i_wq_b = b.lin(L + "attn.indexer.wq_b");
-    w.i_wproj = b.lin(L + "attn.indexer.weights_proj");
+    w.i_wq_b = b.lin(n.i_wq_b);
+    w.i_wproj = b.lin(n.i_wproj);
   }
-  w.gate = b.lin(L + "ffn.gate");
-  w.gate_bias = b.f32(L + "ffn.gate.bias");
-  for (int e = 0; e < p.n_routed_experts; ++e) {
-    const std::string E = L + "ffn.experts." + std::to_string(e) + ".";
-    w.experts.push_back({b.w.get(E + "w13.weight").data, b.w.get(E + "w13.scale").data,
-                         b.w.get(E + "w2.weight").data, b.w.get(E + "w2.scale").data});
+  w.gate = b.lin(n.gate);
+  w.gate_bias = b.f32(n.gate_bias);
+  for (int e = 0; e < p.n_routed_experts; ++e) {  // the converted layout's fused w13 and w2
+    const std::string w13 = n.expert(e, "w13"), w2 = n.expert(e, "w2");
+    w.experts.push_back({b.w.get(w13 + ".weight").data, b.w.get(w13 + ".scale").data,
+                         b.w.get(w2 + ".weight").data, b.w.get(w2 + ".scale").data});
   }
-  w.sh_w1 = b.lin(L + "ffn.shared_experts.w1");
-  w.sh_w2 = b.lin(L + "ffn.shared_experts.w2");
-  w.sh_w3 = b.lin(L + "ffn.shared_experts.w3");
+  w.sh_w1 = b.lin(n.sh_w1);
+  w.sh_w2 = b.lin(n.sh_w2);
+  w.sh_w3 = b.lin(n.sh_w3);
   if (p.engram >= 0) {
-    w.e_wkv = b.lin(L + "engram.wkv");
-    const auto q = b.vec(L + "engram.q_weight"), k = b.vec(L + "engram.k_weight");
+    w.e_wkv = b.lin(n.e_wkv);
+    const auto q = b.vec(n.e_q), k = b.vec(n.e_k);
     for (std::size_t i = 0; i < q.size(); ++i) w.e_qk.push_back(q[i] * k[i]);
     for (std::size_t c = 0; c < hasher.columns(); ++c) {
-      const std::string B = L + "engram.embed.bucket." + std::to_string(c) + ".";
-      w.e_codes.push_back(b.w.get(B + "weight").data);
-      w.e_scales.push_back(b.w.get(B + "scale").data);
+      const std::string B = n.engram_bucket(c);
+      w.e_codes.push_back(b.w.get(B + ".weight").data);
+      w.e_scales.push_back(b.w.get(B + ".scale").data);
     }
   }
   return w;
@@ -157,9 +158,9 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   im.pool = std::make_unique<ThreadPool>(opt.threads > 0 ? std::size_t(opt.threads) : hw);
 
   const Binder b{*im.wts};
-  im.embed = reinterpret_cast<const uint16_t*>(im.wts->get("embed.weight").data);
-  im.head = b.lin("head");
-  im.norm = b.vec("norm.weight");
+  im.embed = reinterpret_cast<const uint16_t*>(im.wts->get(kEmbedName).data);
+  im.head = b.lin(kHeadName);
+  im.norm = b.vec(kFinalNormName);
   for (int l = 0; l < im.plan.num_backbone; ++l)
     im.layers.push_back(bind_layer(b, im.plan.layers[std::size_t(l)], *im.hasher));
   const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});

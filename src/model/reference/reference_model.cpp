@@ -16,6 +16,7 @@
 #include "model/reference/ref_blocks.h"
 #include "model/reference/ref_ops.h"
 #include "model/reference/reference_weights.h"
+#include "model/tensor_names.h"
 #include "text/tokenizer_file.h"
 
 namespace dsv41 {
@@ -56,51 +57,46 @@ struct SourceState {
 
 template <typename T>
 LayerW<T> read_layer(const ref::WeightReader& rd, const LayerPlan& p) {
-  const std::string L = p.tensor_prefix();
+  const BlockTensorNames n = block_tensor_names(p);
+  auto lin = [&](const std::string& base) { return rd.mat(base + ".weight"); };
   LayerW<T> w;
-  w.attn_norm = rd.template vec<T>(L + "attn_norm.weight");
-  w.ffn_norm = rd.template vec<T>(L + "ffn_norm.weight");
-  w.hc_attn_fn = rd.mat(L + "hc_attn_fn");
-  w.hc_ffn_fn = rd.mat(L + "hc_ffn_fn");
-  w.hc_attn_base = rd.template vec<T>(L + "hc_attn_base");
-  w.hc_ffn_base = rd.template vec<T>(L + "hc_ffn_base");
-  w.hc_attn_scale = rd.template vec<T>(L + "hc_attn_scale");
-  w.hc_ffn_scale = rd.template vec<T>(L + "hc_ffn_scale");
-  w.attn_sink = rd.template vec<T>(L + "attn.attn_sink");
-  w.q_norm = rd.template vec<T>(L + "attn.q_norm.weight");
-  w.kv_norm = rd.template vec<T>(L + "attn.kv_norm.weight");
-  w.wq_a = rd.mat(L + "attn.wq_a.weight");
-  w.wq_b = rd.mat(L + "attn.wq_b.weight");
-  w.wkv = rd.mat(L + "attn.wkv.weight");
-  w.wo_a = rd.mat(L + "attn.wo_a.weight");
-  w.wo_b = rd.mat(L + "attn.wo_b.weight");
+  w.attn_norm = rd.template vec<T>(n.attn_norm);
+  w.ffn_norm = rd.template vec<T>(n.ffn_norm);
+  w.hc_attn_fn = rd.mat(n.hc_attn_fn);
+  w.hc_ffn_fn = rd.mat(n.hc_ffn_fn);
+  w.hc_attn_base = rd.template vec<T>(n.hc_attn_base);
+  w.hc_ffn_base = rd.template vec<T>(n.hc_ffn_base);
+  w.hc_attn_scale = rd.template vec<T>(n.hc_attn_scale);
+  w.hc_ffn_scale = rd.template vec<T>(n.hc_ffn_scale);
+  w.attn_sink = rd.template vec<T>(n.attn_sink);
+  w.q_norm = rd.template vec<T>(n.q_norm);
+  w.kv_norm = rd.template vec<T>(n.kv_norm);
+  w.wq_a = lin(n.wq_a);
+  w.wq_b = lin(n.wq_b);
+  w.wkv = lin(n.wkv);
+  w.wo_a = lin(n.wo_a);
+  w.wo_b = lin(n.wo_b);
   if (p.is_kv_source()) {
-    w.c_norm = rd.template vec<T>(L + "attn.compressor.norm.weight");
-    w.c_wkv = rd.mat(L + "attn.compressor.wkv.weight");
-    if (p.compressor_gate) w.c_wgate = rd.mat(L + "attn.compressor.wgate.weight");
-    w.i_wk = rd.mat(L + "attn.indexer.wk.weight");
-    w.i_k_norm = rd.template vec<T>(L + "attn.indexer.k_norm.weight");
+    w.c_norm = rd.template vec<T>(n.c_norm);
+    w.c_wkv = lin(n.c_wkv);
+    if (p.compressor_gate) w.c_wgate = lin(n.c_wgate);
+    w.i_wk = lin(n.i_wk);
+    w.i_k_norm = rd.template vec<T>(n.i_k_norm);
   }
   if (p.has_indexer()) {
-    w.i_wq_b = rd.mat(L + "attn.indexer.wq_b.weight");
-    w.i_wproj = rd.mat(L + "attn.indexer.weights_proj.weight");
+    w.i_wq_b = lin(n.i_wq_b);
+    w.i_wproj = lin(n.i_wproj);
   }
-  w.gate = rd.mat(L + "ffn.gate.weight");
-  w.gate_bias = rd.template vec<T>(L + "ffn.gate.bias");
-  for (int e = 0; e < p.n_routed_experts; ++e) {
-    const std::string E = L + "ffn.experts." + std::to_string(e) + ".";
-    w.experts.push_back(
-        {rd.mat(E + "w1.weight"), rd.mat(E + "w2.weight"), rd.mat(E + "w3.weight")});
-  }
-  w.shared = {rd.mat(L + "ffn.shared_experts.w1.weight"),
-              rd.mat(L + "ffn.shared_experts.w2.weight"),
-              rd.mat(L + "ffn.shared_experts.w3.weight")};
+  w.gate = lin(n.gate);
+  w.gate_bias = rd.template vec<T>(n.gate_bias);
+  for (int e = 0; e < p.n_routed_experts; ++e)
+    w.experts.push_back({lin(n.expert(e, "w1")), lin(n.expert(e, "w2")), lin(n.expert(e, "w3"))});
+  w.shared = {lin(n.sh_w1), lin(n.sh_w2), lin(n.sh_w3)};
   if (p.engram >= 0) {
-    w.e_wkv = rd.mat(L + "engram.wkv.weight");
-    const auto q = rd.template vec<T>(L + "engram.q_weight"),
-               k = rd.template vec<T>(L + "engram.k_weight");
+    w.e_wkv = lin(n.e_wkv);
+    const auto q = rd.template vec<T>(n.e_q), k = rd.template vec<T>(n.e_k);
     for (std::size_t i = 0; i < q.size(); ++i) w.e_qk.push_back(q[i] * k[i]);
-    w.e_table = L + "engram.embed";
+    w.e_table = n.e_embed;
   }
   return w;
 }
@@ -422,9 +418,9 @@ Result<std::unique_ptr<ReferenceModel<T>>> ReferenceModel<T>::load(const std::st
   im.hasher = std::make_unique<EngramHasher>(tc);
   im.reader = std::make_unique<ref::WeightReader>(im.ckpt, im.cfg.quantization.weight_block_size);
   const ref::WeightReader& rd = *im.reader;
-  im.embed = rd.mat("embed.weight");
-  im.head = rd.mat("head.weight");
-  im.norm = rd.template vec<T>("norm.weight");
+  im.embed = rd.mat(kEmbedName);
+  im.head = rd.mat(std::string(kHeadName) + ".weight");
+  im.norm = rd.template vec<T>(kFinalNormName);
   for (int l = 0; l < im.plan.num_backbone; ++l)
     im.layers.push_back(read_layer<T>(rd, im.plan.layers[std::size_t(l)]));
   im.layer_tensors.resize(std::size_t(im.plan.num_backbone));
