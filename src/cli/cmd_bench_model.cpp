@@ -82,6 +82,7 @@ Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a) {
   o.threads = a.threads;
   o.act_quant = a.act_quant == "on";
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
+  o.warm = true;  // measure the kernels, not the first touch of the weights' pages
   return FastModel::load(*dir, o);
 }
 

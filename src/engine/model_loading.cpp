@@ -17,6 +17,7 @@ Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& convert
   fo.threads = o.threads;
   fo.act_quant = o.act_quant;
   fo.kv_cache_bytes = int64_t(o.kv_cache_gb * 1e9);
+  fo.warm = o.warm;
   auto m = FastModel::load(converted_dir, fo);
   if (!m) return m.status();
   return std::unique_ptr<ModelRunner>(std::move(*m));

@@ -1,8 +1,13 @@
 // Mapping a converted checkpoint's data files and indexing its tensors (see converted_weights.h).
 #include "model/fast/converted_weights.h"
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <map>
+#include <thread>
+
+#include "core/log.h"
 
 #include "model/convert/converted_checkpoint.h"
 
@@ -39,6 +44,45 @@ const WeightSpan& ConvertedWeights::get(const std::string& name) const {
   auto it = spans_.find(name);
   DSV41_CHECK_MSG(it != spans_.end(), name.c_str());
   return it->second;
+}
+
+uint64_t ConvertedWeights::warm(std::size_t threads) const {
+  std::vector<const WeightSpan*> todo;
+  uint64_t total = 0;
+  for (const auto& [name, span] : spans_)
+    if (name.find(".engram.embed.bucket.") == std::string::npos) {
+      todo.push_back(&span);
+      total += span.bytes;
+    }
+  std::atomic<std::size_t> next{0};
+  std::atomic<uint64_t> done{0}, sink{0};
+  auto worker = [&] {
+    uint64_t local = 0;
+    for (std::size_t i; (i = next.fetch_add(1)) < todo.size();) {
+      const WeightSpan& s = *todo[i];
+      for (uint64_t off = 0; off < s.bytes; off += 4096) local += s.data[off];
+      done.fetch_add(s.bytes, std::memory_order_relaxed);
+    }
+    sink.fetch_add(local);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < std::max<std::size_t>(1, threads); ++t) pool.emplace_back(worker);
+  double last = 0;
+  for (;;) {  // progress every 2 s until the workers are through
+    const bool finished = next.load() >= todo.size() && done.load() >= total;
+    if (finished) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s - last >= 2.0) {
+      last = s;
+      log::info("loading weights: {:.2f}/{:.2f} GB resident ({:.0f} MB/s)", double(done) / 1e9,
+                double(total) / 1e9, double(done) / 1e6 / s);
+    }
+  }
+  for (auto& t : pool) t.join();
+  (void)sink.load();
+  return total;
 }
 
 }  // namespace dsv41

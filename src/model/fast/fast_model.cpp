@@ -156,6 +156,7 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   im.kern = &ops::kernels();
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   im.pool = std::make_unique<ThreadPool>(opt.threads > 0 ? std::size_t(opt.threads) : hw);
+  if (opt.warm) im.wts->warm(im.pool->size());
 
   const Binder b{*im.wts};
   im.embed = reinterpret_cast<const uint16_t*>(im.wts->get(kEmbedName).data);

@@ -32,6 +32,8 @@ struct FastOptions {
   IsolationMode isolation = IsolationMode::kCount;
   int64_t max_rollback = 64;  // truncate() is exact up to this many tokens back (beyond: refused)
   int64_t window_block_tokens = 16;
+  // Fault every weight page in at load (the Engram tables excepted), so steps do not wait on disk.
+  bool warm = false;
 };
 
 struct FastStats {
