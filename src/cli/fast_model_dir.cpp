@@ -69,6 +69,11 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
                   "FP8/FP4 linear), off = model-faithful")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  sub->add_option("--isolation-check", a->isolation,
+                  "fast path: every KV row read checks its tag (sequence, epoch, position): count "
+                  "foreign reads (metrics: dsv41_kv_foreign_reads_total), mask them too, or off")
+      ->check(CLI::IsMember({"count", "mask", "off"}))
+      ->capture_default_str();
 }
 
 Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo) {
@@ -86,6 +91,7 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   eo->fast.threads = a.threads;
   eo->fast.kv_cache_gb = a.kv_cache_gb;
   eo->fast.act_quant = a.act_quant == "on";
+  eo->fast.isolation = a.isolation;
   return Status::ok();
 }
 

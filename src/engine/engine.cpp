@@ -162,6 +162,7 @@ EngineStats Engine::stats() const {
   s.running = running_.load();
   s.prompt_tokens_total = prompt_tokens_total_.load();
   s.generated_tokens_total = generated_tokens_total_.load();
+  s.kv_foreign_reads = backend_->foreign_reads();
   return s;
 }
 

@@ -81,6 +81,7 @@ struct EngineStats {
   int64_t running = 0;
   int64_t prompt_tokens_total = 0;
   int64_t generated_tokens_total = 0;
+  int64_t kv_foreign_reads = 0;  // the model's isolation counter (must stay 0)
 };
 
 class Engine {

@@ -17,10 +17,11 @@ namespace dsv41 {
 Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& model_dir);
 
 struct FastBackendOptions {
-  int threads = 0;         // 0: every core
-  bool act_quant = false;  // DeepSeek's E4M3 activation rounding (spec §3.3)
-  double kv_cache_gb = 0;  // 0: a quarter of available memory
-  bool warm = true;        // fault the weights in at load (Engram tables excepted)
+  int threads = 0;                  // 0: every core
+  bool act_quant = false;           // DeepSeek's E4M3 activation rounding (spec §3.3)
+  double kv_cache_gb = 0;           // 0: a quarter of available memory
+  bool warm = true;                 // fault the weights in at load (Engram tables excepted)
+  std::string isolation = "count";  // count | mask | off (model/fast/kv_pool.h)
 };
 // The fast forward (model/fast) on a converted checkpoint.
 Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& converted_dir,

@@ -72,6 +72,10 @@ class ModelRunner {
   virtual int64_t length(SeqId seq) const = 0;  // -1 for an unknown id
 
   virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
+
+  // Cache rows read whose tag was not the reader's (the isolation gate: must stay 0); 0 for a path
+  // without a tagged pool. Safe to call from any thread.
+  virtual int64_t foreign_reads() const { return 0; }
 };
 
 // Checks the batch against the seam's contract given the sequences' current lengths (-1: not

@@ -302,7 +302,7 @@ void HttpServer::Impl::routes() {
      });
   on("GET", "/metrics", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
     EngineStats s = engine.stats();
-    res.set_content(metrics.render(s.queued, s.running, in_flight.load()),
+    res.set_content(metrics.render(s.queued, s.running, in_flight.load(), s.kv_foreign_reads),
                     "text/plain; version=0.0.4");
   });
   on("POST", "/v1/completions", "/v1/completions",

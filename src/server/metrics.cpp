@@ -37,7 +37,8 @@ void Metrics::tokens(int64_t prompt, int64_t generated) {
   generated_tokens_ += generated;
 }
 
-std::string Metrics::render(int64_t queued, int64_t running, int64_t in_flight) const {
+std::string Metrics::render(int64_t queued, int64_t running, int64_t in_flight,
+                            int64_t kv_foreign_reads) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   out += "# HELP dsv41_requests_total HTTP requests by endpoint and status code.\n";
@@ -62,6 +63,11 @@ std::string Metrics::render(int64_t queued, int64_t running, int64_t in_flight) 
   out += "# HELP dsv41_in_flight_requests Generation requests accepted and not yet answered.\n";
   out += "# TYPE dsv41_in_flight_requests gauge\n";
   out += fmt::format("dsv41_in_flight_requests {}\n", in_flight);
+  out +=
+      "# HELP dsv41_kv_foreign_reads_total KV cache rows read whose tag (sequence, block epoch, "
+      "position) was not the reader's; the isolation gate, it must stay 0.\n";
+  out += "# TYPE dsv41_kv_foreign_reads_total counter\n";
+  out += fmt::format("dsv41_kv_foreign_reads_total {}\n", kv_foreign_reads);
   out += "# HELP dsv41_request_duration_seconds Generation request latency, end to end.\n";
   out += "# TYPE dsv41_request_duration_seconds histogram\n";
   duration_.render("dsv41_request_duration_seconds", out);

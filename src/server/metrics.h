@@ -31,7 +31,8 @@ class Metrics {
   void first_token(double seconds);
   void tokens(int64_t prompt, int64_t generated);
   // Gauges are read at render time from the caller.
-  std::string render(int64_t queued, int64_t running, int64_t in_flight) const;
+  std::string render(int64_t queued, int64_t running, int64_t in_flight,
+                     int64_t kv_foreign_reads = 0) const;
 
  private:
   mutable std::mutex mu_;

@@ -335,6 +335,7 @@ TEST(Engine, FastBackendGreedyMatchesTeacherForcedArgmax) {
   r.sampling.ignore_eos = true;
   Collected c = collect(*(*e)->submit(r));
   ASSERT_EQ(c.tokens.size(), 12u);
+  EXPECT_EQ((*e)->stats().kv_foreign_reads, 0);  // the isolation counter the server exports
   FastOptions fo;
   fo.kv_cache_bytes = 50'000'000;
   auto fast = FastModel::load(co.to, fo);

@@ -597,7 +597,7 @@ TEST(Server, TokenizeDetokenizeModelsHealthMetrics) {
   for (const char* name :
        {"dsv41_requests_total{endpoint=\"/tokenize\",status=\"200\"} 2", "dsv41_queue_length 0",
         "dsv41_request_duration_seconds_bucket", "dsv41_time_to_first_token_seconds_count",
-        "dsv41_generation_tokens_total"})
+        "dsv41_generation_tokens_total", "dsv41_kv_foreign_reads_total 0"})
     EXPECT_NE(metrics->body.find(name), std::string::npos) << name << "\n" << metrics->body;
 }
 

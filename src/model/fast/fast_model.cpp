@@ -204,6 +204,9 @@ const KvPool& FastModel::pool() const {
 const char* FastModel::isa() const {
   return ops::isa_name(impl_->kern->isa);
 }
+int64_t FastModel::foreign_reads() const {
+  return impl_->kv->foreign_reads();
+}
 FastStats FastModel::stats() const {
   FastStats s = impl_->stats;
   s.foreign_reads = impl_->kv->foreign_reads();

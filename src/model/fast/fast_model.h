@@ -61,6 +61,7 @@ class FastModel final : public ModelRunner {
   Status truncate(SeqId seq, int64_t length) override;
   int64_t length(SeqId seq) const override;
   Status step(const StepBatch& batch, StepOutput* out) override;
+  int64_t foreign_reads() const override;
 
   FastStats stats() const;
   const KvPool& pool() const;
