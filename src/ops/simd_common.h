@@ -315,35 +315,47 @@ inline __m256 fp4_scales8(const uint8_t* srow, int64_t nblocks_left, const float
   return _mm256_mul_ps(w, _mm256_loadu_ps(step));
 }
 
-// One MXFP4 row (in a multiple of 32, srow one scale per block) dotted with prepared activations.
-inline float fp4_row_dot_i16(const uint8_t* row, const uint8_t* srow, int64_t in, const Fp4Act& a) {
+// A block pair's 64 E2M1 weights (32 bytes at p; only the first block when !pair) as the four int16
+// vectors the dots take: each value times 2 (an integer in [-12, 12], looked up from its nibble
+// with a byte shuffle) in the high byte of its lane (x 256, sign for free); w[0], w[1] hold the
+// even elements, w[2], w[3] the odd ones, in the order Fp4Act / Fp4Act2 store the activations.
+inline void fp4_pair_i16(const uint8_t* p, bool pair, __m256i w[4]) {
   const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
                                        1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m256i nib = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
+  const __m256i v =
+      pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+           : _mm256_inserti128_si256(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), 0);
+  const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
+  const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+  w[0] = _mm256_unpacklo_epi8(z, we);
+  w[1] = _mm256_unpackhi_epi8(z, we);
+  w[2] = _mm256_unpacklo_epi8(z, wo);
+  w[3] = _mm256_unpackhi_epi8(z, wo);
+}
+
+// One MXFP4 row (in a multiple of 32, srow one scale per block) dotted with prepared activations.
+inline float fp4_row_dot_i16(const uint8_t* row, const uint8_t* srow, int64_t in, const Fp4Act& a) {
   const int64_t nblocks = in / 32;
   __m256 acc = _mm256_setzero_ps(), sv = _mm256_setzero_ps();
   for (int64_t b = 0; b < nblocks; b += 2) {
     if ((b & 7) == 0) sv = fp4_scales8(srow + b, nblocks - b, a.step + b);
     _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
     const bool pair = b + 2 <= nblocks;
-    const __m256i v =
-        pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16))
-             : _mm256_inserti128_si256(
-                   z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16)), 0);
-    const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
-    const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+    __m256i w[4];
+    fp4_pair_i16(row + b * 16, pair, w);
     const __m256i* xq = reinterpret_cast<const __m256i*>(a.q + b * 32);
 #ifdef DSV41_VNNI
     // The four vpmaddwd pair sums, accumulated by vpdpwssd: exact, as below, so the bits agree.
-    __m256i isum = _mm256_madd_epi16(_mm256_unpacklo_epi8(z, we), xq[0]);
-    isum = _mm256_dpwssd_epi32(isum, _mm256_unpackhi_epi8(z, we), xq[1]);
-    isum = _mm256_dpwssd_epi32(isum, _mm256_unpacklo_epi8(z, wo), xq[2]);
-    isum = _mm256_dpwssd_epi32(isum, _mm256_unpackhi_epi8(z, wo), xq[3]);
+    __m256i isum = _mm256_madd_epi16(w[0], xq[0]);
+    isum = _mm256_dpwssd_epi32(isum, w[1], xq[1]);
+    isum = _mm256_dpwssd_epi32(isum, w[2], xq[2]);
+    isum = _mm256_dpwssd_epi32(isum, w[3], xq[3]);
 #else
-    const __m256i even = _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi8(z, we), xq[0]),
-                                          _mm256_madd_epi16(_mm256_unpackhi_epi8(z, we), xq[1]));
-    const __m256i odd = _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi8(z, wo), xq[2]),
-                                         _mm256_madd_epi16(_mm256_unpackhi_epi8(z, wo), xq[3]));
+    const __m256i even =
+        _mm256_add_epi32(_mm256_madd_epi16(w[0], xq[0]), _mm256_madd_epi16(w[1], xq[1]));
+    const __m256i odd =
+        _mm256_add_epi32(_mm256_madd_epi16(w[2], xq[2]), _mm256_madd_epi16(w[3], xq[3]));
     const __m256i isum = _mm256_add_epi32(even, odd);
 #endif
     const int k = int(b & 7);
@@ -409,23 +421,15 @@ inline bool fp4_act_prepare2(const float* x, int64_t n, Fp4Act2& a) {
 // live in memory and a single row's chain then runs ~6x slower: measured on real-shape decode).
 inline float fp4_row_dot_i16x2(const uint8_t* row, const uint8_t* srow, int64_t in,
                                const Fp4Act2& a) {
-  const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
-                                       1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m256i nib = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
   const int64_t nblocks = in / 32;
   __m256 acc = _mm256_setzero_ps(), acc_lo = _mm256_setzero_ps(), sv = _mm256_setzero_ps();
   for (int64_t b = 0; b < nblocks; b += 2) {
     if ((b & 7) == 0) sv = fp4_scales8(srow + b, nblocks - b, a.step + b);
     _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
     const bool pair = b + 2 <= nblocks;
-    const __m256i v =
-        pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16))
-             : _mm256_inserti128_si256(
-                   z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16)), 0);
-    const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
-    const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
-    const __m256i w0 = _mm256_unpacklo_epi8(z, we), w1 = _mm256_unpackhi_epi8(z, we);
-    const __m256i w2 = _mm256_unpacklo_epi8(z, wo), w3 = _mm256_unpackhi_epi8(z, wo);
+    __m256i w[4];
+    fp4_pair_i16(row + b * 16, pair, w);
+    const __m256i w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
     const __m256i* xh = reinterpret_cast<const __m256i*>(a.hi + b * 32);
     const __m256i* xl = reinterpret_cast<const __m256i*>(a.lo + b * 32);
     const __m256i ih = _mm256_add_epi32(
@@ -780,9 +784,6 @@ constexpr int64_t kFp4TileTokens = 16;
 template <int R>
 inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, const Fp4Act2* acts,
                            int64_t ntok, float* out, int64_t ldo) {
-  const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
-                                       1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m256i nib = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
   const int64_t nblocks = in / 32;
   __m256 acc[R][kFp4TileTokens], lo[R][kFp4TileTokens], sv[R][kFp4TileTokens];
   for (int r = 0; r < R; ++r)
@@ -799,14 +800,9 @@ inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, c
       const uint8_t* row = w + r * (in / 2);
       if ((b & 3) == 0)  // a 64-byte line every 4 blocks, 512 bytes ahead
         _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
-      const __m256i v =
-          pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 16))
-               : _mm256_inserti128_si256(
-                     z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16)), 0);
-      const __m256i we = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, nib));
-      const __m256i wo = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
-      const __m256i w0 = _mm256_unpacklo_epi8(z, we), w1 = _mm256_unpackhi_epi8(z, we);
-      const __m256i w2 = _mm256_unpacklo_epi8(z, wo), w3 = _mm256_unpackhi_epi8(z, wo);
+      __m256i wq[4];
+      fp4_pair_i16(row + b * 16, pair, wq);
+      const __m256i w0 = wq[0], w1 = wq[1], w2 = wq[2], w3 = wq[3];
       for (int64_t t = 0; t < ntok; ++t) {
         const __m256i* xh = reinterpret_cast<const __m256i*>(acts[t].hi + b * 32);
         const __m256i* xl = reinterpret_cast<const __m256i*>(acts[t].lo + b * 32);
