@@ -1,9 +1,12 @@
 // NumPy-compatible PCG64 seeding and Engram hashing (see engram_hash.h).
 #include "model/engram_hash.h"
 
+#include <filesystem>
 #include <limits>
 
 #include "core/check.h"
+#include "text/engram_token_map.h"
+#include "text/tokenizer_file.h"
 
 namespace dsv41 {
 namespace {
@@ -140,6 +143,24 @@ void EngramHasher::hash(const std::vector<int32_t>& history, int64_t p, std::siz
       rows[c] = int64_t(r % uint64_t(lay.primes[c])) + lay.offsets[c];
     }
   }
+}
+
+Result<std::vector<int32_t>> load_engram_token_ids(const std::string& dir, const TextConfig& tc) {
+  auto tok = read_tokenizer_file((std::filesystem::path(dir) / "tokenizer.json").string());
+  if (!tok) return tok.status();
+  auto map = build_engram_token_map(tok->texts);
+  if (!map) return map.status();
+  if (map->size != tc.engram_compressed_vocab_size)
+    return Status::error(dir + "/tokenizer.json: the Engram token map has " +
+                         std::to_string(map->size) +
+                         " compressed ids but config.json says engram_compressed_vocab_size = " +
+                         std::to_string(tc.engram_compressed_vocab_size));
+  if (tok->size > tc.vocab_size)
+    return Status::error(dir + "/tokenizer.json: " + std::to_string(tok->size) +
+                         " tokens exceed vocab_size " + std::to_string(tc.vocab_size));
+  std::vector<int32_t> ids = std::move(map->map);
+  ids.resize(std::size_t(tc.vocab_size), int32_t(tc.engram_pad_token_id));
+  return ids;
 }
 
 }  // namespace dsv41

@@ -6,7 +6,10 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "core/status.h"
 
 #include "model/config.h"
 #include "model/engram_layout.h"
@@ -49,5 +52,10 @@ class EngramHasher {
   int32_t pad_;
   std::size_t columns_;
 };
+
+// The compressed-id table of every token id (spec §6.1) from a model directory's tokenizer.json,
+// checked against the config (engram_compressed_vocab_size; no more tokens than vocab_size) and
+// extended to vocab_size with the pad id for ids beyond the tokenizer. Both forward paths load it.
+Result<std::vector<int32_t>> load_engram_token_ids(const std::string& dir, const TextConfig& tc);
 
 }  // namespace dsv41

@@ -17,7 +17,6 @@
 #include "model/reference/ref_ops.h"
 #include "model/reference/reference_weights.h"
 #include "model/tensor_names.h"
-#include "text/tokenizer_file.h"
 
 namespace dsv41 {
 namespace {
@@ -392,19 +391,9 @@ Result<std::unique_ptr<ReferenceModel<T>>> ReferenceModel<T>::load(const std::st
   if (!ck) return ck.status();
   const auto rep = check_inventory(expected_text_tensors(cfg.value(), plan.value()), ck.value());
   if (!rep.ok()) return Status::error(dir + ": inventory check failed:\n" + rep.summary());
-  auto tok = read_tokenizer_file((fs::path(dir) / "tokenizer.json").string());
-  if (!tok) return tok.status();
-  auto map = build_engram_token_map(tok->texts);
-  if (!map) return map.status();
   const TextConfig& tc = cfg->text;
-  if (map->size != tc.engram_compressed_vocab_size)
-    return Status::error(dir + "/tokenizer.json: the Engram token map has " +
-                         std::to_string(map->size) +
-                         " compressed ids but config.json says engram_compressed_vocab_size = " +
-                         std::to_string(tc.engram_compressed_vocab_size));
-  if (tok->size > tc.vocab_size)
-    return Status::error(dir + "/tokenizer.json: " + std::to_string(tok->size) +
-                         " tokens exceed vocab_size " + std::to_string(tc.vocab_size));
+  auto cmap = load_engram_token_ids(dir, tc);
+  if (!cmap) return cmap.status();
 
   std::unique_ptr<ReferenceModel> m(new ReferenceModel());
   m->impl_ = std::make_unique<Impl>(std::move(ck.value()));
@@ -412,9 +401,7 @@ Result<std::unique_ptr<ReferenceModel<T>>> ReferenceModel<T>::load(const std::st
   im.cfg = cfg.value();
   im.plan = plan.value();
   im.opt = opt;
-  im.cmap = map->map;
-  im.cmap.resize(std::size_t(tc.vocab_size),
-                 int32_t(tc.engram_pad_token_id));  // ids beyond the tokenizer
+  im.cmap = std::move(*cmap);
   im.hasher = std::make_unique<EngramHasher>(tc);
   im.reader = std::make_unique<ref::WeightReader>(im.ckpt, im.cfg.quantization.weight_block_size);
   const ref::WeightReader& rd = *im.reader;
