@@ -19,15 +19,6 @@ namespace dsv41 {
 
 using fast::SeqState;
 
-namespace {
-// Capacity grows geometrically (assign alone reallocates to the exact size each time the
-// selection grows by one, i.e. on every decode step).
-template <typename V>
-void reserve_geometric(V& v, std::size_t n) {
-  if (v.capacity() < n) v.reserve(std::max(n, 2 * v.capacity()));
-}
-}  // namespace
-
 void FastModel::Impl::compressor_step(const LayerPlan& p, const fast::LayerW& w, SeqState& s,
                                       int64_t P, const float* kvp, const float* g) {
   const TextConfig& tc = cfg.text;
@@ -143,7 +134,6 @@ void FastModel::Impl::indexer(const LayerPlan& p, int64_t t, float* qi, float* w
     if (int64_t(topk_out.size()) < kb2) topk_out.resize(std::size_t(kb2));
     const int64_t got = ops::topk_threshold(bscore.data(), nb, kb2, topk_out.data());
     auto& c = cand[std::size_t(t)];
-    reserve_geometric(c, std::size_t(nvis));
     c.assign(std::size_t(nvis), 0);
     for (int64_t i = 0; i < got; ++i) {
       const int64_t b = topk_out[std::size_t(i)];
@@ -161,7 +151,6 @@ void FastModel::Impl::indexer(const LayerPlan& p, int64_t t, float* qi, float* w
   const int64_t kk = std::min<int64_t>(tc.index_topk, nvis);
   if (int64_t(topk_out.size()) < kk) topk_out.resize(std::size_t(kk));
   const int64_t got = ops::topk_threshold(scores.data(), nvis, kk, topk_out.data());
-  reserve_geometric(out, std::size_t(got));
   out.assign(topk_out.begin(), topk_out.begin() + got);
 }
 

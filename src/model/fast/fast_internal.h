@@ -126,25 +126,26 @@ struct FastModel::Impl {
   std::vector<int64_t> topk_out;
   // MoE scratch
   std::vector<float> route_w, ybuf, hbuf, logits_e, bscore, gx, gr, gy;
-  std::vector<int32_t> route_e;
   std::vector<std::vector<int32_t>> by_expert;  // expert -> token*topk+slot
 
   // ---- helpers (fast_model.cpp) ----
-  // y[0..out) = W x, rows split over the thread pool at fixed, shape-only boundaries.
-  void linear(const Linear& l, const float* x, float* y);
-  // Y[t] = W X[t] for n tokens (x [n, in], y [n, out]) through the batch kernels: token t's bits
-  // are those of linear() on X[t] alone; the weights are read once for the n tokens.
+  // Y[t] = W X[t] for n tokens (x [n, in], y [n, out]), rows split over the thread pool at
+  // fixed, shape-only boundaries; token t's bits are those of a one-token call on X[t] alone (the
+  // batch kernels read the weights once for the n tokens).
   void linear_batch(const Linear& l, const float* x, int64_t n, float* y);
+  void linear(const Linear& l, const float* x, float* y) { linear_batch(l, x, 1, y); }
   // Rows of n values each, act_quant-rounded per row (the input itself when the mode is off).
   const float* maybe_act_quant_rows(const float* x, int64_t rows, int64_t n);
   void linear_count(const Linear& l);  // adds l's bytes to the step's count, once per step
   // Runs fn(r0, r1) over [0, n) in chunks aligned to `align`, a split that depends only on n.
   void par_rows(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn);
-  const float* maybe_act_quant(const float* x, int64_t n);
   void rope_table(const ref::Rope<float>& r, int64_t pos);  // fills cosb/sinb
   BlockRef window_block(fast::SeqState& s, int64_t pos);    // allocates when missing
   BlockRef global_block(fast::SeqState& s, int64_t pos);
-  Status reserve_blocks(fast::SeqState& s, int64_t new_len);
+  // Blocks the sequence lacks to hold new_len positions, and their allocation (the caller has
+  // checked they are free: a step gets all its blocks or changes nothing).
+  int64_t blocks_needed(const fast::SeqState& s, int64_t new_len) const;
+  void reserve_blocks(fast::SeqState& s, int64_t new_len);
   void release_old_window(fast::SeqState& s);
 
   // ---- layers ----

@@ -8,8 +8,6 @@
 
 #include "model/fast/fast_internal.h"
 #include "model/tensor_names.h"
-#include "text/engram_token_map.h"
-#include "text/tokenizer_file.h"
 
 namespace dsv41 {
 namespace {
@@ -128,7 +126,6 @@ FastModel::FastModel() = default;
 FastModel::~FastModel() = default;
 
 Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const FastOptions& opt) {
-  namespace fs = std::filesystem;
   auto wts = ConvertedWeights::open(dir, /*verify=*/false);
   if (!wts) return wts.status();
   std::unique_ptr<FastModel> m(new FastModel());
@@ -141,17 +138,9 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   if (!plan) return plan.status().with_context(dir + "/config.json: ");
   im.plan = *plan;
   const TextConfig& tc = im.cfg.text;
-  auto tok = read_tokenizer_file((fs::path(dir) / "tokenizer.json").string());
-  if (!tok) return tok.status();
-  auto map = build_engram_token_map(tok->texts);
-  if (!map) return map.status();
-  if (map->size != tc.engram_compressed_vocab_size)
-    return Status::error(dir + "/tokenizer.json: the Engram token map has " +
-                         std::to_string(map->size) +
-                         " compressed ids but config.json says engram_compressed_vocab_size = " +
-                         std::to_string(tc.engram_compressed_vocab_size));
-  im.cmap = map->map;
-  im.cmap.resize(std::size_t(tc.vocab_size), int32_t(tc.engram_pad_token_id));
+  auto cmap = load_engram_token_ids(dir, tc);
+  if (!cmap) return cmap.status();
+  im.cmap = std::move(*cmap);
   im.hasher = std::make_unique<EngramHasher>(tc);
   im.kern = &ops::kernels();
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -358,41 +347,13 @@ void FastModel::Impl::par_rows(int64_t n, int64_t align,
   pool->parallel_for(std::size_t(nchunks), std::ref(job));
 }
 
-const float* FastModel::Impl::maybe_act_quant(const float* x, int64_t n) {
-  if (!opt.act_quant) return x;
-  if (int64_t(xq.size()) < n) xq.resize(std::size_t(n));
-  std::copy_n(x, n, xq.data());
-  ref::fake_fp8_pow2(xq.data(), n, 32);  // act_quant's rule is the window rows' FP8 rule
-  return xq.data();
-}
-
 const float* FastModel::Impl::maybe_act_quant_rows(const float* x, int64_t rows_n, int64_t n) {
   if (!opt.act_quant) return x;
   if (int64_t(xq.size()) < rows_n * n) xq.resize(std::size_t(rows_n * n));
   std::copy_n(x, rows_n * n, xq.data());
+  // act_quant's rule is the window rows' FP8 rule, per row
   for (int64_t r = 0; r < rows_n; ++r) ref::fake_fp8_pow2(xq.data() + r * n, n, 32);
   return xq.data();
-}
-
-void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n, float* out) {
-  if (n == 1) return linear(l, x_in, out);
-  const float* xin = l.act ? maybe_act_quant_rows(x_in, n, l.in) : x_in;
-  linear_count(l);
-  const ops::Kernels& kk = *kern;
-  if (l.quantized()) {
-    const int64_t sin = (l.in + 31) / 32;
-    auto fn = [&](int64_t r0, int64_t r1) {
-      kk.fp8_gemv_batch(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xin, n, out + r0,
-                        l.out);
-    };
-    par_rows(l.out, 32, std::ref(fn));
-  } else {
-    const uint16_t* w = reinterpret_cast<const uint16_t*>(l.w);
-    auto fn = [&](int64_t r0, int64_t r1) {
-      kk.bf16_gemv_batch(w + r0 * l.in, r1 - r0, l.in, xin, n, out + r0, l.out);
-    };
-    par_rows(l.out, 32, std::ref(fn));
-  }
 }
 
 void FastModel::Impl::linear_count(const Linear& l) {
@@ -402,20 +363,29 @@ void FastModel::Impl::linear_count(const Linear& l) {
       l.quantized() ? l.out * l.in + ((l.out + 31) / 32) * ((l.in + 31) / 32) : l.out * l.in * 2;
 }
 
-void FastModel::Impl::linear(const Linear& l, const float* x_in, float* out) {
-  const float* xin = l.act ? maybe_act_quant(x_in, l.in) : x_in;
+// One token goes through the one-token kernels, several through the batch kernels (which give
+// each token the one-token bits while reading the weights once).
+void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n, float* out) {
+  const float* xin = l.act ? maybe_act_quant_rows(x_in, n, l.in) : x_in;
   linear_count(l);
   const ops::Kernels& kk = *kern;
   if (l.quantized()) {
     const int64_t sin = (l.in + 31) / 32;
     auto fn = [&](int64_t r0, int64_t r1) {
-      kk.fp8_gemv(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xin, 1, out + r0);
+      const uint8_t *w = l.w + r0 * l.in, *sc = l.scale + (r0 / 32) * sin;
+      if (n == 1)
+        kk.fp8_gemv(w, sc, r1 - r0, l.in, xin, 1, out + r0);
+      else
+        kk.fp8_gemv_batch(w, sc, r1 - r0, l.in, xin, n, out + r0, l.out);
     };
     par_rows(l.out, 32, std::ref(fn));
   } else {
     const uint16_t* w = reinterpret_cast<const uint16_t*>(l.w);
     auto fn = [&](int64_t r0, int64_t r1) {
-      kk.bf16_gemv(w + r0 * l.in, r1 - r0, l.in, xin, out + r0);
+      if (n == 1)
+        kk.bf16_gemv(w + r0 * l.in, r1 - r0, l.in, xin, out + r0);
+      else
+        kk.bf16_gemv_batch(w + r0 * l.in, r1 - r0, l.in, xin, n, out + r0, l.out);
     };
     par_rows(l.out, 32, std::ref(fn));
   }
@@ -441,20 +411,20 @@ BlockRef FastModel::Impl::global_block(fast::SeqState& s, int64_t pos) {
 
 // Every block the sequence needs to reach new_len, allocated up front so a step either has all
 // its rows or fails before changing anything.
-Status FastModel::Impl::reserve_blocks(fast::SeqState& s, int64_t new_len) {
+int64_t FastModel::Impl::blocks_needed(const fast::SeqState& s, int64_t new_len) const {
   const KvLayout& L = kv->layout();
   const int64_t nw = (new_len + L.window_tokens - 1) / L.window_tokens;
-  const int64_t ng = (new_len + L.global_tokens - 1) / L.global_tokens;
-  const int64_t need = std::max<int64_t>(0, nw - int64_t(s.win.size())) +
-                       (L.sources.empty() ? 0 : std::max<int64_t>(0, ng - int64_t(s.glob.size())));
-  if (need > kv->blocks_free())
-    return Status::error("KV cache full: sequence " + std::to_string(s.id) + " needs " +
-                         std::to_string(need) + " more blocks, " +
-                         std::to_string(kv->blocks_free()) + " are free (raise --kv-cache-gb)");
-  while (int64_t(s.win.size()) < nw) s.win.push_back(kv->allocate());
+  const int64_t ng = L.sources.empty() ? 0 : (new_len + L.global_tokens - 1) / L.global_tokens;
+  return std::max<int64_t>(0, nw - int64_t(s.win.size())) +
+         std::max<int64_t>(0, ng - int64_t(s.glob.size()));
+}
+
+void FastModel::Impl::reserve_blocks(fast::SeqState& s, int64_t new_len) {
+  const KvLayout& L = kv->layout();
+  DSV41_CHECK(blocks_needed(s, new_len) <= kv->blocks_free());
+  while (int64_t(s.win.size()) * L.window_tokens < new_len) s.win.push_back(kv->allocate());
   if (!L.sources.empty())
-    while (int64_t(s.glob.size()) < ng) s.glob.push_back(kv->allocate());
-  return Status::ok();
+    while (int64_t(s.glob.size()) * L.global_tokens < new_len) s.glob.push_back(kv->allocate());
 }
 
 // Window blocks whose every position is older than the window plus the rollback margin go back.
@@ -539,14 +509,8 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   // Blocks first: a step that cannot get its blocks changes nothing.
   int64_t need = 0;
   for (const auto& sl : batch.slices) {
-    fast::SeqState& s = *im.seqs.at(sl.seq);
-    const KvLayout& L = im.kv->layout();
-    const int64_t e = s.len + int64_t(sl.tokens.size());
-    need +=
-        std::max<int64_t>(0, (e + L.window_tokens - 1) / L.window_tokens - int64_t(s.win.size()));
-    if (!L.sources.empty())
-      need += std::max<int64_t>(
-          0, (e + L.global_tokens - 1) / L.global_tokens - int64_t(s.glob.size()));
+    const fast::SeqState& s = *im.seqs.at(sl.seq);
+    need += im.blocks_needed(s, s.len + int64_t(sl.tokens.size()));
   }
   if (need > im.kv->blocks_free())
     return Status::error("KV cache full: the step needs " + std::to_string(need) +
@@ -554,7 +518,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
                          " are free (raise --kv-cache-gb)");
   for (const auto& sl : batch.slices) {
     fast::SeqState& s = *im.seqs.at(sl.seq);
-    DSV41_RETURN_IF_ERROR(im.reserve_blocks(s, s.len + int64_t(sl.tokens.size())));
+    im.reserve_blocks(s, s.len + int64_t(sl.tokens.size()));
   }
   const int64_t D = tc.hidden_size, HC = tc.hc_mult, n = batch.tokens();
   im.rows.clear();

@@ -56,7 +56,6 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
   };
   grow(logits_e, kChunk * E);
   grow(route_w, n * K);
-  grow(route_e, n * K);
   grow(ybuf, n * K * D);
   grow(topk_out, K);
   grow(tmp, 2 * E);
@@ -89,7 +88,6 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
         float wt = score[e];
         if (renorm) wt = wt / (sum + 1e-20f);
         route_w[std::size_t(t * K + s)] = wt * rscale;
-        route_e[std::size_t(t * K + s)] = int32_t(e);
         by_expert[std::size_t(e)].push_back(int32_t(t * K + s));
       }
     }
