@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/fast_logits.h"
+#include "cli/float_file.h"
 #include "cli/token_args.h"
 #include "core/log.h"
 #include "model/reference/reference_model.h"
@@ -32,26 +33,6 @@ double peak_rss_mb() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return double(ru.ru_maxrss) / 1024.0;  // kilobytes on Linux
-}
-
-template <typename T>
-Status write_floats(const std::string& path, const std::vector<T>& v, bool as_f64) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return Status::error(path + ": cannot create");
-  if (as_f64) {
-    for (T x : v) {
-      const double d = double(x);
-      f.write(reinterpret_cast<const char*>(&d), 8);
-    }
-  } else {
-    for (T x : v) {
-      const float d = float(x);
-      f.write(reinterpret_cast<const char*>(&d), 4);
-    }
-  }
-  f.close();
-  if (!f) return Status::error(path + ": write failed");
-  return Status::ok();
 }
 
 template <typename T>
@@ -80,7 +61,7 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
     }
   }
   const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-  const bool f64 = a.out.size() >= 4 && a.out.compare(a.out.size() - 4, 4, ".f64") == 0;
+  const bool f64 = ends_with_f64(a.out);
   if (Status st = write_floats(a.out, logits, f64); !st.is_ok()) {
     log::error("logits: --out: {}", st.message());
     return kExitInvalid;

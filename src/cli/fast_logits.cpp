@@ -3,11 +3,11 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/fast_model_dir.h"
+#include "cli/float_file.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/fast/fast_model.h"
@@ -111,21 +111,10 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
     }
   }
   const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-  const bool f64 = a.out.size() >= 4 && a.out.compare(a.out.size() - 4, 4, ".f64") == 0;
-  {
-    std::ofstream f(a.out, std::ios::binary | std::ios::trunc);
-    for (float x : logits) {
-      if (f64) {
-        const double d = x;
-        f.write(reinterpret_cast<const char*>(&d), 8);
-      } else {
-        f.write(reinterpret_cast<const char*>(&x), 4);
-      }
-    }
-    if (!f) {
-      log::error("logits: --out {}: cannot write", a.out);
-      return kExitInvalid;
-    }
+  const bool f64 = ends_with_f64(a.out);
+  if (Status st = write_floats(a.out, logits, f64); !st.is_ok()) {
+    log::error("logits: --out: {}", st.message());
+    return kExitInvalid;
   }
   const int64_t V = fm.vocab_size();
   int64_t argmax = 0;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "engine/model_backend.h"  // the runners the engine loads; model/seam.h
+#include "engine/model_loading.h"  // the runners the engine loads; model/seam.h
 #include "engine/sampler.h"
 #include "text/tokenizer.h"
 
@@ -69,7 +69,7 @@ class RequestHandle {
 struct EngineOptions {
   std::string model_dir;  // path "fast": a converted checkpoint; "reference": the official layout
   std::string path = "fast";
-  FastBackendOptions fast;
+  FastRunnerOptions fast;
   uint64_t seed = 0;        // seeds requests that carry no seed of their own
   int max_queue = 256;      // submissions beyond this are refused
   int64_t max_context = 0;  // 0: the model's limit

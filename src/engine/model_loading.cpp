@@ -1,5 +1,5 @@
-// The runners the engine loads (engine/model_backend.h).
-#include "engine/model_backend.h"
+// The runners the engine loads (engine/model_loading.h).
+#include "engine/model_loading.h"
 #include "model/fast/fast_model.h"
 #include "model/reference/reference_runner.h"
 
@@ -12,7 +12,7 @@ Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& mo
 }
 
 Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& converted_dir,
-                                                      const FastBackendOptions& o) {
+                                                      const FastRunnerOptions& o) {
   FastOptions fo;
   fo.threads = o.threads;
   fo.act_quant = o.act_quant;

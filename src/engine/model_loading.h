@@ -16,7 +16,7 @@ namespace dsv41 {
 // The reference forward (fp32) on a checkpoint in the official layout.
 Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& model_dir);
 
-struct FastBackendOptions {
+struct FastRunnerOptions {
   int threads = 0;                  // 0: every core
   bool act_quant = false;           // DeepSeek's E4M3 activation rounding (spec §3.3)
   double kv_cache_gb = 0;           // 0: a quarter of available memory
@@ -25,6 +25,6 @@ struct FastBackendOptions {
 };
 // The fast forward (model/fast) on a converted checkpoint.
 Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& converted_dir,
-                                                      const FastBackendOptions& o);
+                                                      const FastRunnerOptions& o);
 
 }  // namespace dsv41
