@@ -27,6 +27,9 @@ void add_make_tiny(CLI::App& app, Runner* run) {
       "--tokenizer", opt->tokenizer_path,
       "Use this tokenizer.json (and the tokenizer_config.json beside it) instead of the generated "
       "byte-level BPE; it must define V4.1's special tokens");
+  sub->add_option("--config-patch", opt->config_patch,
+                  "JSON merge patch over the preset's config.json (other widths and layer plans, "
+                  "for tests), e.g. '{\"text_config\": {\"hidden_size\": 96}}'");
   sub->add_flag("--force", opt->force, "Overwrite a directory that already holds a checkpoint");
   sub->add_option("--threads", opt->threads, "Worker threads (0 = all cores)")
       ->capture_default_str();

@@ -16,6 +16,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "io/text_file.h"
+#include "model/engram_layout.h"
 #include "model/inventory.h"
 #include "model/layer_plan.h"
 
@@ -178,6 +179,26 @@ Status prepare_out_dir(const MakeTinyOptions& opt) {
   return Status::ok();
 }
 
+// The preset's config with `patch` merged into its JSON form, parsed and checked again.
+Result<ModelConfig> apply_config_patch(const ModelConfig& base, const std::string& patch) {
+  const nlohmann::json p = nlohmann::json::parse(patch, nullptr, /*allow_exceptions=*/false);
+  if (p.is_discarded() || !p.is_object()) return Status::error("--config-patch: not a JSON object");
+  nlohmann::json j = config_to_json(base);
+  j.merge_patch(p);
+  const bool sizes_given = p.contains("text_config") && p["text_config"].is_object() &&
+                           p["text_config"].contains("engram_num_embeddings");
+  nlohmann::json& t = j["text_config"];
+  if (!sizes_given && t.contains("engram_layer_ids") && t["engram_layer_ids"].is_array())
+    t["engram_num_embeddings"] = std::vector<int64_t>(t["engram_layer_ids"].size(), 1);
+  auto c = parse_config(j, "--config-patch");
+  if (!c) return c.status();
+  if (!sizes_given) {  // placeholders above; the real sizes follow from the patched config
+    c->text.engram_num_embeddings.clear();
+    for (const auto& l : engram_layouts(c->text)) c->text.engram_num_embeddings.push_back(l.rows());
+  }
+  return c;
+}
+
 }  // namespace
 
 Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
@@ -204,6 +225,11 @@ Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
   if (!table) return table.status();
   auto cfg = preset_config(opt.preset, table.value());
   if (!cfg) return cfg.status();
+  if (!opt.config_patch.empty()) {
+    auto patched = apply_config_patch(cfg.value(), opt.config_patch);
+    if (!patched) return patched.status();
+    cfg = std::move(patched);
+  }
   auto plan = build_layer_plan(cfg.value());
   if (!plan) return plan.status().with_context("preset '" + opt.preset + "': ");
   DSV41_RETURN_IF_ERROR(prepare_out_dir(opt));

@@ -24,6 +24,10 @@ struct MakeTinyOptions {
   std::string tokenizer_path;  // empty: generate the tiny byte-level BPE
   bool force = false;          // overwrite a directory that already holds a checkpoint
   std::size_t threads = 0;     // 0: all cores
+  // A JSON merge patch (RFC 7386) applied to the preset's config.json before the weights are
+  // generated: other widths and layer plans for tests. Engram table sizes are derived again from
+  // the patched config unless the patch sets `text_config.engram_num_embeddings` itself.
+  std::string config_patch;
 };
 
 std::vector<std::string> preset_names();

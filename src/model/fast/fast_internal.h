@@ -48,6 +48,7 @@ struct LayerW {
   const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
   const float* attn_sink = nullptr;
   Linear wq_a, wq_b, wkv, wo_a, wo_b;
+  std::vector<uint16_t> owned_wo_a;  // wo_a in BF16 when its groups straddle FP8 scale blocks
   Linear c_wkv, c_wgate, i_wk, i_wq_b, i_wproj;
   Linear gate;
   const float* gate_bias = nullptr;

@@ -66,7 +66,24 @@ struct Binder {
   }
 };
 
-fast::LayerW bind_layer(const Binder& b, const LayerPlan& p, const EngramHasher& hasher) {
+// An FP8 linear turned into BF16 (exact: an E4M3 value times a power of two has at most 4
+// significant bits). Used for wo_a when o_lora_rank is not a multiple of 32: its groups' row
+// ranges then start inside a 32-row scale block, which the FP8 kernels do not take.
+void dequantize_to_bf16(fast::Linear* l, std::vector<uint16_t>* store) {
+  store->resize(std::size_t(l->out * l->in));
+  const int64_t sin = (l->in + 31) / 32;
+  for (int64_t r = 0; r < l->out; ++r)
+    for (int64_t c = 0; c < l->in; ++c) {
+      const float s = e8m0_to_float(l->scale[(r / 32) * sin + c / 32]);
+      (*store)[std::size_t(r * l->in + c)] = float_to_bf16(e4m3_to_float(l->w[r * l->in + c]) * s);
+    }
+  l->dtype = DType::kBF16;
+  l->w = reinterpret_cast<const uint8_t*>(store->data());
+  l->scale = nullptr;
+}
+
+fast::LayerW bind_layer(const Binder& b, const LayerPlan& p, const EngramHasher& hasher,
+                        int64_t o_lora_rank) {
   const BlockTensorNames n = block_tensor_names(p);
   fast::LayerW w;
   w.attn_norm = b.vec(n.attn_norm);
@@ -85,6 +102,7 @@ fast::LayerW bind_layer(const Binder& b, const LayerPlan& p, const EngramHasher&
   w.wkv = b.lin(n.wkv);
   w.wo_a = b.lin(n.wo_a);
   w.wo_a.act = false;
+  if (w.wo_a.quantized() && o_lora_rank % 32 != 0) dequantize_to_bf16(&w.wo_a, &w.owned_wo_a);
   w.wo_b = b.lin(n.wo_b);
   if (p.is_kv_source()) {
     w.c_norm = b.vec(n.c_norm);
@@ -152,7 +170,7 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   im.head = b.lin(kHeadName);
   im.norm = b.vec(kFinalNormName);
   for (int l = 0; l < im.plan.num_backbone; ++l)
-    im.layers.push_back(bind_layer(b, im.plan.layers[std::size_t(l)], *im.hasher));
+    im.layers.push_back(bind_layer(b, im.plan.layers[std::size_t(l)], *im.hasher, tc.o_lora_rank));
   const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});
   im.rope_swa = ref::Rope<float>::make(tc.qk_rope_head_dim, tc.rope_theta, false, 1, 1, 1, 1);
   im.rope_comp = ref::Rope<float>::make(
