@@ -3,7 +3,8 @@
 // `context` tokens each: tok/s (aggregate and per stream), weight bytes the kernels read per step
 // (counted by the engine), distinct routed experts per step, achieved GB/s, the read probe measured
 // beside it and fraction_of_floor = (bytes per step / probe GB/s) / step time. Prefill: per prompt
-// length, one step of the whole prompt: tok/s and time to first token.
+// length, one step of the whole prompt: tok/s, time to first token, and the step's multiply-adds
+// (counted by the engine) per second against ops' FP8 GEMM peak measured in the same run.
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@ double secs(Clock::time_point a, Clock::time_point b) {
 
 struct BenchArgs {
   std::string model, converted, streams = "1,4,16", context = "0", lengths = "512,4096,16384";
+  std::string context_fill = "random";
   int steps = 8, threads = 0;
   double kv_cache_gb = 0;
   std::string act_quant = "off";
@@ -93,11 +95,14 @@ std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
 }
 
 Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int64_t streams,
-                                            int64_t context, int steps, Rng& rng) {
+                                            int64_t context, int steps, bool prefill_context,
+                                            Rng& rng) {
   const int32_t V = m.vocab_size();
   for (int64_t s = 0; s < streams; ++s) {
     DSV41_RETURN_IF_ERROR(m.open(SeqId(s + 1)));
-    if (context > 0) {  // each stream's context, one prefill step per stream
+    if (context > 0 && !prefill_context) {  // caches of `context` tokens, random rows
+      DSV41_RETURN_IF_ERROR(m.fill_random_context(SeqId(s + 1), context, rng.next_u64()));
+    } else if (context > 0) {  // each stream's context, one prefill step per stream
       StepBatch b;
       b.slices.push_back({SeqId(s + 1), 0, random_tokens(rng, V, context), {}, {}});
       StepOutput out;
@@ -160,7 +165,7 @@ int run_bench_decode(const BenchArgs& a) {
     for (int64_t s : *streams) {
       if (s < 1) continue;
       log::info("bench decode: {} streams at context {} ...", s, c);
-      auto p = decode_point(**m, probe, s, c, a.steps, rng);
+      auto p = decode_point(**m, probe, s, c, a.steps, a.context_fill == "prefill", rng);
       if (!p) {
         log::error("bench decode: {} streams, context {}: {}", s, c, p.status().message());
         return kExitInvalid;
@@ -169,9 +174,35 @@ int run_bench_decode(const BenchArgs& a) {
     }
   nlohmann::ordered_json j = {{"bench", "decode"},    {"model", a.model},
                               {"isa", (*m)->isa()},   {"act_quant", a.act_quant},
-                              {"threads", a.threads}, {"points", points}};
+                              {"threads", a.threads}, {"context_fill", a.context_fill},
+                              {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;
+}
+
+// The peak the prefill is measured against, in the same run: ops' FP8 prefill GEMM on a
+// [5120 x 5120] matrix at 256 tokens over every thread (rows split at multiples of 96, as
+// `bench kernels` does), best of 3; GFLOP/s = 2 x multiply-adds / s.
+double fp8_gemm_peak_gflops(int threads) {
+  constexpr int64_t kN = 5120, kK = 5120, kM = 256;
+  Rng rng(4);
+  std::vector<uint8_t> w(std::size_t(kN * kK)), sc(std::size_t(kN / 32 * (kK / 32)), 120);
+  for (auto& b : w) b = uint8_t(rng.below(0x7E));  // finite E4M3
+  std::vector<float> x(std::size_t(kM * kK)), y(std::size_t(kM * kN));
+  for (auto& v : x) v = float(rng.uniform(-0.5, 0.5));
+  ThreadPool pool(std::size_t(std::max(0, threads)));
+  const ops::Kernels& k = ops::kernels();
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(std::size_t((kN + 95) / 96), [&](std::size_t b, std::size_t e, std::size_t) {
+      const int64_t r0 = int64_t(b) * 96, rows = std::min(kN, int64_t(e) * 96) - r0;
+      k.fp8_gemm(w.data() + r0 * kK, sc.data() + (r0 / 32) * (kK / 32), rows, kK, x.data(), kM,
+                 y.data() + r0, kN);
+    });
+    if (rep > 0) best = std::min(best, secs(t0, Clock::now()));  // rep 0 warms up
+  }
+  return 2.0 * double(kN * kK * kM) / best / 1e9;
 }
 
 int run_bench_prefill(const BenchArgs& a) {
@@ -186,6 +217,8 @@ int run_bench_prefill(const BenchArgs& a) {
     return kExitInvalid;
   }
   Rng rng(2);
+  log::info("bench prefill: measuring the FP8 GEMM peak ...");
+  const double peak = fp8_gemm_peak_gflops(a.threads);
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   for (int64_t len : *lengths) {
     if (len < 1) continue;
@@ -207,14 +240,18 @@ int run_bench_prefill(const BenchArgs& a) {
       log::error("bench prefill: {} tokens: {}", len, st.message());
       return kExitInvalid;
     }
+    const double gflops = 2.0 * double(fm.stats().macs - s0.macs) / t / 1e9;
     points.push_back({{"tokens", len},
                       {"tok_s", double(len) / t},
                       {"ttft_ms", t * 1e3},
-                      {"bytes_read", double(fm.stats().weight_bytes - s0.weight_bytes)}});
+                      {"bytes_read", double(fm.stats().weight_bytes - s0.weight_bytes)},
+                      {"linear_gflop_s", gflops},
+                      {"fraction_of_gemm_peak", gflops / peak}});
   }
   nlohmann::ordered_json j = {{"bench", "prefill"},   {"model", a.model},
                               {"isa", (*m)->isa()},   {"act_quant", a.act_quant},
-                              {"threads", a.threads}, {"points", points}};
+                              {"threads", a.threads}, {"fp8_gemm_peak_gflop_s", peak},
+                              {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;
 }
@@ -244,6 +281,12 @@ void add_bench_model(CLI::App* bench, Runner* run) {
   dec->add_option("--streams", a->streams, "Comma-separated stream counts")->capture_default_str();
   dec->add_option("--context", a->context, "Comma-separated context depths (tokens prefilled)")
       ->capture_default_str();
+  dec->add_option("--context-fill", a->context_fill,
+                  "random: each stream's caches filled with random rows in the cache formats "
+                  "(decode at depth timed without the prefill; same arithmetic) | prefill: run "
+                  "the prefill of random tokens")
+      ->check(CLI::IsMember({"random", "prefill"}))
+      ->capture_default_str();
   dec->add_option("--steps", a->steps, "Timed decode steps per point")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
@@ -253,7 +296,9 @@ void add_bench_model(CLI::App* bench, Runner* run) {
   dec->callback([=] { *run = [=] { return run_bench_decode(*a); }; });
   auto p = std::make_shared<BenchArgs>();
   CLI::App* pre = bench->add_subcommand(
-      "prefill", "Fast-engine prefill, JSON per prompt length: tok/s and ttft_ms, isa.");
+      "prefill",
+      "Fast-engine prefill, JSON per prompt length: tok/s, ttft_ms, the multiply-adds' GFLOP/s "
+      "and their fraction of the FP8 prefill GEMM's peak measured in the same run, isa.");
   add_common(pre, p.get());
   pre->add_option("--lengths", p->lengths, "Comma-separated prompt lengths")->capture_default_str();
   pre->callback([=] { *run = [=] { return run_bench_prefill(*p); }; });

@@ -432,6 +432,33 @@ TEST(FastModel, TapsAreTheMeanOfTheStreamEnteringALayer) {
   EXPECT_FALSE(m->step(bad, &out).is_ok());
 }
 
+// bench decode --context: the random fill gives a sequence the blocks a prefill of the same length
+// holds, with rows tagged as its own (decode after it reads no foreign row), and refuses a
+// non-empty sequence.
+TEST(FastModel, RandomContextFillHoldsWhatAPrefillHolds) {
+  auto m = load_fast();
+  ASSERT_TRUE(m);
+  const int64_t free0 = m->pool().blocks_free();
+  const auto toks = random_tokens(31, 150, m->vocab_size());
+  run(*m, 1, toks, 0);
+  const int64_t used_prefill = free0 - m->pool().blocks_free();
+  m->free(1);
+  ASSERT_TRUE(m->open(2).is_ok());
+  ASSERT_TRUE(m->fill_random_context(2, 150, 9).is_ok());
+  EXPECT_EQ(free0 - m->pool().blocks_free(), used_prefill);
+  EXPECT_EQ(m->length(2), 150);
+  for (int i = 0; i < 20; ++i) {
+    StepBatch b;
+    b.slices.push_back({2, m->length(2), {int32_t(i)}, {0}, {}});
+    StepOutput out;
+    ASSERT_TRUE(m->step(b, &out).is_ok());
+    for (float v : out.slices[0].logits) ASSERT_TRUE(std::isfinite(v));
+  }
+  EXPECT_EQ(m->stats().foreign_reads, 0);
+  EXPECT_FALSE(m->fill_random_context(2, 10, 1).is_ok());  // not empty
+  EXPECT_FALSE(m->fill_random_context(7, 10, 1).is_ok());  // not open
+}
+
 TEST(FastModel, PoolBlocksReturnOnFree) {
   auto m = load_fast();
   const int64_t free0 = m->pool().blocks_free();

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <thread>
 
+#include "core/rng.h"
 #include "model/fast/fast_internal.h"
 #include "model/tensor_names.h"
 
@@ -340,6 +341,65 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
   return Status::ok();
 }
 
+Status FastModel::fill_random_context(SeqId seq, int64_t length, uint64_t seed) {
+  Impl& im = *impl_;
+  auto it = im.seqs.find(seq);
+  if (it == im.seqs.end()) return Status::error("sequence " + std::to_string(seq) + " is not open");
+  fast::SeqState& s = *it->second;
+  if (s.len != 0) return Status::error("fill_random_context: sequence is not empty");
+  if (length < 0 || length > max_context())
+    return Status::error("fill_random_context: length " + std::to_string(length) +
+                         " is outside [0, " + std::to_string(max_context()) + "]");
+  const KvLayout& L = im.kv->layout();
+  // Only the window blocks decode will still read are allocated (what release_old_window keeps).
+  const int64_t keep_from =
+      std::max<int64_t>(0, length - L.window - std::max<int64_t>(1, im.opt.max_rollback));
+  const int64_t first_win = keep_from / L.window_tokens;
+  const int64_t nw = (length + L.window_tokens - 1) / L.window_tokens;
+  const int64_t ng = L.sources.empty() ? 0 : (length + L.global_tokens - 1) / L.global_tokens;
+  if (nw - first_win + ng > im.kv->blocks_free())
+    return Status::error("KV cache full: context " + std::to_string(length) + " needs " +
+                         std::to_string(nw - first_win + ng) + " blocks, " +
+                         std::to_string(im.kv->blocks_free()) + " free (raise --kv-cache-gb)");
+  s.win.assign(std::size_t(nw), BlockRef{});
+  for (int64_t i = first_win; i < nw; ++i) s.win[std::size_t(i)] = im.kv->allocate();
+  for (int64_t i = 0; i < ng; ++i) s.glob.push_back(im.kv->allocate());
+  const TextConfig& tc = im.cfg.text;
+  const int64_t Dh = tc.head_dim, di = tc.index_head_dim;
+  Rng rng(seed);
+  std::vector<float> row(std::size_t(std::max(Dh, di)));
+  auto fill = [&](int64_t n) {
+    for (int64_t i = 0; i < n; ++i) row[std::size_t(i)] = float(rng.uniform(-1.0, 1.0));
+  };
+  RowTag* tag;
+  for (int64_t p = first_win * L.window_tokens; p < length; ++p)
+    for (int l = 0; l < L.num_layers; ++l) {
+      fill(Dh);
+      im.kern->pack_window_row(row.data(), Dh, im.window_row(s, l, p, &tag));
+      *tag = RowTag{s.tag, im.window_block(s, p).epoch, int32_t(p)};
+    }
+  for (std::size_t si = 0; si < L.sources.size(); ++si) {
+    const int r = L.sources[si].ratio;
+    for (int64_t j = 0; j < length / r; ++j) {
+      const BlockRef b = im.global_block(s, j * r);
+      fill(di);
+      im.kern->pack_index_key(row.data(), di, im.comp_row(s, int(si), j, true, &tag));
+      *tag = RowTag{s.tag, b.epoch, int32_t(j * r)};
+      fill(Dh);
+      im.kern->pack_compressed_row(row.data(), Dh, im.comp_row(s, int(si), j, false, &tag));
+      *tag = RowTag{s.tag, b.epoch, int32_t(j * r)};
+    }
+    fast::SourceSeq& ss = s.src[si];
+    ss.part_n = int(length % r);  // the open group's members, random too (never rolled back)
+    for (auto& v : ss.part_kv) v = float(rng.uniform(-1.0, 1.0));
+    for (auto& v : ss.part_g) v = float(rng.uniform(-1.0, 1.0));
+  }
+  s.history.resize(std::size_t(length));
+  for (auto& h : s.history) h = im.cmap[std::size_t(rng.below(im.cmap.size()))];
+  s.len = length;
+  return Status::ok();
+}
+
 Status FastModel::debug_plant_foreign_block(SeqId victim, SeqId owner, int64_t index) {
   Impl& im = *impl_;
   auto a = im.seqs.find(victim), b = im.seqs.find(owner);
@@ -386,6 +446,7 @@ void FastModel::Impl::linear_count(const Linear& l) {
 void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n, float* out) {
   const float* xin = l.act ? maybe_act_quant_rows(x_in, n, l.in) : x_in;
   linear_count(l);
+  stats.macs += l.out * l.in * n;
   const ops::Kernels& kk = *kern;
   if (l.quantized()) {
     const int64_t sin = (l.in + 31) / 32;
@@ -597,6 +658,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     const LayerPlan& p = im.plan.layers[std::size_t(l)];
     const fast::LayerW& w = im.layers[std::size_t(l)];
     im.stats.weight_bytes += 2 * tc.hc_mix() * HC * D * 4;  // hc_attn_fn, hc_ffn_fn (F32)
+    im.stats.macs += 2 * tc.hc_mix() * HC * D * n;
     if (p.is_kv_source())
       for (const auto& sl : batch.slices)
         for (int64_t P = sl.first_pos; P < sl.first_pos + int64_t(sl.tokens.size()); ++P)

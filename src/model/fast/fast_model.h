@@ -44,6 +44,9 @@ struct FastStats {
   // Engram rows; and the distinct routed experts per layer, summed over the steps.
   int64_t weight_bytes = 0;
   int64_t distinct_experts = 0;
+  // Multiply-adds of the linears, routed experts and mHC matrices the step's tokens went through
+  // (per token: what a GEMM would compute), for a prefill's fraction of the GEMM peak.
+  int64_t macs = 0;
   int64_t foreign_reads = 0;  // the isolation counter (must stay 0)
 };
 
@@ -69,6 +72,13 @@ class FastModel final : public ModelRunner {
   // Test hook for the isolation gate: make sequence `victim`'s global block `index` point at
   // sequence `owner`'s block of the same index (a planted foreign read).
   Status debug_plant_foreign_block(SeqId victim, SeqId owner, int64_t index);
+  // Bench hook (`bench decode --context N`): an open, empty sequence is given the caches a prefill
+  // of `length` tokens leaves, in shape and format (window rows, compressed rows and index keys of
+  // every KV source, Engram history, open compressor groups), filled with random values instead of
+  // computed ones, so decode at depth can be timed without running the prefill. The arithmetic of
+  // the steps that follow does not depend on the values; their logits mean nothing. Refuses a
+  // non-empty sequence and a pool too small, like a step.
+  Status fill_random_context(SeqId seq, int64_t length, uint64_t seed);
 
  private:
   FastModel();

@@ -98,6 +98,7 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
     if (items.empty()) continue;
     ++stats.distinct_experts;
     stats.weight_bytes += 3 * I * (D / 2 + D / 32);  // w13 and w2 with their scales, once
+    stats.macs += 3 * I * D * int64_t(items.size());
     for (std::size_t c0 = 0; c0 < items.size(); c0 += std::size_t(kChunk)) {
       const int64_t m = std::min<int64_t>(kChunk, int64_t(items.size() - c0));
       for (int64_t k = 0; k < m; ++k) {
