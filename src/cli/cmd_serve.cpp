@@ -25,6 +25,8 @@ void add_serve(CLI::App& app, Runner* run) {
     std::size_t max_body_mb = 8;
     int64_t max_context = 0;
     uint64_t seed = 0;
+    int64_t max_num_batched_tokens = EngineOptions{}.max_num_batched_tokens;
+    int max_num_seqs = EngineOptions{}.max_num_seqs;
     PathArgs paths;
   };
   auto a = std::make_shared<Args>();
@@ -34,8 +36,10 @@ void add_serve(CLI::App& app, Runner* run) {
       "tools), /v1/models, /tokenize, /detokenize, /health, /metrics. Without --model it creates "
       "(first "
       "run) and serves a small random-weight demo model. The fast engine runs the model (an "
-      "official-layout checkpoint is converted once beside it); requests run one at a time "
-      "until continuous batching lands.");
+      "official-layout checkpoint is converted once beside it); concurrent requests run in the "
+      "same "
+      "steps (continuous batching, chunked prefill, preemption by recompute when the KV cache is "
+      "full).");
   sub->add_option("--model", a->model,
                   "Checkpoint directory (official or converted layout); default: the demo model");
   sub->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
@@ -58,6 +62,16 @@ void add_serve(CLI::App& app, Runner* run) {
       ->capture_default_str();
   sub->add_option("--seed", a->seed, "Seed for requests that do not carry one")
       ->capture_default_str();
+  sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens,
+                  "Tokens per engine step, all requests together (running decodes first, then "
+                  "chunks of waiting prompts); larger favours throughput, smaller the latency of "
+                  "running streams")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  sub->add_option("--max-num-seqs", a->max_num_seqs,
+                  "Requests running in the same steps at most (the reference path: 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   add_path_options(sub, &a->paths);
   sub->callback([a, run] {
     *run = [a] {
@@ -93,6 +107,8 @@ void add_serve(CLI::App& app, Runner* run) {
       }
       eo.seed = a->seed;
       eo.max_context = a->max_context;
+      eo.max_num_batched_tokens = a->max_num_batched_tokens;
+      eo.max_num_seqs = a->max_num_seqs;
       auto engine = Engine::load(eo);
       if (!engine) {
         log::error("serve: --model: {}", engine.status().message());

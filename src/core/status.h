@@ -11,11 +11,23 @@
 
 namespace dsv41 {
 
+// What kind of failure an error is, chosen where it arises, so a frontend can map it (an HTTP
+// status code) without matching message text.
+enum class ErrorKind {
+  kInvalidArgument,  // the input is wrong (a request parameter, a file's contents)
+  kNotFound,         // a named thing does not exist
+  kCapacity,         // a limit is reached for now (queue full): retry later
+  kUnavailable,      // the service cannot take work (shutting down)
+  kInternal,         // a failure of ours
+};
+
 class [[nodiscard]] Status {
  public:
   Status() = default;
   static Status ok() { return Status(); }
-  static Status error(std::string message) { return Status(std::move(message)); }
+  static Status error(std::string message, ErrorKind kind = ErrorKind::kInvalidArgument) {
+    return Status(std::move(message), kind);
+  }
 
   bool is_ok() const { return !message_.has_value(); }
   explicit operator bool() const { return is_ok(); }
@@ -23,15 +35,20 @@ class [[nodiscard]] Status {
     DSV41_CHECK(message_.has_value());
     return *message_;
   }
-  // Prepends context ("config.json: ") to an error; a no-op on success.
+  ErrorKind kind() const {
+    DSV41_CHECK(message_.has_value());
+    return kind_;
+  }
+  // Prepends context ("config.json: ") to an error, keeping its kind; a no-op on success.
   Status with_context(const std::string& context) const {
     if (is_ok()) return *this;
-    return Status(context + *message_);
+    return Status(context + *message_, kind_);
   }
 
  private:
-  explicit Status(std::string message) : message_(std::move(message)) {}
+  Status(std::string message, ErrorKind kind) : message_(std::move(message)), kind_(kind) {}
   std::optional<std::string> message_;
+  ErrorKind kind_ = ErrorKind::kInvalidArgument;
 };
 
 template <typename T>

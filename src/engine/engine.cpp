@@ -1,8 +1,10 @@
-// Engine thread, request queue and per-request output channels.
+// Engine thread, request queue, per-request output channels, and the continuous-batching loop:
+// scheduler plan -> one model step -> sampling and output per sequence.
 #include "engine/engine.h"
 
 #include <algorithm>
 #include <filesystem>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -112,6 +114,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<ModelRunner> back
   e->backend_ = std::move(backend);
   e->tokenizer_ = std::move(tokenizer);
   e->options_ = options;
+  e->limits_.max_batched_tokens = std::max<int64_t>(1, options.max_num_batched_tokens);
+  e->limits_.max_seqs = std::max(1, options.path == "reference" ? 1 : options.max_num_seqs);
+  e->kv_total_ = e->backend_->kv_blocks_total();
   e->thread_ = std::thread([p = e.get()] { p->loop(); });
   return e;
 }
@@ -141,12 +146,25 @@ Result<RequestHandle> Engine::submit(GenerationRequest request) {
                     "must stay free for the answer)",
                     prompt_len, max_context_));
   DSV41_RETURN_IF_ERROR(validate_sampling(request.sampling, vocab_size_));
+  // What no state of the pool could hold is refused now rather than left waiting forever.
+  if (const int64_t total = kv_total_.load(); total > 0) {
+    const int64_t longest =
+        std::min<int64_t>(max_context_, prompt_len + std::max(1, request.sampling.max_tokens));
+    const int64_t need = backend_->kv_blocks_peak(longest, limits_.max_batched_tokens);
+    if (need > total)
+      return Status::error(fmt::format(
+          "max_tokens: the prompt ({} tokens) plus max_tokens need {} KV cache blocks, more than "
+          "the whole pool holds ({}; raise --kv-cache-gb or lower max_tokens)",
+          prompt_len, need, total));
+  }
   auto ch = std::make_shared<RequestChannel>(next_id_.fetch_add(1), std::move(request));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return Status::error("engine: shutting down");
-    if (static_cast<int>(queue_.size()) >= options_.max_queue)
-      return Status::error(fmt::format("engine: queue full ({} requests waiting)", queue_.size()));
+    if (stopping_) return Status::error("engine: shutting down", ErrorKind::kUnavailable);
+    const int64_t waiting = static_cast<int64_t>(queue_.size()) + waiting_.load();
+    if (waiting >= options_.max_queue)
+      return Status::error(fmt::format("engine: queue full ({} requests waiting)", waiting),
+                           ErrorKind::kCapacity);
     queue_.push_back(ch);
   }
   cv_.notify_one();
@@ -159,112 +177,194 @@ EngineStats Engine::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     s.queued = static_cast<int64_t>(queue_.size());
   }
+  s.queued += waiting_.load();
   s.running = running_.load();
   s.prompt_tokens_total = prompt_tokens_total_.load();
   s.generated_tokens_total = generated_tokens_total_.load();
   s.kv_foreign_reads = backend_->foreign_reads();
+  s.kv_blocks_total = kv_total_.load();
+  s.kv_blocks_used = kv_used_.load();
+  s.preemptions_total = preemptions_.load();
+  s.steps_total = steps_.load();
   return s;
 }
 
-void Engine::loop() {
-  for (;;) {
-    std::shared_ptr<RequestChannel> ch;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping with nothing left
-      ch = std::move(queue_.front());
-      queue_.pop_front();
-      running_.store(1);
-    }
-    run(*ch);
-    running_.store(0);
+// A request from submission to its last output. The scheduler sees `sched`; `tokens` holds the
+// prompt then every generated token (the last one is fed by the next step).
+struct Engine::Active {
+  std::shared_ptr<RequestChannel> ch;
+  SchedSeq sched;
+  std::vector<int32_t> tokens;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StreamDecoder> decoder;
+  int64_t prompt_len = 0, generated = 0;
+  bool prompt_counted = false;
+  bool failed = false;  // finished with an error; dropped at the next sweep
+};
+
+// Moves new submissions into the scheduler's waiting queue; waits when there is nothing to do.
+// Returns false when the engine is stopping.
+bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (active.empty()) cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+  if (stopping_) {
+    for (auto& ch : queue_) ch->finish(FinishReason::kCancelled, 0, 0);
+    queue_.clear();
+    return false;
   }
+  while (!queue_.empty()) {
+    auto a = std::make_unique<Active>();
+    a->ch = std::move(queue_.front());
+    queue_.pop_front();
+    const GenerationRequest& req = a->ch->request();
+    a->tokens = req.prompt;
+    a->prompt_len = int64_t(req.prompt.size());
+    a->sched.id = a->ch->id();
+    a->sched.known = a->prompt_len;
+    a->sampler = std::make_unique<Sampler>(req.sampling,
+                                           options_.seed ^ (a->ch->id() * 0x9E3779B97F4A7C15ull));
+    a->decoder = std::make_unique<StreamDecoder>(*tokenizer_, req.sampling.stop, true);
+    sched_.add(&a->sched);
+    active.push_back(std::move(a));
+  }
+  return true;
 }
 
-// Prefill in chunks, then sample/decode until a stop, the length limit or cancellation.
-void Engine::run(RequestChannel& ch) {
-  const GenerationRequest& req = ch.request();
-  const SamplingParams& sp = req.sampling;
-  const auto prompt_len = static_cast<int64_t>(req.prompt.size());
-  if (ch.cancelled()) return ch.finish(FinishReason::kCancelled, prompt_len, 0);
-  // The request is one sequence of the seam for its lifetime (freed on every way out).
-  const SeqId seq = ch.id();
-  if (Status st = backend_->open(seq); !st)
-    return ch.finish(FinishReason::kError, prompt_len, 0, {}, st.message());
-  struct Release {
-    ModelRunner& r;
-    SeqId id;
-    ~Release() { r.free(id); }
-  } release{*backend_, seq};
-  StepBatch batch;
-  batch.slices.resize(1);
-  StepOutput step_out;
-  std::vector<float> logits;
-  // One slice: the tokens at the sequence's next positions, the logits after the last of them.
-  auto forward = [&](const std::vector<int32_t>& toks) -> Status {
-    SeqSlice& sl = batch.slices[0];
-    sl.seq = seq;
-    sl.first_pos = backend_->length(seq);
-    sl.tokens = toks;
-    sl.logits_rows.assign(1, int32_t(toks.size()) - 1);
-    DSV41_RETURN_IF_ERROR(backend_->step(batch, &step_out));
-    logits = step_out.slices[0].logits;
-    return Status::ok();
-  };
-  std::vector<int32_t> chunk;
-  const std::size_t step = static_cast<std::size_t>(std::max(1, options_.prefill_chunk));
-  for (std::size_t i = 0; i < req.prompt.size(); i += step) {
-    if (ch.cancelled()) return ch.finish(FinishReason::kCancelled, prompt_len, 0);
-    chunk.assign(
-        req.prompt.begin() + static_cast<std::ptrdiff_t>(i),
-        req.prompt.begin() + static_cast<std::ptrdiff_t>(std::min(req.prompt.size(), i + step)));
-    Status st = forward(chunk);
-    if (!st) return ch.finish(FinishReason::kError, prompt_len, 0, {}, st.message());
-  }
-  prompt_tokens_total_.fetch_add(prompt_len);
+void Engine::drop(std::vector<std::unique_ptr<Active>>& active, std::size_t i) {
+  Active& a = *active[i];
+  sched_.remove(&a.sched);
+  if (a.sched.open) backend_->free(a.sched.id);
+  active.erase(active.begin() + std::ptrdiff_t(i));
+}
 
-  Sampler sampler(sp, options_.seed ^ (ch.id() * 0x9E3779B97F4A7C15ull));
-  StreamDecoder decoder(*tokenizer_, sp.stop, /*skip_special=*/true);
-  std::vector<float> scratch;
-  int64_t generated = 0;
-  const int64_t room = max_context_ - prompt_len;
+void Engine::loop() {
+  std::vector<std::unique_ptr<Active>> active;  // arrival order
   for (;;) {
-    if (ch.cancelled()) return ch.finish(FinishReason::kCancelled, prompt_len, generated);
-    scratch = logits;
-    const int32_t tok = sampler.sample(scratch);
-    OutputToken out;
-    out.token = tok;
-    if (sp.logprobs >= 0) {
-      out.logprob = token_logprob(logits, tok);
-      out.top = top_logprobs(logits, sp.logprobs);
-    }
-    ++generated;
-    generated_tokens_total_.fetch_add(1);
-    const bool is_stop_token = (!sp.ignore_eos && tok == eos_id_) ||
-                               std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) !=
-                                   sp.stop_token_ids.end();
-    if (is_stop_token) {
-      // The stop token itself is not part of the text (its logprob is still reported).
-      StreamDecoder::Step tail = decoder.finish();
-      ch.publish(&out, tail.text);
-      return ch.finish(FinishReason::kStop, prompt_len, generated, tokenizer_->token_bytes(tok));
-    }
-    sampler.accept(tok);
-    StreamDecoder::Step s = decoder.push(tok);
-    if (s.stopped) {
-      ch.publish(&out, s.text);
-      return ch.finish(FinishReason::kStop, prompt_len, generated, s.stop);
-    }
-    if (generated >= sp.max_tokens || generated >= room) {
-      StreamDecoder::Step tail = decoder.finish();
-      ch.publish(&out, s.text + tail.text);
-      return ch.finish(FinishReason::kLength, prompt_len, generated);
-    }
-    ch.publish(&out, s.text);
-    Status st = forward({tok});
-    if (!st) return ch.finish(FinishReason::kError, prompt_len, generated, {}, st.message());
+    if (!take_submissions(active)) break;
+    for (std::size_t i = active.size(); i-- > 0;)
+      if (active[i]->failed || active[i]->ch->cancelled()) {
+        Active& a = *active[i];
+        if (!a.failed) a.ch->finish(FinishReason::kCancelled, a.prompt_len, a.generated);
+        drop(active, i);
+      }
+    if (!active.empty()) run_step(active);
+    running_.store(sched_.running());
+    waiting_.store(sched_.waiting());
+    kv_used_.store(kv_total_.load() - backend_->kv_blocks_free());
   }
+  for (auto& a : active) a->ch->finish(FinishReason::kCancelled, a->prompt_len, a->generated);
+  while (!active.empty()) drop(active, active.size() - 1);
+}
+
+// One scheduler plan, one model step, then each sequence whose tokens are all computed samples its
+// next token.
+void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
+  const StepPlan plan = sched_.plan(limits_, *backend_);
+  preemptions_.fetch_add(plan.preempted);
+  if (plan.run.empty()) {
+    // Nothing fits although every sequence's blocks are free: the head cannot run (submission
+    // refuses such requests, so this is a guard against a hang, not a path).
+    if (plan.preempted == 0 && sched_.running() == 0 && !active.empty()) {
+      active.front()->ch->finish(FinishReason::kError, active.front()->prompt_len, 0, {},
+                                 "engine: the KV cache cannot hold this request");
+      drop(active, 0);
+    }
+    return;
+  }
+  std::unordered_map<SeqId, Active*> by_id;
+  for (auto& a : active) by_id[a->sched.id] = a.get();
+  StepBatch batch;
+  std::vector<Active*> in_batch;
+  for (const Scheduled& sc : plan.run) {
+    Active& a = *by_id.at(sc.seq->id);
+    if (!a.sched.open) {
+      if (Status st = backend_->open(a.sched.id); !st) {
+        a.ch->finish(FinishReason::kError, a.prompt_len, a.generated, {}, st.message());
+        a.failed = true;
+        continue;
+      }
+      a.sched.open = true;
+    }
+    SeqSlice sl;
+    sl.seq = a.sched.id;
+    sl.first_pos = a.sched.computed;
+    sl.tokens.assign(a.tokens.begin() + a.sched.computed,
+                     a.tokens.begin() + a.sched.computed + sc.tokens);
+    if (a.sched.computed + sc.tokens == a.sched.known)
+      sl.logits_rows.push_back(int32_t(sc.tokens) - 1);
+    batch.slices.push_back(std::move(sl));
+    in_batch.push_back(&a);
+  }
+  StepOutput out;
+  const Status st = backend_->step(batch, &out);
+  steps_.fetch_add(1);
+  if (!st) {  // a broken step fails what was in it; the others go on
+    log::error("engine: step of {} sequences failed: {}", in_batch.size(), st.message());
+    for (Active* a : in_batch) {
+      a->ch->finish(FinishReason::kError, a->prompt_len, a->generated, {}, st.message());
+      a->failed = true;
+    }
+    return;
+  }
+  std::vector<SeqId> finished;
+  for (std::size_t k = 0; k < in_batch.size(); ++k) {
+    Active& a = *in_batch[k];
+    a.sched.computed += int64_t(batch.slices[k].tokens.size());
+    if (batch.slices[k].logits_rows.empty()) continue;
+    if (!a.prompt_counted) {
+      prompt_tokens_total_.fetch_add(a.prompt_len);
+      a.prompt_counted = true;
+    }
+    if (advance(a, out.slices[k].logits)) finished.push_back(a.sched.id);
+  }
+  for (SeqId id : finished)
+    for (std::size_t i = 0; i < active.size(); ++i)
+      if (active[i]->sched.id == id) {
+        drop(active, i);
+        break;
+      }
+}
+
+bool Engine::advance(Active& a, const std::vector<float>& logits) {
+  RequestChannel& ch = *a.ch;
+  const SamplingParams& sp = ch.request().sampling;
+  std::vector<float> scratch = logits;
+  const int32_t tok = a.sampler->sample(scratch);
+  OutputToken out;
+  out.token = tok;
+  if (sp.logprobs >= 0) {
+    out.logprob = token_logprob(logits, tok);
+    out.top = top_logprobs(logits, sp.logprobs);
+  }
+  ++a.generated;
+  generated_tokens_total_.fetch_add(1);
+  const bool is_stop_token =
+      (!sp.ignore_eos && tok == eos_id_) ||
+      std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) != sp.stop_token_ids.end();
+  if (is_stop_token) {
+    // The stop token itself is not part of the text (its logprob is still reported).
+    StreamDecoder::Step tail = a.decoder->finish();
+    ch.publish(&out, tail.text);
+    ch.finish(FinishReason::kStop, a.prompt_len, a.generated, tokenizer_->token_bytes(tok));
+    return true;
+  }
+  a.sampler->accept(tok);
+  StreamDecoder::Step s = a.decoder->push(tok);
+  if (s.stopped) {
+    ch.publish(&out, s.text);
+    ch.finish(FinishReason::kStop, a.prompt_len, a.generated, s.stop);
+    return true;
+  }
+  if (a.generated >= sp.max_tokens || a.prompt_len + a.generated >= max_context_) {
+    StreamDecoder::Step tail = a.decoder->finish();
+    ch.publish(&out, s.text + tail.text);
+    ch.finish(FinishReason::kLength, a.prompt_len, a.generated);
+    return true;
+  }
+  ch.publish(&out, s.text);
+  a.tokens.push_back(tok);  // fed by the next step
+  ++a.sched.known;
+  return false;
 }
 
 }  // namespace dsv41

@@ -2,8 +2,9 @@
 // + sampling parameters), read its output as it is produced (tokens, logprobs, text deltas with
 // stop strings applied), cancel it. One engine thread owns the model and every sequence's state;
 // callers on any thread talk to it through the request queue and per-request output channels.
-// Requests run one after another for now; ids, cancellation and per-request state are already in
-// the API so batching can come without changing the frontends.
+// Continuous batching: each request is one sequence of the model seam; every engine step runs one
+// batch the scheduler (engine/scheduler.h) builds from the running and waiting sequences, so
+// requests join and leave between steps and each streams its tokens as its steps produce them.
 #pragma once
 
 #include <atomic>
@@ -20,6 +21,7 @@
 #include "core/status.h"
 #include "engine/model_loading.h"  // the runners the engine loads; model/seam.h
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "text/tokenizer.h"
 
 namespace dsv41 {
@@ -71,17 +73,25 @@ struct EngineOptions {
   std::string path = "fast";
   FastRunnerOptions fast;
   uint64_t seed = 0;        // seeds requests that carry no seed of their own
-  int max_queue = 256;      // submissions beyond this are refused
+  int max_queue = 256;      // submissions waiting beyond this are refused
   int64_t max_context = 0;  // 0: the model's limit
-  int prefill_chunk = 32;   // prompt tokens per forward call (cancellation is checked between)
+  // Per step: tokens of all slices together (decodes first, then prompt chunks), and sequences.
+  // The reference path runs one sequence at a time whatever max_num_seqs says (it replays a
+  // sequence's whole history when the sequence changes).
+  int64_t max_num_batched_tokens = 512;
+  int max_num_seqs = 64;
 };
 
 struct EngineStats {
-  int64_t queued = 0;
-  int64_t running = 0;
+  int64_t queued = 0;   // submitted, not yet running (including preempted ones)
+  int64_t running = 0;  // sequences the scheduler runs
   int64_t prompt_tokens_total = 0;
   int64_t generated_tokens_total = 0;
   int64_t kv_foreign_reads = 0;  // the model's isolation counter (must stay 0)
+  int64_t kv_blocks_total = 0;   // the KV pool (0: the path has no bounded pool)
+  int64_t kv_blocks_used = 0;
+  int64_t preemptions_total = 0;
+  int64_t steps_total = 0;
 };
 
 class Engine {
@@ -106,9 +116,14 @@ class Engine {
   EngineStats stats() const;
 
  private:
+  struct Active;  // a running or waiting request: its sequence, tokens, sampler, decoder
   Engine() = default;
   void loop();
-  void run(RequestChannel& ch);
+  bool take_submissions(std::vector<std::unique_ptr<Active>>& active);
+  void run_step(std::vector<std::unique_ptr<Active>>& active);
+  // After a step gave a sequence its next-token logits: sample, publish, maybe finish.
+  bool advance(Active& a, const std::vector<float>& logits);
+  void drop(std::vector<std::unique_ptr<Active>>& active, std::size_t i);
 
   std::unique_ptr<ModelRunner> backend_;  // the model seam (model/seam.h)
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -121,7 +136,10 @@ class Engine {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<RequestChannel>> queue_;
   bool stopping_ = false;
-  std::atomic<int64_t> running_{0};
+  Scheduler sched_;  // engine thread only
+  SchedLimits limits_;
+  std::atomic<int64_t> running_{0}, waiting_{0}, preemptions_{0}, steps_{0};
+  std::atomic<int64_t> kv_total_{0}, kv_used_{0};
   std::atomic<int64_t> prompt_tokens_total_{0};
   std::atomic<int64_t> generated_tokens_total_{0};
   std::atomic<uint64_t> next_id_{1};

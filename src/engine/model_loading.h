@@ -1,8 +1,8 @@
 // The models the engine drives, all through the model seam (model/seam.h): the fast forward on a
 // converted checkpoint, or the reference forward (fp32) on the official layout. Tests plug
 // scripted ModelRunners in to drive the engine and the server through exact token sequences.
-// Requests run one at a time for now, each as one sequence of the seam (open, steps, free); the
-// scheduler of continuous batching will put several in one step.
+// Each request is one sequence of the seam (open, steps, free); the
+// scheduler (engine/scheduler.h) puts several in one step.
 #pragma once
 
 #include <memory>

@@ -76,6 +76,17 @@ class ModelRunner {
   // Cache rows read whose tag was not the reader's (the isolation gate: must stay 0); 0 for a path
   // without a tagged pool. Safe to call from any thread.
   virtual int64_t foreign_reads() const { return 0; }
+
+  // KV capacity, in the pool's blocks, for a scheduler that admits and preempts before a step
+  // rather than after a failed one. A path without a bounded pool reports 0 blocks in all and
+  // needs none. kv_blocks_to_grow: the blocks a step taking `seq` to `new_len` tokens allocates
+  // (a sequence not open counts as a new, empty one). Safe to call between steps.
+  virtual int64_t kv_blocks_total() const { return 0; }
+  virtual int64_t kv_blocks_free() const { return 0; }
+  virtual int64_t kv_blocks_to_grow(SeqId /*seq*/, int64_t /*new_len*/) const { return 0; }
+  // The most blocks one sequence of `length` tokens, fed at most `step_tokens` per step, holds at
+  // once (for refusing at submission what no pool state could run). Pure: safe from any thread.
+  virtual int64_t kv_blocks_peak(int64_t /*length*/, int64_t /*step_tokens*/) const { return 0; }
 };
 
 // Checks the batch against the seam's contract given the sequences' current lengths (-1: not

@@ -302,8 +302,7 @@ void HttpServer::Impl::routes() {
      });
   on("GET", "/metrics", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
     EngineStats s = engine.stats();
-    res.set_content(metrics.render(s.queued, s.running, in_flight.load(), s.kv_foreign_reads),
-                    "text/plain; version=0.0.4");
+    res.set_content(metrics.render(s, in_flight.load()), "text/plain; version=0.0.4");
   });
   on("POST", "/v1/completions", "/v1/completions",
      [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, false); });
@@ -365,10 +364,17 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   auto handle = engine.submit(st->job.request);
   if (!handle) {
     const std::string& m = handle.status().message();
-    const bool busy = m.rfind("engine:", 0) == 0;
-    return fail(make_error(busy ? 503 : 400, m,
-                           busy ? "service_unavailable" : "invalid_request_error",
-                           busy ? "" : m.substr(0, m.find(':'))));
+    switch (handle.status().kind()) {
+      case ErrorKind::kCapacity:  // OpenAI's rate-limit shape; retry after about one step
+        res.set_header("Retry-After", "1");
+        return fail(make_error(429, m, "rate_limit_exceeded"));
+      case ErrorKind::kUnavailable:
+        return fail(make_error(503, m, "service_unavailable"));
+      case ErrorKind::kInternal:
+        return fail(make_error(500, m, "internal_error"));
+      default:  // the message starts with the parameter at fault
+        return fail(make_error(400, m, "invalid_request_error", m.substr(0, m.find(':'))));
+    }
   }
   st->handle = *handle;
   const std::string id =

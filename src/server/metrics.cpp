@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "engine/engine.h"
+
 namespace dsv41 {
 
 void Histogram::observe(double s) {
@@ -37,8 +39,7 @@ void Metrics::tokens(int64_t prompt, int64_t generated) {
   generated_tokens_ += generated;
 }
 
-std::string Metrics::render(int64_t queued, int64_t running, int64_t in_flight,
-                            int64_t kv_foreign_reads) const {
+std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   out += "# HELP dsv41_requests_total HTTP requests by endpoint and status code.\n";
@@ -55,11 +56,11 @@ std::string Metrics::render(int64_t queued, int64_t running, int64_t in_flight,
   out +=
       "# HELP dsv41_queue_length Requests waiting for the engine.\n# TYPE dsv41_queue_length "
       "gauge\n";
-  out += fmt::format("dsv41_queue_length {}\n", queued);
+  out += fmt::format("dsv41_queue_length {}\n", engine.queued);
   out +=
       "# HELP dsv41_running_requests Requests the engine is running.\n# TYPE "
       "dsv41_running_requests gauge\n";
-  out += fmt::format("dsv41_running_requests {}\n", running);
+  out += fmt::format("dsv41_running_requests {}\n", engine.running);
   out += "# HELP dsv41_in_flight_requests Generation requests accepted and not yet answered.\n";
   out += "# TYPE dsv41_in_flight_requests gauge\n";
   out += fmt::format("dsv41_in_flight_requests {}\n", in_flight);
@@ -67,7 +68,21 @@ std::string Metrics::render(int64_t queued, int64_t running, int64_t in_flight,
       "# HELP dsv41_kv_foreign_reads_total KV cache rows read whose tag (sequence, block epoch, "
       "position) was not the reader's; the isolation gate, it must stay 0.\n";
   out += "# TYPE dsv41_kv_foreign_reads_total counter\n";
-  out += fmt::format("dsv41_kv_foreign_reads_total {}\n", kv_foreign_reads);
+  out += fmt::format("dsv41_kv_foreign_reads_total {}\n", engine.kv_foreign_reads);
+  out += "# HELP dsv41_kv_blocks_total Blocks of the KV cache pool (0: no bounded pool).\n";
+  out += "# TYPE dsv41_kv_blocks_total gauge\n";
+  out += fmt::format("dsv41_kv_blocks_total {}\n", engine.kv_blocks_total);
+  out += "# HELP dsv41_kv_blocks_used KV cache blocks held by sequences.\n";
+  out += "# TYPE dsv41_kv_blocks_used gauge\n";
+  out += fmt::format("dsv41_kv_blocks_used {}\n", engine.kv_blocks_used);
+  out +=
+      "# HELP dsv41_num_preemptions_total Sequences preempted (blocks given back, recomputed "
+      "later) because the KV cache was full.\n";
+  out += "# TYPE dsv41_num_preemptions_total counter\n";
+  out += fmt::format("dsv41_num_preemptions_total {}\n", engine.preemptions_total);
+  out += "# HELP dsv41_engine_steps_total Model steps (batches) the engine ran.\n";
+  out += "# TYPE dsv41_engine_steps_total counter\n";
+  out += fmt::format("dsv41_engine_steps_total {}\n", engine.steps_total);
   out += "# HELP dsv41_request_duration_seconds Generation request latency, end to end.\n";
   out += "# TYPE dsv41_request_duration_seconds histogram\n";
   duration_.render("dsv41_request_duration_seconds", out);

@@ -11,6 +11,8 @@
 
 namespace dsv41 {
 
+struct EngineStats;
+
 class Histogram {
  public:
   static constexpr std::array<double, 14> kBounds = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -30,9 +32,8 @@ class Metrics {
   void request_done(const std::string& endpoint, int status, double seconds);
   void first_token(double seconds);
   void tokens(int64_t prompt, int64_t generated);
-  // Gauges are read at render time from the caller.
-  std::string render(int64_t queued, int64_t running, int64_t in_flight,
-                     int64_t kv_foreign_reads = 0) const;
+  // Gauges and the engine's counters are read at render time from the caller.
+  std::string render(const EngineStats& engine, int64_t in_flight) const;
 
  private:
   mutable std::mutex mu_;

@@ -9,8 +9,9 @@
 #include <set>
 #include <thread>
 
+#include "core/rng.h"
 #include "engine/engine.h"
-#include "engine/one_seq_runner.h"
+#include "engine/scripted_runner.h"
 #include "io/test_util.h"
 #include "model/convert/converter.h"
 #include "model/fast/fast_model.h"
@@ -25,23 +26,25 @@ using namespace std::chrono_literals;
 
 // Next-token logits depend only on the last token: a peak of `peak` at next_of(last) over a gentle
 // slope, so greedy decoding follows a known chain and sampling has a known distribution.
-class ChainBackend final : public testing::OneSeqRunner {
+class ChainBackend final : public testing::ScriptedRunner {
  public:
   ChainBackend(int32_t vocab, int64_t ctx, std::map<int32_t, int32_t> next, int sleep_ms = 0)
       : vocab_(vocab), ctx_(ctx), next_(std::move(next)), sleep_ms_(sleep_ms) {}
   int32_t vocab_size() const override { return vocab_; }
   int64_t max_context() const override { return ctx_; }
-  void reset() override { pos_ = 0; }
-  Status forward(const std::vector<int32_t>& tokens, std::vector<float>& logits) override {
+  void on_step() override {
     if (sleep_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
-    pos_ += static_cast<int64_t>(tokens.size());
-    if (pos_ > ctx_) return Status::error("context exceeded");
+  }
+  Status forward(SeqId, int64_t first_pos, const std::vector<int32_t>& tokens,
+                 std::vector<float>& logits) override {
+    const int64_t pos = first_pos + static_cast<int64_t>(tokens.size());
+    if (pos > ctx_) return Status::error("context exceeded");
     const int32_t last = tokens.back();
     auto it = next_.find(last);
     int32_t nxt = it != next_.end() ? it->second : (last * 7 + 3) % vocab_;
     // A script, when set, fixes the token after position p (a one-token prompt starts it).
-    if (pos_ >= 1 && static_cast<std::size_t>(pos_ - 1) < script.size())
-      nxt = script[static_cast<std::size_t>(pos_ - 1)];
+    if (pos >= 1 && static_cast<std::size_t>(pos - 1) < script.size())
+      nxt = script[static_cast<std::size_t>(pos - 1)];
     logits.assign(static_cast<std::size_t>(vocab_), 0.f);
     for (int32_t i = 0; i < vocab_; ++i)
       logits[static_cast<std::size_t>(i)] = -0.001f * static_cast<float>(i % 13);
@@ -57,7 +60,6 @@ class ChainBackend final : public testing::OneSeqRunner {
   int64_t ctx_;
   std::map<int32_t, int32_t> next_;
   int sleep_ms_;
-  int64_t pos_ = 0;
 };
 
 std::unique_ptr<Tokenizer> tiny_tokenizer() {
@@ -92,12 +94,25 @@ Collected collect(RequestHandle h) {
   return c;
 }
 
+// The engine's gauges once its thread has taken in the last step's results (a consumer can see a
+// request finish before the loop updates them).
+EngineStats settled(const Engine& e) {
+  for (int i = 0; i < 200; ++i) {
+    const EngineStats s = e.stats();
+    if (s.running == 0 && s.queued == 0 && s.kv_blocks_used == 0) return s;
+    std::this_thread::sleep_for(10ms);
+  }
+  return e.stats();
+}
+
 std::unique_ptr<Engine> chain_engine(std::map<int32_t, int32_t> next = {}, int64_t ctx = 4096,
-                                     int sleep_ms = 0, EngineOptions opt = {}) {
+                                     int sleep_ms = 0, EngineOptions opt = {},
+                                     ChainBackend** backend = nullptr) {
   auto tok = tiny_tokenizer();
   int32_t vocab = tok->vocab_size();
-  auto e = Engine::create(std::make_unique<ChainBackend>(vocab, ctx, std::move(next), sleep_ms),
-                          std::move(tok), opt);
+  auto b = std::make_unique<ChainBackend>(vocab, ctx, std::move(next), sleep_ms);
+  if (backend) *backend = b.get();
+  auto e = Engine::create(std::move(b), std::move(tok), opt);
   EXPECT_TRUE(e.is_ok()) << e.status().message();
   return std::move(*e);
 }
@@ -189,7 +204,9 @@ TEST(Engine, LogprobsAccompanyTokens) {
 }
 
 TEST(Engine, CancelStopsPromptlyAndQueuedRequestsRunInOrder) {
-  auto e = chain_engine({}, 100000, /*sleep_ms=*/5);
+  EngineOptions opt;
+  opt.max_num_seqs = 1;  // one running sequence: the second request waits in the queue
+  auto e = chain_engine({}, 100000, /*sleep_ms=*/5, opt);
   GenerationRequest slow;
   slow.prompt = {1};
   slow.sampling.max_tokens = 100000;
@@ -213,6 +230,42 @@ TEST(Engine, CancelStopsPromptlyAndQueuedRequestsRunInOrder) {
   Collected d = collect(q);
   EXPECT_EQ(d.last.reason, FinishReason::kLength);
   EXPECT_EQ(d.tokens.size(), 2u);
+}
+
+// Continuous batching: concurrent requests run in the same steps (8 requests of 10 tokens take
+// about 10 steps, not 80), each still gets its own chain, and prompts longer than the token budget
+// go in chunks while the others decode.
+TEST(Engine, ConcurrentRequestsShareSteps) {
+  ChainBackend* backend = nullptr;
+  EngineOptions opt;
+  opt.max_num_batched_tokens = 16;
+  auto e = chain_engine({}, 4096, /*sleep_ms=*/5, opt, &backend);
+  std::vector<RequestHandle> hs;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    r.prompt.assign(std::size_t(1 + 6 * i), int32_t(10 + i));  // up to 43 tokens: chunked
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 10;
+    r.sampling.ignore_eos = true;
+    hs.push_back(*e->submit(r));
+  }
+  for (int i = 0; i < 8; ++i) {
+    Collected c = collect(hs[std::size_t(i)]);
+    ASSERT_EQ(c.tokens.size(), 10u);
+    int32_t t = int32_t(10 + i);
+    for (int32_t got : c.tokens) {  // the chain of the last token: t -> 7t + 3
+      t = (t * 7 + 3) % e->vocab_size();
+      EXPECT_EQ(got, t);
+    }
+    EXPECT_EQ(c.last.prompt_tokens, 1 + 6 * i);
+  }
+  EXPECT_LE(backend->steps, 40);  // one at a time: > 80
+  EXPECT_GE(backend->max_batch, 4u);
+  EXPECT_EQ(backend->open_sequences(), 0);
+  const EngineStats st = settled(*e);
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.queued, 0);
+  EXPECT_EQ(st.steps_total, backend->steps);
 }
 
 TEST(Engine, SeededSamplingIndependentOfOtherRequests) {
@@ -251,6 +304,7 @@ TEST(Engine, SubmissionErrorsNameTheParameter) {
   EngineOptions opt;
   opt.max_context = 8;
   opt.max_queue = 1;
+  opt.max_num_seqs = 1;
   auto e = chain_engine({}, 4096, 50, opt);
   GenerationRequest r;
   EXPECT_EQ(e->submit(r).status().message().rfind("prompt", 0), 0u);
@@ -360,6 +414,109 @@ TEST(Engine, FastBackendGreedyMatchesTeacherForcedArgmax) {
   bad.path = "fast";
   bad.model_dir = mt.out_dir;
   EXPECT_FALSE(Engine::load(bad).is_ok());
+}
+
+// Batch invariance end to end on the fast path: a request's tokens and logprobs (greedy, and
+// seeded sampling) are the same alone, among 15 concurrent others, and when a pool too small for
+// all of them forces preemptions (recompute) along the way; nothing is left in the pool after.
+std::string tiny_converted(const testing::TempDir& dir) {
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/ck";
+  mt.preset = "tiny";
+  mt.seed = 3;
+  EXPECT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  ConvertOptions co;
+  co.from = mt.out_dir;
+  co.to = dir.path() + "/conv";
+  EXPECT_TRUE(convert_checkpoint(co).is_ok());
+  return co.to;
+}
+
+struct Produced {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  bool operator==(const Produced&) const = default;
+};
+
+Produced produce(RequestHandle h) {
+  Produced p;
+  for (int guard = 0; guard < 100000; ++guard) {
+    RequestOutput o;
+    if (!h.next(o, 20s)) {
+      ADD_FAILURE() << "no output within 20 s";
+      break;
+    }
+    for (const auto& t : o.tokens) {
+      p.tokens.push_back(t.token);
+      p.logprobs.push_back(t.logprob);
+    }
+    if (o.finished) break;
+  }
+  return p;
+}
+
+TEST(Engine, FastRequestsAreTheSameAloneBatchedAndPreempted) {
+  testing::TempDir dir;
+  const std::string conv = tiny_converted(dir);
+  auto make = [&](double kv_gb) {
+    EngineOptions opt;
+    opt.model_dir = conv;
+    opt.fast.kv_cache_gb = kv_gb;
+    opt.max_num_batched_tokens = 24;
+    auto e = Engine::load(opt);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    return std::move(*e);
+  };
+  std::vector<GenerationRequest> targets(2);
+  for (std::size_t k = 0; k < targets.size(); ++k) {
+    targets[k].prompt = {3, 17, 99, 5, 250, 31, 8, 77, 12, 64, 1, 9, 40};
+    targets[k].sampling.max_tokens = 24;
+    targets[k].sampling.ignore_eos = true;
+    targets[k].sampling.logprobs = 0;
+  }
+  targets[0].sampling.temperature = 0;
+  targets[1].sampling.temperature = 0.9;
+  targets[1].sampling.seed = 77;
+  auto solo_engine = make(0.05);
+  std::vector<Produced> solo;
+  for (const auto& t : targets) solo.push_back(produce(*solo_engine->submit(t)));
+  ASSERT_EQ(solo[0].tokens.size(), 24u);
+  // The pool of the crowded run: room for about three of the requests at once.
+  FastOptions fo;
+  fo.kv_cache_bytes = int64_t(0.05e9);
+  auto probe = FastModel::load(conv, fo);
+  ASSERT_TRUE(probe.is_ok());
+  const double block_gb = double((*probe)->pool().layout().block_bytes) / 1e9;
+  // The crowded run's pool holds about one and a half of the longest requests: the companions are
+  // preempted first (they arrive later), then the second target while the first grows.
+  const double small_gb = block_gb * 1.5 * double((*probe)->kv_blocks_peak(41, 24));
+  for (double kv_gb : {0.05, small_gb}) {
+    SCOPED_TRACE(kv_gb == 0.05 ? "ample pool" : "small pool");
+    auto e = make(kv_gb);
+    Rng rng(5);
+    std::vector<RequestHandle> others;
+    std::vector<RequestHandle> mine;
+    const bool ample = kv_gb == 0.05;
+    if (!ample)
+      for (const auto& t : targets) mine.push_back(*e->submit(t));
+    for (int i = 0; i < 15; ++i) {
+      GenerationRequest r;
+      r.prompt.resize(5 + rng.below(20));
+      for (auto& t : r.prompt) t = int32_t(rng.below(uint64_t(e->vocab_size())));
+      r.sampling.max_tokens = 4 + int(rng.below(12));
+      r.sampling.ignore_eos = true;
+      r.sampling.temperature = 0.7;
+      others.push_back(*e->submit(r));
+      if (ample && (i == 4 || i == 9)) mine.push_back(*e->submit(targets[mine.size()]));
+    }
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      EXPECT_TRUE(produce(mine[k]) == solo[k]) << "target " << k;
+    for (auto& h : others) EXPECT_FALSE(produce(h).tokens.empty());
+    const EngineStats st = settled(*e);
+    EXPECT_EQ(st.kv_foreign_reads, 0);
+    EXPECT_EQ(st.kv_blocks_used, 0);
+    if (!ample) EXPECT_GT(st.preemptions_total, 0);
+  }
 }
 
 }  // namespace

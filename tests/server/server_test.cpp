@@ -13,12 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "engine/engine.h"
-#include "engine/one_seq_runner.h"
+#include "engine/scripted_runner.h"
 #include "io/test_util.h"
 #include "model/tiny_checkpoint.h"
 #include "server/http_server.h"
@@ -32,7 +34,7 @@ using namespace std::chrono_literals;
 
 // Answers every request with the tokens of `script` (then EOS), counted from the last
 // <｜Assistant｜> token of the sequence; before any cue it follows a fixed chain.
-class ScriptBackend final : public testing::OneSeqRunner {
+class ScriptBackend final : public testing::ScriptedRunner {
  public:
   ScriptBackend(const Tokenizer& tok, std::vector<int32_t> script, int sleep_ms)
       : vocab_(tok.vocab_size()),
@@ -42,14 +44,19 @@ class ScriptBackend final : public testing::OneSeqRunner {
         sleep_ms_(sleep_ms) {}
   int32_t vocab_size() const override { return vocab_; }
   int64_t max_context() const override { return 2048; }
-  void reset() override { since_cue_ = -1; }
-  Status forward(const std::vector<int32_t>& tokens, std::vector<float>& logits) override {
+  void reset(SeqId s) override { since_cue_[s] = -1; }
+  void release(SeqId s) override { since_cue_.erase(s); }
+  void on_step() override {
     if (sleep_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
-    for (int32_t t : tokens) since_cue_ = t == cue_ ? 0 : (since_cue_ >= 0 ? since_cue_ + 1 : -1);
+  }
+  Status forward(SeqId s, int64_t, const std::vector<int32_t>& tokens,
+                 std::vector<float>& logits) override {
+    int64_t& since_cue = since_cue_[s];
+    for (int32_t t : tokens) since_cue = t == cue_ ? 0 : (since_cue >= 0 ? since_cue + 1 : -1);
     // The token after the cue is the thinking marker of the prompt; the script starts after it.
     int32_t next = (tokens.back() * 7 + 3) % vocab_;
-    if (since_cue_ >= 1) {
-      const auto k = static_cast<std::size_t>(since_cue_ - 1);
+    if (since_cue >= 1) {
+      const auto k = static_cast<std::size_t>(since_cue - 1);
       next = k < script_.size() ? script_[k] : eos_;
     }
     logits.assign(static_cast<std::size_t>(vocab_), 0.f);
@@ -61,7 +68,7 @@ class ScriptBackend final : public testing::OneSeqRunner {
   int32_t vocab_, cue_, eos_;
   std::vector<int32_t> script_;
   int sleep_ms_;
-  int64_t since_cue_ = -1;
+  std::map<SeqId, int64_t> since_cue_;
 };
 
 const char* kScriptText =
@@ -78,12 +85,12 @@ struct InProcess {
   std::thread thread;
   int port = 0;
 
-  explicit InProcess(int sleep_ms = 0, std::size_t max_body = 64 << 10) {
+  explicit InProcess(int sleep_ms = 0, std::size_t max_body = 64 << 10, EngineOptions eo = {}) {
     auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
     EXPECT_TRUE(tok.is_ok());
     auto script = (*tok)->encode(kScriptText);
     auto backend = std::make_unique<ScriptBackend>(**tok, script, sleep_ms);
-    auto e = Engine::create(std::move(backend), std::move(*tok), EngineOptions{});
+    auto e = Engine::create(std::move(backend), std::move(*tok), eo);
     EXPECT_TRUE(e.is_ok());
     engine = std::move(*e);
     ServerOptions so;
@@ -599,6 +606,77 @@ TEST(Server, TokenizeDetokenizeModelsHealthMetrics) {
         "dsv41_request_duration_seconds_bucket", "dsv41_time_to_first_token_seconds_count",
         "dsv41_generation_tokens_total", "dsv41_kv_foreign_reads_total 0"})
     EXPECT_NE(metrics->body.find(name), std::string::npos) << name << "\n" << metrics->body;
+}
+
+// Continuous batching through HTTP: 8 concurrent chat requests share the engine's steps (one at a
+// time they would take 8x the steps of one).
+TEST(Server, ConcurrentRequestsRunInTheSameSteps) {
+  InProcess s(/*sleep_ms=*/10);
+  const std::string body =
+      R"({"model":"scripted","messages":[{"role":"user","content":"weather?"}],"max_tokens":200})";
+  int64_t steps_one = 0;
+  {
+    auto c = s.client();
+    auto r = c.Post("/v1/chat/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    ASSERT_TRUE(engine_goes_idle(*s.engine));
+    steps_one = s.engine->stats().steps_total;
+  }
+  std::vector<std::thread> clients;
+  std::vector<int> status(8, 0);
+  std::vector<std::string> answers(8);
+  for (int i = 0; i < 8; ++i)
+    clients.emplace_back([&, i] {
+      auto c = s.client();
+      if (auto r = c.Post("/v1/chat/completions", body, "application/json")) {
+        status[std::size_t(i)] = r->status;
+        answers[std::size_t(i)] = (*parse_json_ordered(r->body))["choices"][0]["message"].dump();
+      }
+    });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(status[std::size_t(i)], 200);
+    EXPECT_EQ(answers[std::size_t(i)], answers[0]);  // the same script for everyone
+  }
+  ASSERT_TRUE(engine_goes_idle(*s.engine));
+  const int64_t steps_eight = s.engine->stats().steps_total - steps_one;
+  EXPECT_LT(steps_eight, 3 * steps_one) << "one request: " << steps_one << " steps";
+}
+
+// A full waiting queue answers 429 in OpenAI's error shape with Retry-After.
+TEST(Server, FullQueueIs429WithRetryAfter) {
+  EngineOptions eo;
+  eo.max_num_seqs = 1;
+  eo.max_queue = 1;
+  InProcess s(/*sleep_ms=*/20, 64 << 10, eo);
+  const std::string body =
+      R"({"model":"scripted","prompt":"hi","max_tokens":1000,"ignore_eos":true,"stream":true})";
+  std::atomic<bool> checked{false};
+  auto give_up_later = [&] {  // streams until the check below is done, then hangs up (cancels)
+    auto c = s.client();
+    post_streaming(c, "/v1/completions", body, [&](const char*, std::size_t) { return !checked; });
+  };
+  auto wait_for = [&](auto pred) {
+    for (int i = 0; i < 200 && !pred(s.engine->stats()); ++i) std::this_thread::sleep_for(10ms);
+    return pred(s.engine->stats());
+  };
+  std::thread a(give_up_later);
+  ASSERT_TRUE(wait_for([](const EngineStats& st) { return st.running == 1; }));
+  std::thread b(give_up_later);
+  ASSERT_TRUE(wait_for([](const EngineStats& st) { return st.queued == 1; }));
+  auto c = s.client();
+  auto r = c.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429);
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  auto j = *parse_json_ordered(r->body);
+  EXPECT_EQ(j["error"]["type"], "rate_limit_exceeded");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("queue full"), std::string::npos);
+  checked = true;
+  a.join();
+  b.join();
+  EXPECT_TRUE(engine_goes_idle(*s.engine));
 }
 
 TEST(Server, ClientDisconnectMidStreamCancelsTheRequest) {

@@ -341,6 +341,29 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
   return Status::ok();
 }
 
+int64_t FastModel::kv_blocks_total() const {
+  return impl_->kv->blocks_total();
+}
+int64_t FastModel::kv_blocks_free() const {
+  return impl_->kv->blocks_free();
+}
+int64_t FastModel::kv_blocks_to_grow(SeqId seq, int64_t new_len) const {
+  auto it = impl_->seqs.find(seq);
+  static const fast::SeqState kEmpty;
+  return impl_->blocks_needed(it == impl_->seqs.end() ? kEmpty : *it->second, new_len);
+}
+
+// Global blocks for the whole context; window blocks only for the window, the rollback margin and
+// one step's tokens (older ones go back after each step: release_old_window).
+int64_t FastModel::kv_blocks_peak(int64_t length, int64_t step_tokens) const {
+  const KvLayout& L = impl_->kv->layout();
+  const int64_t R = std::max<int64_t>(1, impl_->opt.max_rollback);
+  const int64_t nw = (length + L.window_tokens - 1) / L.window_tokens;
+  const int64_t ng = L.sources.empty() ? 0 : (length + L.global_tokens - 1) / L.global_tokens;
+  const int64_t live = (L.window + R + std::max<int64_t>(1, step_tokens)) / L.window_tokens + 2;
+  return ng + std::min(nw, live);
+}
+
 Status FastModel::fill_random_context(SeqId seq, int64_t length, uint64_t seed) {
   Impl& im = *impl_;
   auto it = im.seqs.find(seq);

@@ -65,6 +65,10 @@ class FastModel final : public ModelRunner {
   int64_t length(SeqId seq) const override;
   Status step(const StepBatch& batch, StepOutput* out) override;
   int64_t foreign_reads() const override;
+  int64_t kv_blocks_total() const override;
+  int64_t kv_blocks_free() const override;
+  int64_t kv_blocks_to_grow(SeqId seq, int64_t new_len) const override;
+  int64_t kv_blocks_peak(int64_t length, int64_t step_tokens) const override;
 
   FastStats stats() const;
   const KvPool& pool() const;

@@ -1,0 +1,62 @@
+// The step scheduler of continuous batching (vLLM V1's policy where the issue is silent): every
+// step is one batch under a token budget and a sequence cap; running decodes first, then running
+// prompts' next chunks (chunked prefill), then waiting sequences in arrival order while the budget,
+// the cap and the KV pool allow. When the pool cannot hold a running sequence's next tokens, the
+// latest-arrived running sequence is preempted by recompute: its cache is freed at once, it goes to
+// the front of the waiting queue and later recomputes every token it had (prompt and generated;
+// the fast path's prefill gives the bits its decode would, so its next logits are unchanged). No
+// sequence is admitted in a step that preempted.
+//
+// The scheduler sees sequences only as token counts; the engine owns the tokens, sampling and
+// output. Single-threaded: the engine thread calls it between steps.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "model/seam.h"
+
+namespace dsv41 {
+
+struct SchedLimits {
+  int64_t max_batched_tokens = 512;  // tokens per step, all slices together
+  int max_seqs = 64;                 // sequences per step (running ones)
+};
+
+struct SchedSeq {
+  SeqId id = 0;
+  int64_t known = 0;     // tokens the sequence has: prompt + generated
+  int64_t computed = 0;  // of them, already in the model's caches
+  bool open = false;     // opened in the model (the engine opens it before its first slice)
+  int64_t preemptions = 0;
+};
+
+struct Scheduled {
+  SchedSeq* seq = nullptr;
+  int64_t tokens = 0;  // tokens [computed, computed + tokens) go into this step
+};
+
+struct StepPlan {
+  std::vector<Scheduled> run;
+  int preempted = 0;  // sequences preempted while building this plan
+};
+
+class Scheduler {
+ public:
+  void add(SchedSeq* s);     // a new sequence joins the back of the waiting queue
+  void remove(SchedSeq* s);  // finished or cancelled, running or waiting (the caller frees it)
+  // The next step's slices. Frees preempted sequences in `model` (their blocks are needed now).
+  StepPlan plan(const SchedLimits& limits, ModelRunner& model);
+
+  int64_t waiting() const { return int64_t(waiting_.size()); }
+  int64_t running() const { return int64_t(running_.size()); }
+
+ private:
+  void preempt(SchedSeq* s, ModelRunner& model);
+
+  std::vector<SchedSeq*> running_;  // arrival order (oldest first)
+  std::deque<SchedSeq*> waiting_;
+};
+
+}  // namespace dsv41
