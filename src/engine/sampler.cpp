@@ -1,5 +1,6 @@
-// Sampler implementation. All arithmetic that decides a token is done in double over a candidate
-// list sorted by (logit desc, id asc), so ties and rounding are resolved the same way every time.
+// Sampler implementation. All arithmetic that decides a token is done in double, in a fixed order
+// (id order, or (logit desc, id asc) where a cut needs the most likely tokens first), so ties and
+// rounding are resolved the same way every time. No path sorts the whole vocabulary.
 #include "engine/sampler.h"
 
 #include <algorithm>
@@ -66,7 +67,45 @@ int32_t Sampler::sample(std::vector<float>& logits) {
       if (logits[i] > logits[best]) best = i;
     return static_cast<int32_t>(best);
   }
-  // Candidates sorted by logit (desc), id (asc); top-k cuts before the softmax.
+  // top-k: the k best candidates by (logit desc, id asc), sorted (O(V log k)); the draw walks them
+  // in that order.
+  if (p_.top_k > 0 && static_cast<std::size_t>(p_.top_k) < logits.size())
+    return sample_top_k(logits, static_cast<std::size_t>(p_.top_k));
+  // Otherwise no sort of the vocabulary: the softmax over every finite logit in id order, min-p as
+  // a threshold, top-p from the smallest set of most likely tokens found by selection.
+  const double inv_t = 1.0 / p_.temperature;
+  double max_l = -std::numeric_limits<double>::infinity();
+  for (float l : logits)
+    if (std::isfinite(l)) max_l = std::max(max_l, static_cast<double>(l));
+  if (!std::isfinite(max_l)) return 0;
+  std::vector<double>& prob = prob_;
+  prob.resize(logits.size());
+  double z = 0;
+  // exp in float (several times cheaper than double over a 129k vocabulary; deterministic), sums
+  // and everything after in double.
+  const float fmax = static_cast<float>(max_l), finv_t = static_cast<float>(inv_t);
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    z += prob[i] = std::isfinite(logits[i]) ? std::exp((logits[i] - fmax) * finv_t) : 0.0f;
+  const double floor = p_.min_p > 0 ? p_.min_p / z : 0.0;  // p_max = 1 / z (the max's exp is 1)
+  for (double& q : prob) q = q / z >= floor ? q / z : 0.0;
+  if (p_.top_p < 1) return sample_top_p(prob);
+  double mass = 0;
+  for (double q : prob) mass += q;
+  const double u = rng_.uniform() * mass;
+  double cum = 0;
+  std::size_t last = 0;
+  for (std::size_t i = 0; i < prob.size(); ++i) {
+    if (prob[i] == 0) continue;
+    cum += prob[i];
+    last = i;
+    if (u < cum) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(last);
+}
+
+// The k best by (logit desc, id asc), their softmax at the temperature, min-p and top-p over that
+// sorted list, and the draw in that order.
+int32_t Sampler::sample_top_k(const std::vector<float>& logits, std::size_t k) {
   cand_.clear();
   for (std::size_t i = 0; i < logits.size(); ++i)
     if (std::isfinite(logits[i])) cand_.emplace_back(logits[i], static_cast<int32_t>(i));
@@ -74,16 +113,10 @@ int32_t Sampler::sample(std::vector<float>& logits) {
   auto order = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
-  std::size_t k = cand_.size();
-  if (p_.top_k > 0 && static_cast<std::size_t>(p_.top_k) < k) {
-    k = static_cast<std::size_t>(p_.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k), cand_.end(),
-                      order);
-    cand_.resize(k);
-  } else {
-    std::sort(cand_.begin(), cand_.end(), order);
-  }
-  // Softmax at temperature over the kept candidates (probabilities in double).
+  k = std::min(k, cand_.size());
+  std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k), cand_.end(),
+                    order);
+  cand_.resize(k);
   const double inv_t = 1.0 / p_.temperature;
   const double max_l = cand_[0].first;
   std::vector<double>& prob = prob_;
@@ -91,14 +124,13 @@ int32_t Sampler::sample(std::vector<float>& logits) {
   double z = 0;
   for (std::size_t i = 0; i < k; ++i) z += prob[i] = std::exp((cand_[i].first - max_l) * inv_t);
   for (double& q : prob) q /= z;
-  // min-p: keep tokens with p >= min_p * p_max; top-p: the smallest prefix reaching top_p.
   std::size_t keep = k;
-  if (p_.min_p > 0) {
+  if (p_.min_p > 0) {  // keep tokens with p >= min_p * p_max
     const double floor = p_.min_p * prob[0];
     keep = 1;
     while (keep < k && prob[keep] >= floor) ++keep;
   }
-  if (p_.top_p < 1) {
+  if (p_.top_p < 1) {  // the smallest prefix reaching top_p
     double cum = 0;
     std::size_t n = 0;
     while (n < keep) {
@@ -116,6 +148,44 @@ int32_t Sampler::sample(std::vector<float>& logits) {
     if (u < cum) return cand_[i].second;
   }
   return cand_[keep - 1].second;
+}
+
+// top-p over probabilities in id order (0 = cut by min-p): the most likely tokens are selected in
+// growing batches (nth_element, O(V) each) until they reach top_p, then sorted by (p desc, id asc)
+// and cut at the smallest prefix reaching it; the draw walks that prefix.
+int32_t Sampler::sample_top_p(const std::vector<double>& prob) {
+  ids_.clear();
+  for (std::size_t i = 0; i < prob.size(); ++i)
+    if (prob[i] > 0) ids_.push_back(static_cast<int32_t>(i));
+  auto order = [&](int32_t a, int32_t b) {
+    const double pa = prob[static_cast<std::size_t>(a)], pb = prob[static_cast<std::size_t>(b)];
+    return pa != pb ? pa > pb : a < b;
+  };
+  std::size_t m = std::min<std::size_t>(64, ids_.size());
+  for (;;) {
+    std::nth_element(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(m - 1), ids_.end(),
+                     order);
+    double top = 0;
+    for (std::size_t i = 0; i < m; ++i) top += prob[static_cast<std::size_t>(ids_[i])];
+    if (top >= p_.top_p || m == ids_.size()) break;
+    m = std::min(ids_.size(), m * 4);
+  }
+  std::sort(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(m), order);
+  double cum = 0;
+  std::size_t keep = 0;
+  while (keep < m) {
+    cum += prob[static_cast<std::size_t>(ids_[keep++])];
+    if (cum >= p_.top_p) break;
+  }
+  double mass = 0;
+  for (std::size_t i = 0; i < keep; ++i) mass += prob[static_cast<std::size_t>(ids_[i])];
+  const double u = rng_.uniform() * mass;
+  cum = 0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    cum += prob[static_cast<std::size_t>(ids_[i])];
+    if (u < cum) return ids_[i];
+  }
+  return ids_[keep - 1];
 }
 
 namespace {

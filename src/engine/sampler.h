@@ -54,11 +54,15 @@ class Sampler {
   void accept(int32_t token);
 
  private:
+  int32_t sample_top_k(const std::vector<float>& logits, std::size_t k);
+  int32_t sample_top_p(const std::vector<double>& prob);
+
   const SamplingParams& p_;
   Rng rng_;
   std::unordered_map<int32_t, int32_t> counts_;
   std::vector<std::pair<float, int32_t>> cand_;  // scratch (sorted candidates)
   std::vector<double> prob_;                     // scratch (their probabilities)
+  std::vector<int32_t> ids_;                     // scratch (top-p selection)
 };
 
 // log-softmax of `logits` evaluated for `token`, and the `k` most likely tokens (ties: lower id).

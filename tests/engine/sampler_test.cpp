@@ -3,6 +3,7 @@
 // reproducibility.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -100,6 +101,54 @@ TEST(Sampler, TopKTopPMinPRenormalise) {
     for (double x : q) kept += x > 0;
     EXPECT_EQ(kept, 4);                                                 // ids 0, 1, 2, 7
     EXPECT_LT(chi_square(histogram(sp, kLogits, kN, 5), q, kN), 16.3);  // 3 dof
+  }
+}
+
+// top-p over a large vocabulary (the nucleus needs hundreds of 2,000 tokens, so the selection grows
+// past its first batch of 64): exactly the brute-force nucleus (sorted by probability, smallest
+// prefix reaching top_p) is ever drawn, each token at its renormalised probability; with min-p
+// too, the nucleus is taken from what min-p keeps.
+TEST(Sampler, TopPOverALargeVocabularyIsTheSortedNucleus) {
+  std::vector<float> logits(2000);
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    logits[i] = float(std::sin(double(i) * 12.9898) * 3.0);
+  for (double min_p : {0.0, 0.2}) {
+    SCOPED_TRACE(min_p);
+    SamplingParams sp;
+    sp.top_p = 0.8;
+    sp.min_p = min_p;
+    const auto p = softmax(logits, 1.0);
+    const double pmax = *std::max_element(p.begin(), p.end());
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < int32_t(p.size()); ++i)
+      if (p[std::size_t(i)] >= min_p * pmax) ids.push_back(i);
+    std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+      return p[std::size_t(a)] != p[std::size_t(b)] ? p[std::size_t(a)] > p[std::size_t(b)] : a < b;
+    });
+    std::vector<double> q(p.size(), 0);
+    double cum = 0, z = 0;
+    std::size_t n = 0;
+    while (n < ids.size() && cum < sp.top_p)
+      z += q[std::size_t(ids[n])] = p[std::size_t(ids[n])], cum += p[std::size_t(ids[n++])];
+    for (double& x : q) x /= z;
+    if (min_p == 0) EXPECT_GT(n, 256u);  // the selection had to grow
+    // Pool the nucleus into 20 cells of about equal mass for the chi-square.
+    const int draws = 30000;
+    const auto h = histogram(sp, logits, draws, 11);
+    std::vector<int> ch(20, 0);
+    std::vector<double> cq(20, 0);
+    double acc = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t id = std::size_t(ids[k]);
+      const std::size_t cell = std::min<std::size_t>(19, std::size_t(acc * 20));
+      acc += q[id];
+      ch[cell] += h[id];
+      cq[cell] += q[id];
+    }
+    int outside = 0;
+    for (std::size_t i = 0; i < h.size(); ++i) outside += q[i] == 0 ? h[i] : 0;
+    EXPECT_EQ(outside, 0);
+    EXPECT_LT(chi_square(ch, cq, draws), 43.8);  // 19 dof, 0.001
   }
 }
 
