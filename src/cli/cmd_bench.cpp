@@ -119,6 +119,7 @@ void add_bench(CLI::App& app, Runner* run) {
     };
   });
   add_bench_model(bench, run);
+  add_bench_serve(bench, run);
 }
 
 }  // namespace dsv41::cli

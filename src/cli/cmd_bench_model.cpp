@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/bench_model.h"
 #include "cli/commands.h"
 #include "cli/fast_model_dir.h"
 #include "core/log.h"
@@ -19,21 +20,6 @@
 #include "ops/kernels.h"
 
 namespace dsv41::cli {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double secs(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-struct BenchArgs {
-  std::string model, converted, streams = "1,4,16", context = "0", lengths = "512,4096,16384";
-  std::string context_fill = "random";
-  int steps = 8, threads = 0;
-  double kv_cache_gb = 0;
-  std::string act_quant = "off";
-  std::size_t probe_mb = 1024;
-};
 
 Result<std::vector<int64_t>> parse_list(const std::string& s, const std::string& what) {
   std::vector<int64_t> v;
@@ -53,29 +39,22 @@ Result<std::vector<int64_t>> parse_list(const std::string& s, const std::string&
   return v;
 }
 
-// Streaming-read bandwidth (GB/s) of all threads over a buffer larger than the caches.
-class ReadProbe {
- public:
-  ReadProbe(std::size_t mb, std::size_t threads) : buf_(mb << 18), pool_(threads) {
-    for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] = float(i & 1023);
-  }
-  double gb_per_s() {
-    std::vector<float> sink(pool_.size());
-    const auto t0 = Clock::now();
-    auto job = [&](std::size_t b, std::size_t e, std::size_t p) {
-      sink[p] += ops::kernels().read_sum(buf_.data() + b, int64_t(e - b));
-    };
-    pool_.parallel_for(buf_.size(), std::ref(job));
-    const double s = secs(t0, Clock::now());
-    volatile float keep = sink[0];
-    (void)keep;
-    return double(buf_.size() * sizeof(float)) / 1e9 / s;
-  }
+ReadProbe::ReadProbe(std::size_t mb, std::size_t threads) : buf_(mb << 18), pool_(threads) {
+  for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] = float(i & 1023);
+}
 
- private:
-  std::vector<float> buf_;
-  ThreadPool pool_;
-};
+double ReadProbe::gb_per_s() {
+  std::vector<float> sink(pool_.size());
+  const auto t0 = Clock::now();
+  auto job = [&](std::size_t b, std::size_t e, std::size_t p) {
+    sink[p] += ops::kernels().read_sum(buf_.data() + b, int64_t(e - b));
+  };
+  pool_.parallel_for(buf_.size(), std::ref(job));
+  const double s = secs(t0, Clock::now());
+  volatile float keep = sink[0];
+  (void)keep;
+  return double(buf_.size() * sizeof(float)) / 1e9 / s;
+}
 
 Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a) {
   auto dir = ensure_converted(a.model, a.converted);
@@ -88,7 +67,7 @@ Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a) {
   return FastModel::load(*dir, o);
 }
 
-std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
+static std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
   std::vector<int32_t> t(static_cast<std::size_t>(n));
   for (auto& v : t) v = int32_t(rng.below(uint64_t(vocab)));
   return t;
@@ -145,6 +124,8 @@ Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int6
       {"fraction_of_floor", bytes / 1e9 / probe_gbs / step_s},
       {"foreign_reads", s1.foreign_reads}};
 }
+
+namespace {
 
 int run_bench_decode(const BenchArgs& a) {
   auto streams = parse_list(a.streams, "--streams");

@@ -20,6 +20,8 @@ void add_derive_tokenizer(CLI::App& app, Runner* run);
 void add_bench(CLI::App& app, Runner* run);
 // `bench decode` and `bench prefill` under an existing `bench` (cmd_bench_model.cpp).
 void add_bench_model(CLI::App* bench, Runner* run);
+// `bench serve` (cmd_bench_serve.cpp).
+void add_bench_serve(CLI::App* bench, Runner* run);
 void add_generate(CLI::App& app, Runner* run);
 void add_serve(CLI::App& app, Runner* run);
 void add_convert(CLI::App& app, Runner* run);

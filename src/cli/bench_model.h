@@ -1,0 +1,57 @@
+// What `bench decode`, `bench prefill` and `bench serve` share (cli/cmd_bench_model.cpp,
+// cli/cmd_bench_serve.cpp): their options, list parsing, the read probe, loading the fast model
+// for a benchmark and one decode point.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "model/fast/fast_model.h"
+
+namespace dsv41::cli {
+
+using Clock = std::chrono::steady_clock;
+inline double secs(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct BenchArgs {
+  std::string model, converted, streams = "1,4,16", context = "0", lengths = "512,4096,16384";
+  std::string context_fill = "random";
+  int steps = 8, threads = 0;
+  double kv_cache_gb = 0;
+  std::string act_quant = "off";
+  std::size_t probe_mb = 1024;
+};
+
+// "1,4,16" -> {1, 4, 16}; the error names `what`.
+Result<std::vector<int64_t>> parse_list(const std::string& s, const std::string& what);
+
+// Streaming-read bandwidth (GB/s) of all threads over a buffer larger than the caches.
+class ReadProbe {
+ public:
+  ReadProbe(std::size_t mb, std::size_t threads);
+  double gb_per_s();
+
+ private:
+  std::vector<float> buf_;
+  ThreadPool pool_;
+};
+
+// The fast model of a.model (converted once if official), weights faulted in.
+Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a);
+
+// One decode point: `streams` sequences at `context` tokens (random rows, or a real prefill), a
+// warm-up step, then `steps` timed steps of one token each; JSON with tok_s, bytes, the probe.
+Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int64_t streams,
+                                            int64_t context, int steps, bool prefill_context,
+                                            Rng& rng);
+
+}  // namespace dsv41::cli

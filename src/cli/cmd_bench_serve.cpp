@@ -1,0 +1,257 @@
+// `dsv41 bench serve` (design.md §8): the whole server under load, JSON. In one run: first the
+// engine's own decode at each concurrency (bench decode's point at the prompt length), then the
+// server in this process on loopback, driven by its own HTTP client: `concurrency` workers each
+// sending streamed /v1/completions requests (token-id prompts of --prompt-len, the first
+// --shared-prefix tokens common to all, --max-tokens greedy tokens, EOS ignored) until --requests
+// are done. Per point: aggregate output tok/s, TTFT and inter-token latency p50/p99 (from the SSE
+// chunks' arrival), and the ratio to the decode point (what scheduling, prefill and HTTP cost).
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/bench_model.h"
+#include "cli/commands.h"
+#include "cli/fast_model_dir.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "ops/kernels.h"
+#include "server/http_server.h"
+
+namespace dsv41::cli {
+namespace {
+
+struct ServeBenchArgs {
+  BenchArgs common;
+  std::string concurrency = "1,4,16";
+  int64_t requests = 0;  // per point; 0: 2 x concurrency (at least 4)
+  int64_t prompt_len = 32, max_tokens = 32, shared_prefix = 0;
+  int64_t max_num_batched_tokens = EngineOptions{}.max_num_batched_tokens;
+};
+
+struct RequestTiming {
+  double ttft = -1;          // seconds from sending to the first token chunk
+  std::vector<double> gaps;  // between token chunks
+  int64_t tokens = 0;        // completion tokens (usage)
+  int status = 0;
+};
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, std::size_t(q * double(v.size() - 1) + 0.5))];
+}
+
+// One streamed completion; SSE frames parsed as they arrive.
+RequestTiming one_request(int port, const nlohmann::json& body) {
+  RequestTiming r;
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(600, 0);
+  std::string buf;
+  const auto t0 = Clock::now();
+  auto last = t0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* d, std::size_t n, uint64_t, uint64_t) {
+    buf.append(d, n);
+    for (std::size_t e; (e = buf.find("\n\n")) != std::string::npos; buf.erase(0, e + 2)) {
+      const std::string frame = buf.substr(0, e);
+      if (frame.rfind("data: ", 0) != 0 || frame == "data: [DONE]") continue;
+      const auto j = nlohmann::json::parse(frame.substr(6), nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("usage") && j["usage"].is_object())
+        r.tokens = j["usage"].value("completion_tokens", int64_t(0));
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const auto now = Clock::now();
+      if (r.ttft < 0)
+        r.ttft = secs(t0, now);
+      else
+        r.gaps.push_back(secs(last, now));
+      last = now;
+    }
+    return true;
+  };
+  auto res = c.send(req);
+  r.status = res ? res->status : 0;
+  return r;
+}
+
+nlohmann::ordered_json serve_point(int port, int64_t conc, const ServeBenchArgs& a, int32_t vocab,
+                                   Rng& rng) {
+  const int64_t n = a.requests > 0 ? a.requests : std::max<int64_t>(4, 2 * conc);
+  std::vector<int32_t> prefix(std::size_t(std::min(a.shared_prefix, a.prompt_len)));
+  for (auto& t : prefix) t = int32_t(rng.below(uint64_t(vocab)));
+  std::vector<nlohmann::json> bodies;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int32_t> p = prefix;
+    while (int64_t(p.size()) < a.prompt_len) p.push_back(int32_t(rng.below(uint64_t(vocab))));
+    bodies.push_back({{"model", "bench"},
+                      {"prompt", p},
+                      {"max_tokens", a.max_tokens},
+                      {"temperature", 0},
+                      {"ignore_eos", true},
+                      {"stream", true},
+                      {"stream_options", {{"include_usage", true}}}});
+  }
+  std::vector<RequestTiming> got(static_cast<std::size_t>(n));
+  std::atomic<int64_t> next{0};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> workers;
+  for (int64_t w = 0; w < conc; ++w)
+    workers.emplace_back([&] {
+      for (int64_t i; (i = next.fetch_add(1)) < n;)
+        got[std::size_t(i)] = one_request(port, bodies[std::size_t(i)]);
+    });
+  for (auto& t : workers) t.join();
+  const double wall = secs(t0, Clock::now());
+  int64_t tokens = 0, failed = 0;
+  std::vector<double> ttft, gaps;
+  for (const auto& r : got) {
+    tokens += r.tokens;
+    failed += r.status != 200;
+    if (r.ttft >= 0) ttft.push_back(r.ttft);
+    gaps.insert(gaps.end(), r.gaps.begin(), r.gaps.end());
+  }
+  return {{"concurrency", conc},
+          {"requests", n},
+          {"failed", failed},
+          {"output_tokens", tokens},
+          {"wall_s", wall},
+          {"output_tok_s", double(tokens) / wall},
+          {"ttft_p50_ms", percentile(ttft, 0.5) * 1e3},
+          {"ttft_p99_ms", percentile(ttft, 0.99) * 1e3},
+          {"itl_p50_ms", percentile(gaps, 0.5) * 1e3},
+          {"itl_p99_ms", percentile(gaps, 0.99) * 1e3}};
+}
+
+int run_bench_serve(const ServeBenchArgs& a) {
+  auto conc = parse_list(a.concurrency, "--concurrency");
+  if (!conc) {
+    log::error("bench serve: {}", conc.status().message());
+    return kExitUsage;
+  }
+  auto dir = ensure_converted(a.common.model, a.common.converted);
+  if (!dir) {
+    log::error("bench serve: --model: {}", dir.status().message());
+    return kExitInvalid;
+  }
+  BenchArgs ca = a.common;
+  ca.model = *dir;
+  ca.converted.clear();
+  // The engine's own decode at each concurrency, in the same run (then the model is released).
+  std::vector<double> decode_tok_s;
+  {
+    auto m = load_for_bench(ca);
+    if (!m) {
+      log::error("bench serve: --model: {}", m.status().message());
+      return kExitInvalid;
+    }
+    ReadProbe probe(64, std::size_t(a.common.threads));
+    Rng rng(3);
+    for (int64_t c : *conc) {
+      log::info("bench serve: engine decode at {} streams ...", c);
+      auto p = decode_point(**m, probe, std::max<int64_t>(1, c), a.prompt_len, 5, false, rng);
+      if (!p) {
+        log::error("bench serve: decode at {} streams: {}", c, p.status().message());
+        return kExitInvalid;
+      }
+      decode_tok_s.push_back((*p)["tok_s"].get<double>());
+    }
+  }
+  EngineOptions eo;
+  eo.model_dir = *dir;
+  eo.fast.threads = a.common.threads;
+  eo.fast.act_quant = a.common.act_quant == "on";
+  eo.fast.kv_cache_gb = a.common.kv_cache_gb;
+  eo.max_num_batched_tokens = a.max_num_batched_tokens;
+  auto engine = Engine::load(eo);
+  if (!engine) {
+    log::error("bench serve: --model: {}", engine.status().message());
+    return kExitInvalid;
+  }
+  ServerOptions so;
+  so.port = 0;
+  so.model_name = "bench";
+  so.threads = 64;
+  HttpServer server(**engine, so);
+  if (Status st = server.bind(); !st) {
+    log::error("bench serve: {}", st.message());
+    return kExitInvalid;
+  }
+  std::thread serving([&] { server.serve(); });
+  Rng rng(4);
+  nlohmann::ordered_json points = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < conc->size(); ++i) {
+    const int64_t c = std::max<int64_t>(1, (*conc)[i]);
+    log::info("bench serve: {} concurrent clients ...", c);
+    auto p = serve_point(server.port(), c, a, (*engine)->vocab_size(), rng);
+    p["engine_decode_tok_s"] = decode_tok_s[i];
+    p["ratio_to_decode"] = p["output_tok_s"].get<double>() / decode_tok_s[i];
+    points.push_back(p);
+  }
+  const EngineStats st = (*engine)->stats();
+  server.shutdown();
+  serving.join();
+  nlohmann::ordered_json j = {{"bench", "serve"},
+                              {"model", a.common.model},
+                              {"isa", ops::isa_name(ops::kernels().isa)},
+                              {"prompt_len", a.prompt_len},
+                              {"max_tokens", a.max_tokens},
+                              {"shared_prefix", a.shared_prefix},
+                              {"prefix_cache", false},
+                              {"max_num_batched_tokens", a.max_num_batched_tokens},
+                              {"preemptions", st.preemptions_total},
+                              {"kv_foreign_reads", st.kv_foreign_reads},
+                              {"points", points}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_bench_serve(CLI::App* bench, Runner* run) {
+  auto a = std::make_shared<ServeBenchArgs>();
+  CLI::App* sub = bench->add_subcommand(
+      "serve",
+      "The server under load (in this process, over loopback), JSON per concurrency: output "
+      "tok/s, TTFT and inter-token latency p50/p99, and the ratio to the engine's own decode at "
+      "the same number of streams measured first in the same run.");
+  sub->add_option("--model", a->common.model, "Checkpoint (converted, or official: converted once)")
+      ->required();
+  sub->add_option("--converted", a->common.converted, "Where an official-layout model goes");
+  sub->add_option("--threads", a->common.threads, "Engine threads (0: every core)")
+      ->check(CLI::Range(0, 4096));
+  sub->add_option("--kv-cache-gb", a->common.kv_cache_gb, "KV pool size in GB (0: default)")
+      ->check(CLI::Range(0.0, 1e6));
+  sub->add_option("--act-quant", a->common.act_quant, "on | off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub->add_option("--concurrency", a->concurrency, "Comma-separated client counts")
+      ->capture_default_str();
+  sub->add_option("--requests", a->requests, "Requests per point (0: 2 x concurrency, >= 4)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
+      ->capture_default_str();
+  sub->add_option("--prompt-len", a->prompt_len, "Prompt tokens per request")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
+  sub->add_option("--max-tokens", a->max_tokens, "Generated tokens per request")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
+  sub->add_option("--shared-prefix", a->shared_prefix,
+                  "Leading prompt tokens common to every request (no prefix cache yet: reported)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
+      ->capture_default_str();
+  sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens,
+                  "The engine's token budget per step (serve's option)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
+  sub->callback([=] { *run = [=] { return run_bench_serve(*a); }; });
+}
+
+}  // namespace dsv41::cli
