@@ -2,7 +2,8 @@
 # `dsv41 logits --path fast` end to end on a fresh tiny checkpoint in the official layout: the
 # one-time conversion beside it (reused by the second run), 1,000 tokens, and batch invariance
 # from the command line: among 8 companions in chunks of 37 the output equals the solo prefill
-# byte for byte; the fast logits track the reference's (argmax agreement >= 0.97).
+# byte for byte; the fast logits track the reference's (argmax agreement >= 0.97); bench decode
+# (also at depth), prefill and serve print their keys.
 set -euo pipefail
 BIN="$1"
 T="$(mktemp -d)"
@@ -45,5 +46,24 @@ for pt in d["points"]:
 a, b = d["points"]
 assert a["bytes_per_step"] <= b["bytes_per_step"] < 2 * a["bytes_per_step"], (a, b)
 assert [q["tokens"] for q in p["points"]] == [8, 32] and all(q["ttft_ms"] > 0 for q in p["points"])
+assert p["fp8_gemm_peak_gflop_s"] > 0
+assert all(0 < q["fraction_of_gemm_peak"] and q["linear_gflop_s"] > 0 for q in p["points"])
+PY
+# decode at depth from the random context fill; bench serve (server + its own clients, loopback)
+"$BIN" bench decode --model "$T/m.dsv41-converted" --streams 2 --context 300 --steps 2 \
+  --probe-mb 16 2>/dev/null >"$T/ctx.json"
+"$BIN" bench serve --model "$T/m.dsv41-converted" --concurrency 1,3 --requests 4 \
+  --prompt-len 9 --max-tokens 5 2>/dev/null >"$T/serve.json"
+python3 - "$T/ctx.json" "$T/serve.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); s = json.load(open(sys.argv[2]))
+assert c["context_fill"] == "random" and c["points"][0]["context"] == 300, c
+assert c["points"][0]["tok_s"] > 0 and c["points"][0]["foreign_reads"] == 0
+assert [q["concurrency"] for q in s["points"]] == [1, 3], s
+for q in s["points"]:
+    assert q["failed"] == 0 and q["output_tokens"] == 4 * 5, q
+    for k in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "engine_decode_tok_s", "ratio_to_decode"):
+        assert q[k] > 0, (k, q)
+assert s["kv_foreign_reads"] == 0
 PY
 echo ok
