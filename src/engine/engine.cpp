@@ -186,6 +186,10 @@ EngineStats Engine::stats() const {
   s.kv_blocks_used = kv_used_.load();
   s.preemptions_total = preemptions_.load();
   s.steps_total = steps_.load();
+  std::lock_guard<std::mutex> lock(hist_mu_);
+  s.step_seconds = step_seconds_;
+  s.batch_tokens = batch_tokens_;
+  s.batch_sequences = batch_sequences_;
   return s;
 }
 
@@ -296,7 +300,15 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     in_batch.push_back(&a);
   }
   StepOutput out;
+  const auto t0 = std::chrono::steady_clock::now();
   const Status st = backend_->step(batch, &out);
+  {
+    std::lock_guard<std::mutex> lock(hist_mu_);
+    step_seconds_.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    batch_tokens_.observe(double(batch.tokens()));
+    batch_sequences_.observe(double(batch.slices.size()));
+  }
   steps_.fetch_add(1);
   if (!st) {  // a broken step fails what was in it; the others go on
     log::error("engine: step of {} sequences failed: {}", in_batch.size(), st.message());

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/histogram.h"
 #include "core/status.h"
 #include "engine/model_loading.h"  // the runners the engine loads; model/seam.h
 #include "engine/sampler.h"
@@ -92,6 +93,9 @@ struct EngineStats {
   int64_t kv_blocks_used = 0;
   int64_t preemptions_total = 0;
   int64_t steps_total = 0;
+  Histogram step_seconds{Histogram::seconds()};
+  Histogram batch_tokens{Histogram::powers_of_two(12)};
+  Histogram batch_sequences{Histogram::powers_of_two(8)};
 };
 
 class Engine {
@@ -140,6 +144,10 @@ class Engine {
   SchedLimits limits_;
   std::atomic<int64_t> running_{0}, waiting_{0}, preemptions_{0}, steps_{0};
   std::atomic<int64_t> kv_total_{0}, kv_used_{0};
+  mutable std::mutex hist_mu_;  // the step histograms below
+  Histogram step_seconds_{Histogram::seconds()};
+  Histogram batch_tokens_{Histogram::powers_of_two(12)};
+  Histogram batch_sequences_{Histogram::powers_of_two(8)};
   std::atomic<int64_t> prompt_tokens_total_{0};
   std::atomic<int64_t> generated_tokens_total_{0};
   std::atomic<uint64_t> next_id_{1};

@@ -101,6 +101,7 @@ struct HttpServer::Impl {
   std::atomic<bool> draining{false};
   std::atomic<int64_t> in_flight{0};
   int bound_port = -1;
+  socket_t listen_fd = -1;  // the listening socket (seen by the socket-options hook)
   uint64_t nonce = 0;
   int64_t started = 0;
   std::mutex shutdown_mu;
@@ -233,13 +234,21 @@ void HttpServer::Impl::routes() {
     return new httplib::ThreadPool(static_cast<std::size_t>(n));
   };
   svr.set_payload_max_length(opt.max_body_bytes);
+  // One access-log line per request: generation answers are logged when httplib is done with them
+  // (release(), with their token counts and the status the client really got); the rest here.
+  svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    const bool generation = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+    if (!(generation && res.status == 200))
+      log::info("access: {} {} {}", req.method, req.path, res.status);
+  });
   svr.set_read_timeout(30, 0);
   svr.set_write_timeout(30, 0);
   // Without SO_REUSEPORT (httplib's default asks for it), a second server on a port in use fails to
   // bind instead of sharing the connections; SO_REUSEADDR lets a restart reuse the port at once.
-  svr.set_socket_options([](socket_t sock) {
+  svr.set_socket_options([this](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = sock;
   });
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     return before_routing(req, res).value_or(httplib::Server::HandlerResponse::Unhandled);
@@ -324,6 +333,8 @@ struct StreamState {
   bool preamble_sent = false;
   bool first_token = false;
   bool finished = false;
+  Clock::time_point last_token;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 
 // While the model works and nothing else is written, a few ignorable bytes go out every half second
@@ -343,8 +354,11 @@ void HttpServer::Impl::release(StreamState& st, const std::string& endpoint) {
     log::info("serve: client went away; request cancelled");
   }
   in_flight.fetch_sub(1);
-  metrics.request_done(endpoint, st.finished ? 200 : 499,
-                       std::chrono::duration<double>(Clock::now() - st.t0).count());
+  const double secs = std::chrono::duration<double>(Clock::now() - st.t0).count();
+  const int status = st.finished ? 200 : 499;
+  metrics.request_done(endpoint, status, secs);
+  log::info("access: POST {} {} prompt_tokens={} completion_tokens={} {:.3f}s", endpoint, status,
+            st.prompt_tokens, st.completion_tokens, secs);
 }
 
 void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -384,12 +398,23 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   in_flight.fetch_add(1);
 
   auto note_tokens = [this, st](const RequestOutput& out) {
-    if (!st->first_token && !out.tokens.empty()) {
-      st->first_token = true;
-      metrics.first_token(std::chrono::duration<double>(Clock::now() - st->t0).count());
+    const auto now = Clock::now();
+    if (!out.tokens.empty()) {
+      if (!st->first_token) {
+        st->first_token = true;
+        metrics.first_token(std::chrono::duration<double>(now - st->t0).count());
+        if (out.tokens.size() > 1)
+          metrics.inter_token(0, int64_t(out.tokens.size()) - 1);  // arrived together
+      } else {
+        metrics.inter_token(std::chrono::duration<double>(now - st->last_token).count(),
+                            int64_t(out.tokens.size()));
+      }
+      st->last_token = now;
     }
     if (out.finished) {
       st->finished = true;
+      st->prompt_tokens = out.prompt_tokens;
+      st->completion_tokens = out.completion_tokens;
       metrics.tokens(out.prompt_tokens, out.completion_tokens);
     }
   };
@@ -546,6 +571,10 @@ Status HttpServer::bind() {
   if (impl_->bound_port <= 0)
     return Status::error(fmt::format("--host/--port: cannot listen on {}:{}: {}", o.host, o.port,
                                      bind_failure(o.host, o.port)));
+  // Debian's httplib library listens with a backlog of 5 (compiled in): a burst of clients
+  // connecting at once (32 in the load test) overflowed it and some connections failed on their
+  // first read. listen() again only raises the backlog of the bound socket.
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
   return Status::ok();
 }
 

@@ -7,20 +7,6 @@
 
 namespace dsv41 {
 
-void Histogram::observe(double s) {
-  for (std::size_t i = 0; i < kBounds.size(); ++i)
-    if (s <= kBounds[i]) ++buckets_[i];
-  ++count_;
-  sum_ += s;
-}
-
-void Histogram::render(const std::string& name, std::string& out) const {
-  for (std::size_t i = 0; i < kBounds.size(); ++i)
-    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, kBounds[i], buckets_[i]);
-  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name,
-                     sum_, name, count_);
-}
-
 void Metrics::request_done(const std::string& endpoint, int status, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ++requests_[{endpoint, status}];
@@ -31,6 +17,11 @@ void Metrics::request_done(const std::string& endpoint, int status, double secon
 void Metrics::first_token(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ttft_.observe(seconds);
+}
+
+void Metrics::inter_token(double seconds, int64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int64_t i = 0; i < n; ++i) itl_.observe(seconds / double(n));
 }
 
 void Metrics::tokens(int64_t prompt, int64_t generated) {
@@ -90,6 +81,18 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
       "# HELP dsv41_time_to_first_token_seconds Time from arrival to the first generated token.\n";
   out += "# TYPE dsv41_time_to_first_token_seconds histogram\n";
   ttft_.render("dsv41_time_to_first_token_seconds", out);
+  out += "# HELP dsv41_inter_token_latency_seconds Time between a request's generated tokens.\n";
+  out += "# TYPE dsv41_inter_token_latency_seconds histogram\n";
+  itl_.render("dsv41_inter_token_latency_seconds", out);
+  out += "# HELP dsv41_engine_step_seconds Duration of one engine step (one model batch).\n";
+  out += "# TYPE dsv41_engine_step_seconds histogram\n";
+  engine.step_seconds.render("dsv41_engine_step_seconds", out);
+  out += "# HELP dsv41_engine_batch_tokens Tokens in one engine step, all sequences together.\n";
+  out += "# TYPE dsv41_engine_batch_tokens histogram\n";
+  engine.batch_tokens.render("dsv41_engine_batch_tokens", out);
+  out += "# HELP dsv41_engine_batch_sequences Sequences in one engine step.\n";
+  out += "# TYPE dsv41_engine_batch_sequences histogram\n";
+  engine.batch_sequences.render("dsv41_engine_batch_sequences", out);
   return out;
 }
 
