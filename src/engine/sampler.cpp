@@ -55,68 +55,103 @@ void Sampler::accept(int32_t token) {
   ++counts_[token];
 }
 
+void Sampler::unaccept(int32_t token) {
+  auto it = counts_.find(token);
+  if (it != counts_.end() && --it->second == 0) counts_.erase(it);
+}
+
+double ProcessedDistribution::probability(int32_t token) const {
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == token) return probs[i];
+  return 0.0;
+}
+
 int32_t Sampler::sample(std::vector<float>& logits) {
+  process(logits, &dist_);
+  return draw(dist_);
+}
+
+void Sampler::process(std::vector<float>& logits, ProcessedDistribution* d) {
+  d->ids.clear();
+  d->probs.clear();
+  d->greedy = p_.temperature == 0;
   for (const auto& [id, bias] : p_.logit_bias) logits[static_cast<std::size_t>(id)] += bias;
   for (const auto& [id, n] : counts_) {
     float& l = logits[static_cast<std::size_t>(id)];
     l -= static_cast<float>(p_.presence_penalty + p_.frequency_penalty * n);
   }
-  if (p_.temperature == 0) {  // greedy: the first maximum
+  if (d->greedy) {  // the first maximum
     std::size_t best = 0;
     for (std::size_t i = 1; i < logits.size(); ++i)
       if (logits[i] > logits[best]) best = i;
-    return static_cast<int32_t>(best);
+    d->ids.push_back(static_cast<int32_t>(best));
+    d->probs.push_back(1.0);
+    return;
   }
-  // top-k: the k best candidates by (logit desc, id asc), sorted (O(V log k)); the draw walks them
-  // in that order.
-  if (p_.top_k > 0 && static_cast<std::size_t>(p_.top_k) < logits.size())
-    return sample_top_k(logits, static_cast<std::size_t>(p_.top_k));
-  // Otherwise no sort of the vocabulary: the softmax over every finite logit in id order, min-p as
-  // a threshold, top-p from the smallest set of most likely tokens found by selection.
-  const double inv_t = 1.0 / p_.temperature;
-  double max_l = -std::numeric_limits<double>::infinity();
-  for (float l : logits)
-    if (std::isfinite(l)) max_l = std::max(max_l, static_cast<double>(l));
-  if (!std::isfinite(max_l)) return 0;
-  std::vector<double>& prob = prob_;
-  prob.resize(logits.size());
-  double z = 0;
-  // exp in float (several times cheaper than double over a 129k vocabulary; deterministic), sums
-  // and everything after in double.
-  const float fmax = static_cast<float>(max_l), finv_t = static_cast<float>(inv_t);
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    z += prob[i] = std::isfinite(logits[i]) ? std::exp((logits[i] - fmax) * finv_t) : 0.0f;
-  const double floor = p_.min_p > 0 ? p_.min_p / z : 0.0;  // p_max = 1 / z (the max's exp is 1)
-  for (double& q : prob) q = q / z >= floor ? q / z : 0.0;
-  if (p_.top_p < 1) return sample_top_p(prob);
+  if (p_.top_k > 0 && static_cast<std::size_t>(p_.top_k) < logits.size()) {
+    process_top_k(logits, static_cast<std::size_t>(p_.top_k), d);
+  } else {
+    // No sort of the vocabulary: the softmax over every finite logit in id order (exp in float,
+    // several times cheaper than double over a 129k vocabulary; deterministic; sums in double),
+    // min-p as a threshold, top-p from the smallest set of most likely tokens found by selection.
+    const double inv_t = 1.0 / p_.temperature;
+    double max_l = -std::numeric_limits<double>::infinity();
+    for (float l : logits)
+      if (std::isfinite(l)) max_l = std::max(max_l, static_cast<double>(l));
+    if (!std::isfinite(max_l)) {
+      d->ids.push_back(0);
+      d->probs.push_back(1.0);
+      return;
+    }
+    std::vector<double>& prob = prob_;
+    prob.resize(logits.size());
+    double z = 0;
+    const float fmax = static_cast<float>(max_l), finv_t = static_cast<float>(inv_t);
+    for (std::size_t i = 0; i < logits.size(); ++i)
+      z += prob[i] = std::isfinite(logits[i]) ? std::exp((logits[i] - fmax) * finv_t) : 0.0f;
+    const double floor = p_.min_p > 0 ? p_.min_p / z : 0.0;  // p_max = 1 / z (the max's exp is 1)
+    for (double& q : prob) q = q / z >= floor ? q / z : 0.0;
+    if (p_.top_p < 1) {
+      nucleus(prob, d);
+    } else {
+      for (std::size_t i = 0; i < prob.size(); ++i)
+        if (prob[i] > 0) d->ids.push_back(static_cast<int32_t>(i)), d->probs.push_back(prob[i]);
+    }
+  }
   double mass = 0;
-  for (double q : prob) mass += q;
-  const double u = rng_.uniform() * mass;
-  double cum = 0;
-  std::size_t last = 0;
-  for (std::size_t i = 0; i < prob.size(); ++i) {
-    if (prob[i] == 0) continue;
-    cum += prob[i];
-    last = i;
-    if (u < cum) return static_cast<int32_t>(i);
-  }
-  return static_cast<int32_t>(last);
+  for (double q : d->probs) mass += q;
+  for (double& q : d->probs) q /= mass;
 }
 
-// The k best by (logit desc, id asc), their softmax at the temperature, min-p and top-p over that
-// sorted list, and the draw in that order.
-int32_t Sampler::sample_top_k(const std::vector<float>& logits, std::size_t k) {
+int32_t Sampler::draw(const ProcessedDistribution& d) {
+  if (d.greedy) return d.ids[0];
+  const double u = rng_.uniform();
+  double cum = 0;
+  for (std::size_t i = 0; i < d.ids.size(); ++i) {
+    cum += d.probs[i];
+    if (u < cum) return d.ids[i];
+  }
+  return d.ids.back();
+}
+
+// The k best by (logit desc, id asc), their softmax at the temperature, then min-p and top-p over
+// that sorted list (unnormalised probabilities; the caller normalises).
+void Sampler::process_top_k(const std::vector<float>& logits, std::size_t k,
+                            ProcessedDistribution* d) {
   cand_.clear();
   for (std::size_t i = 0; i < logits.size(); ++i)
     if (std::isfinite(logits[i])) cand_.emplace_back(logits[i], static_cast<int32_t>(i));
-  if (cand_.empty()) return 0;
+  if (cand_.empty()) {
+    d->ids.push_back(0);
+    d->probs.push_back(1.0);
+    return;
+  }
   auto order = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
   k = std::min(k, cand_.size());
   std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k), cand_.end(),
                     order);
-  cand_.resize(k);
   const double inv_t = 1.0 / p_.temperature;
   const double max_l = cand_[0].first;
   std::vector<double>& prob = prob_;
@@ -139,21 +174,16 @@ int32_t Sampler::sample_top_k(const std::vector<float>& logits, std::size_t k) {
     }
     keep = n;
   }
-  double mass = 0;
-  for (std::size_t i = 0; i < keep; ++i) mass += prob[i];
-  const double u = rng_.uniform() * mass;
-  double cum = 0;
   for (std::size_t i = 0; i < keep; ++i) {
-    cum += prob[i];
-    if (u < cum) return cand_[i].second;
+    d->ids.push_back(cand_[i].second);
+    d->probs.push_back(prob[i]);
   }
-  return cand_[keep - 1].second;
 }
 
 // top-p over probabilities in id order (0 = cut by min-p): the most likely tokens are selected in
 // growing batches (nth_element, O(V) each) until they reach top_p, then sorted by (p desc, id asc)
-// and cut at the smallest prefix reaching it; the draw walks that prefix.
-int32_t Sampler::sample_top_p(const std::vector<double>& prob) {
+// and cut at the smallest prefix reaching it.
+void Sampler::nucleus(const std::vector<double>& prob, ProcessedDistribution* d) {
   ids_.clear();
   for (std::size_t i = 0; i < prob.size(); ++i)
     if (prob[i] > 0) ids_.push_back(static_cast<int32_t>(i));
@@ -172,20 +202,13 @@ int32_t Sampler::sample_top_p(const std::vector<double>& prob) {
   }
   std::sort(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(m), order);
   double cum = 0;
-  std::size_t keep = 0;
-  while (keep < m) {
-    cum += prob[static_cast<std::size_t>(ids_[keep++])];
+  for (std::size_t i = 0; i < m; ++i) {
+    const double q = prob[static_cast<std::size_t>(ids_[i])];
+    d->ids.push_back(ids_[i]);
+    d->probs.push_back(q);
+    cum += q;
     if (cum >= p_.top_p) break;
   }
-  double mass = 0;
-  for (std::size_t i = 0; i < keep; ++i) mass += prob[static_cast<std::size_t>(ids_[i])];
-  const double u = rng_.uniform() * mass;
-  cum = 0;
-  for (std::size_t i = 0; i < keep; ++i) {
-    cum += prob[static_cast<std::size_t>(ids_[i])];
-    if (u < cum) return ids_[i];
-  }
-  return ids_[keep - 1];
 }
 
 namespace {

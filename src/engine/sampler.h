@@ -1,8 +1,10 @@
 // Token sampling for one request: logit_bias, presence/frequency penalties over the generated
-// tokens, then greedy (temperature 0) or temperature + top-k + top-p + min-p filtering and an
-// inverse-CDF draw from the request's own seeded stream, so a seeded request reproduces exactly
-// whatever else the engine runs. Logprobs are the model's raw distribution (log-softmax of the
-// logits before any processing), as vLLM reports them by default.
+// tokens, then greedy (temperature 0) or temperature + top-k + top-p + min-p filtering (the
+// processed distribution, available on its own for a verifier) and an inverse-CDF draw from the
+// request's own seeded stream, so a seeded request reproduces exactly whatever else the engine
+// runs. Penalty counts live with the request and can be taken back (rejected drafts). Logprobs are
+// the model's raw distribution (log-softmax of the logits before any processing), as vLLM reports
+// them by default.
 #pragma once
 
 #include <cstdint>
@@ -43,19 +45,36 @@ struct TokenLogprob {
   float logprob = 0;
 };
 
+// The distribution a draw is taken from after every processing step (logit_bias, penalties,
+// temperature, top-k, min-p, top-p): the tokens that can be drawn, in the order a draw walks them,
+// with their probabilities (summing to 1). A speculative verifier compares a draft's and the
+// target's; greedy is the first maximum with probability 1.
+struct ProcessedDistribution {
+  std::vector<int32_t> ids;
+  std::vector<double> probs;
+  bool greedy = false;
+  double probability(int32_t token) const;  // 0 outside the support
+};
+
 class Sampler {
  public:
   // `fallback_seed` seeds requests without their own seed.
   Sampler(const SamplingParams& params, uint64_t fallback_seed);
 
-  // Picks the next token from `logits` (vocab_size values; modified in place as scratch).
+  // Picks the next token from `logits` (vocab_size values; modified in place as scratch):
+  // process() then draw().
   int32_t sample(std::vector<float>& logits);
-  // Records a generated token (for the penalties).
+  // The processed distribution of `logits` under the accepted tokens' penalties (no randomness).
+  void process(std::vector<float>& logits, ProcessedDistribution* out);
+  // One draw from `d` with the request's stream (one uniform; greedy takes none).
+  int32_t draw(const ProcessedDistribution& d);
+  // Records a generated token (for the penalties), or takes one back (a rejected draft).
   void accept(int32_t token);
+  void unaccept(int32_t token);
 
  private:
-  int32_t sample_top_k(const std::vector<float>& logits, std::size_t k);
-  int32_t sample_top_p(const std::vector<double>& prob);
+  void process_top_k(const std::vector<float>& logits, std::size_t k, ProcessedDistribution* d);
+  void nucleus(const std::vector<double>& prob, ProcessedDistribution* d);
 
   const SamplingParams& p_;
   Rng rng_;
@@ -63,6 +82,7 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;  // scratch (sorted candidates)
   std::vector<double> prob_;                     // scratch (their probabilities)
   std::vector<int32_t> ids_;                     // scratch (top-p selection)
+  ProcessedDistribution dist_;                   // scratch of sample()
 };
 
 // log-softmax of `logits` evaluated for `token`, and the `k` most likely tokens (ties: lower id).

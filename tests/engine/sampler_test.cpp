@@ -152,6 +152,57 @@ TEST(Sampler, TopPOverALargeVocabularyIsTheSortedNucleus) {
   }
 }
 
+// The processed distribution on its own (what a speculative verifier reads): the exact
+// renormalised probabilities of each filter, in the order the draw walks; sample() is process()
+// then draw() on the same stream; unaccept() takes a penalty count back exactly.
+TEST(Sampler, ProcessedDistributionIsWhatTheDrawUses) {
+  const auto p = softmax(kLogits, 1.0);  // sorted ids by logit: 0,1,2,7,3,4,5,6
+  struct Case {
+    SamplingParams sp;
+    std::vector<int32_t> support;  // in draw order
+  };
+  std::vector<Case> cases(4);
+  cases[0].support = {0, 1, 2, 3, 4, 5, 6, 7};  // no cut: id order
+  cases[1].sp.top_k = 3;
+  cases[1].support = {0, 1, 2};
+  cases[2].sp.top_p = p[0] + p[1] + 1e-6;
+  cases[2].support = {0, 1, 2};  // the nucleus, most likely first
+  cases[3].sp.min_p = 0.3;
+  cases[3].support = {0, 1, 2, 7};
+  for (const Case& c : cases) {
+    Sampler s(c.sp, 9), t(c.sp, 9);
+    ProcessedDistribution d;
+    auto l = kLogits;
+    s.process(l, &d);
+    EXPECT_EQ(d.ids, c.support);
+    double z = 0;
+    for (int32_t id : c.support) z += p[std::size_t(id)];
+    for (std::size_t i = 0; i < d.ids.size(); ++i)
+      EXPECT_NEAR(d.probs[i], p[std::size_t(d.ids[i])] / z, 1e-6) << "id " << d.ids[i];
+    EXPECT_EQ(d.probability(6), c.support.size() == 8 ? d.probs[6] : 0.0);
+    for (int i = 0; i < 50; ++i) {  // the same stream: the same tokens
+      auto a = kLogits, b = kLogits;
+      ProcessedDistribution e;
+      t.process(b, &e);
+      EXPECT_EQ(s.sample(a), t.draw(e));
+    }
+  }
+  SamplingParams pp;
+  pp.presence_penalty = 0.5;
+  pp.frequency_penalty = 0.25;
+  Sampler q(pp, 1);
+  ProcessedDistribution before, after;
+  auto l0 = kLogits, l1 = kLogits;
+  q.process(l0, &before);
+  q.accept(2);
+  q.accept(2);
+  q.unaccept(2);
+  q.unaccept(2);
+  q.process(l1, &after);
+  EXPECT_EQ(before.ids, after.ids);
+  EXPECT_EQ(before.probs, after.probs);
+}
+
 TEST(Sampler, GreedyTakesFirstMaximum) {
   SamplingParams sp;
   sp.temperature = 0;
