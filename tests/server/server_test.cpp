@@ -19,9 +19,11 @@
 #include <map>
 #include <thread>
 
+#include "core/rng.h"
 #include "engine/engine.h"
 #include "engine/scripted_runner.h"
 #include "io/test_util.h"
+#include "model/convert/converter.h"
 #include "model/tiny_checkpoint.h"
 #include "server/http_server.h"
 #include "text/json_ordered.h"
@@ -93,6 +95,10 @@ struct InProcess {
     auto e = Engine::create(std::move(backend), std::move(*tok), eo);
     EXPECT_TRUE(e.is_ok());
     engine = std::move(*e);
+    start(max_body);
+  }
+  explicit InProcess(std::unique_ptr<Engine> e) : engine(std::move(e)) { start(64 << 10); }
+  void start(std::size_t max_body) {
     ServerOptions so;
     so.port = 0;
     so.model_name = "scripted";
@@ -726,6 +732,99 @@ TEST(Server, ThousandRequestsAt32ConcurrentAllSucceed) {
   ASSERT_TRUE(m);
   EXPECT_EQ(m->body.find("status=\"5"), std::string::npos) << "a 5xx was answered";
   EXPECT_NE(m->body.find("dsv41_running_requests 0"), std::string::npos);
+}
+
+// Chaos on the fast path (a tiny random-weight checkpoint): 24 requests from 8 clients, each prompt
+// its own random "secret", seeded sampling; some clients hang up mid-stream, some give up on a
+// non-streamed answer; the KV pool holds only a few requests at once, so sequences are preempted
+// and recomputed. Afterwards: no foreign KV read, no block held, preemptions happened, and every
+// request that finished answered exactly what it answers alone.
+TEST(Server, ChaosOnTheFastPathKeepsRequestsIsolatedAndExact) {
+  testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/ck";
+  mt.seed = 5;
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  ConvertOptions co;
+  co.from = mt.out_dir;
+  co.to = dir.path() + "/conv";
+  ASSERT_TRUE(convert_checkpoint(co).is_ok());
+  auto engine_with_pool = [&](double gb) {
+    EngineOptions eo;
+    eo.model_dir = co.to;
+    eo.fast.kv_cache_gb = gb;
+    eo.max_num_batched_tokens = 32;
+    auto e = Engine::load(eo);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    return std::move(*e);
+  };
+  Rng rng(17);
+  std::vector<std::string> bodies;
+  for (int i = 0; i < 24; ++i) {
+    std::string prompt;
+    for (int k = 0; k < 10 + int(rng.below(20)); ++k)
+      prompt += (k ? "," : "") + std::to_string(rng.below(1000));
+    bodies.push_back(R"({"model":"scripted","prompt":[)" + prompt +
+                     R"(],"max_tokens":12,"ignore_eos":true,"temperature":0.8,"seed":)" +
+                     std::to_string(100 + i) + R"(,"logprobs":0})");
+  }
+  auto answer = [](const httplib::Result& r) {
+    if (!r || r->status != 200) return std::string("failed");
+    return (*parse_json_ordered(r->body))["choices"][0].dump();
+  };
+  std::vector<std::string> solo(bodies.size());
+  {
+    InProcess s(engine_with_pool(0.05));
+    auto c = s.client();
+    for (std::size_t i = 0; i < bodies.size(); ++i)
+      solo[i] = answer(c.Post("/v1/completions", bodies[i], "application/json"));
+  }
+  // About three requests' blocks: the tiny model holds 43 tokens in a handful of blocks.
+  InProcess s(engine_with_pool(0.00025));
+  std::vector<std::string> got(bodies.size());
+  std::atomic<int> next{0};
+  std::vector<std::thread> clients;
+  for (int w = 0; w < 8; ++w)
+    clients.emplace_back([&] {
+      for (int i; (i = next.fetch_add(1)) < int(bodies.size());) {
+        const std::size_t k = std::size_t(i);
+        if (i % 6 == 1) {  // streams, hangs up after two chunks
+          auto c = s.client();
+          std::string b = bodies[k];
+          b.insert(b.size() - 1, R"(,"stream":true)");
+          int chunks = 0;
+          post_streaming(c, "/v1/completions", b,
+                         [&](const char*, std::size_t) { return ++chunks < 2; });
+          got[k] = "cancelled";
+        } else if (i % 6 == 4) {  // gives up on the answer before the heartbeat
+          httplib::Client c("127.0.0.1", s.port);
+          c.set_read_timeout(0, 20000);
+          auto r = c.Post("/v1/completions", bodies[k], "application/json");
+          got[k] = r ? answer(r) : "cancelled";
+        } else {
+          auto c = s.client();
+          got[k] = answer(c.Post("/v1/completions", bodies[k], "application/json"));
+        }
+      }
+    });
+  for (auto& t : clients) t.join();
+  ASSERT_TRUE(engine_goes_idle(*s.engine));
+  int finished = 0;
+  for (std::size_t i = 0; i < bodies.size(); ++i) {
+    if (got[i] == "cancelled") continue;
+    ++finished;
+    EXPECT_EQ(got[i], solo[i]) << "request " << i;
+  }
+  EXPECT_GE(finished, 12);
+  EngineStats st = s.engine->stats();
+  for (int i = 0; i < 200 && st.kv_blocks_used != 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+    st = s.engine->stats();
+  }
+  EXPECT_EQ(st.kv_foreign_reads, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_GT(st.preemptions_total, 0);
+  EXPECT_GT(st.kv_blocks_total, 0);
 }
 
 TEST(Server, ClientDisconnectMidStreamCancelsTheRequest) {
