@@ -87,6 +87,20 @@ class ModelRunner {
   // The most blocks one sequence of `length` tokens, fed at most `step_tokens` per step, holds at
   // once (for refusing at submission what no pool state could run). Pure: safe from any thread.
   virtual int64_t kv_blocks_peak(int64_t /*length*/, int64_t /*step_tokens*/) const { return 0; }
+
+  // Prefix caching. An open, empty sequence takes the longest cached prefix of `tokens` that it can
+  // take exactly (its logits afterwards are bit for bit those of computing it), never all of them
+  // (at least the last token is left to compute, so a step gives its logits); `salt` separates
+  // requests that must not share (different salts never hit each other). Returns the number of
+  // tokens attached: the sequence's length is then that (0: none; a path without a cache: 0).
+  virtual int64_t attach_cached_prefix(SeqId /*seq*/, const std::vector<int32_t>& /*tokens*/,
+                                       const std::string& /*salt*/) {
+    return 0;
+  }
+  struct PrefixCacheCounts {
+    int64_t queries = 0, query_tokens = 0, hit_tokens = 0;
+  };
+  virtual PrefixCacheCounts prefix_cache_counts() const { return {}; }
 };
 
 // Checks the batch against the seam's contract given the sequences' current lengths (-1: not

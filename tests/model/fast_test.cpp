@@ -377,7 +377,9 @@ TEST(FastModel, TruncateRollsBackEveryCache) {
 // rebuilt from overwritten slots (101 tokens, ring of 64: position 36's slot holds 100); a rollback
 // the ring does cover stays exact, also after an earlier truncate.
 TEST(FastModel, TruncateRefusesOverwrittenRingSlots) {
-  auto m = load_fast();
+  FastOptions o;
+  o.prefix_cache = false;  // (truncating into cached blocks is refused for that reason first)
+  auto m = load_fast(o);
   const int32_t v = m->vocab_size();
   const auto toks = random_tokens(61, 101, v);
   run(*m, 1, toks, 0);
@@ -436,7 +438,9 @@ TEST(FastModel, TapsAreTheMeanOfTheStreamEnteringALayer) {
 // holds, with rows tagged as its own (decode after it reads no foreign row), and refuses a
 // non-empty sequence.
 TEST(FastModel, RandomContextFillHoldsWhatAPrefillHolds) {
-  auto m = load_fast();
+  FastOptions o;
+  o.prefix_cache = false;  // the prefill's blocks would stay cached
+  auto m = load_fast(o);
   ASSERT_TRUE(m);
   const int64_t free0 = m->pool().blocks_free();
   const auto toks = random_tokens(31, 150, m->vocab_size());
@@ -459,13 +463,91 @@ TEST(FastModel, RandomContextFillHoldsWhatAPrefillHolds) {
   EXPECT_FALSE(m->fill_random_context(7, 10, 1).is_ok());  // not open
 }
 
-TEST(FastModel, PoolBlocksReturnOnFree) {
+// The prefix cache: a sequence attached to another's cached blocks gives, bit for bit, the logits
+// it gives computing everything itself (the first G-block boundaries shared, the rest computed);
+// other salts and other tokens do not hit; the whole prompt is never attached (its last token is
+// computed); truncating into shared blocks is refused; a small pool evicts cached blocks instead
+// of failing.
+TEST(FastModel, PrefixCacheHitGivesTheLogitsOfAMiss) {
   auto m = load_fast();
-  const int64_t free0 = m->pool().blocks_free();
-  run(*m, 1, random_tokens(3, 100, m->vocab_size()), 0);
-  EXPECT_LT(m->pool().blocks_free(), free0);
+  FastOptions off;
+  off.prefix_cache = false;
+  auto plain = load_fast(off);
+  const int32_t v = m->vocab_size();
+  const int64_t G = m->pool().layout().global_tokens;
+  auto prefix = random_tokens(71, int(3 * G + 5), v);
+  auto a = prefix, b = prefix;
+  const auto ta = random_tokens(72, 20, v), tb = random_tokens(73, 30, v);
+  a.insert(a.end(), ta.begin(), ta.end());
+  b.insert(b.end(), tb.begin(), tb.end());
+  run(*m, 1, a, 17);  // chunks of 17: the cached rows do not depend on the chunking
   m->free(1);
-  EXPECT_EQ(m->pool().blocks_free(), free0);
+  ASSERT_TRUE(m->open(2).is_ok());
+  EXPECT_EQ(m->attach_cached_prefix(2, b, "other salt"), 0);
+  m->free(2);
+  ASSERT_TRUE(m->open(2).is_ok());
+  ASSERT_EQ(m->attach_cached_prefix(2, b, ""), 3 * G);
+  EXPECT_EQ(m->length(2), 3 * G);
+  StepBatch sb;
+  sb.slices.push_back({2, 3 * G, std::vector<int32_t>(b.begin() + 3 * G, b.end()), {}, {}});
+  for (int32_t r = 0; r < int32_t(b.size() - 3 * G); ++r) sb.slices[0].logits_rows.push_back(r);
+  StepOutput out;
+  ASSERT_TRUE(m->step(sb, &out).is_ok());
+  const auto full = run(*plain, 1, b, 0);
+  ASSERT_EQ(out.slices[0].logits.size(), full.size() - std::size_t(3 * G) * std::size_t(v));
+  EXPECT_EQ(std::memcmp(out.slices[0].logits.data(), full.data() + 3 * G * v,
+                        out.slices[0].logits.size() * sizeof(float)),
+            0);
+  EXPECT_FALSE(m->truncate(2, 3 * G - 1).is_ok());  // into the attached prefix
+  EXPECT_EQ(m->stats().foreign_reads, 0);
+  EXPECT_EQ(m->stats().prefix_hit_tokens, 3 * G);
+  // Exactly 2G tokens: one block is attached, the last token's block is computed.
+  ASSERT_TRUE(m->open(3).is_ok());
+  EXPECT_EQ(m->attach_cached_prefix(3, std::vector<int32_t>(a.begin(), a.begin() + 2 * G), ""), G);
+  // Other tokens in the first block: no hit.
+  auto c = a;
+  c[5] = (c[5] + 1) % v;
+  ASSERT_TRUE(m->open(4).is_ok());
+  EXPECT_EQ(m->attach_cached_prefix(4, c, ""), 0);
+}
+
+TEST(FastModel, PrefixCacheEvictsInsteadOfFailing) {
+  FastOptions o;
+  o.kv_cache_bytes = 0;  // set below: room for about three sequences of 3 global blocks
+  auto probe = load_fast();
+  const int64_t block = probe->pool().layout().block_bytes,
+                G = probe->pool().layout().global_tokens;
+  o.kv_cache_bytes = block * 3 * probe->kv_blocks_peak(3 * G, 3 * G);
+  auto m = load_fast(o);
+  for (int i = 0; i < 12; ++i) {  // each leaves its blocks to the cache
+    const auto t = random_tokens(100 + uint64_t(i), int(3 * G), m->vocab_size());
+    ASSERT_TRUE(m->open(SeqId(i + 1)).is_ok());
+    StepBatch b;
+    b.slices.push_back({SeqId(i + 1), 0, t, {int32_t(t.size()) - 1}, {}});
+    StepOutput out;
+    ASSERT_TRUE(m->step(b, &out).is_ok()) << "sequence " << i;
+    m->free(SeqId(i + 1));
+    EXPECT_EQ(m->kv_blocks_free(), m->kv_blocks_total());
+  }
+  EXPECT_GT(m->stats().prefix_entries, 0);
+  EXPECT_LT(m->stats().prefix_entries, 12 * 3);  // evicted
+}
+
+TEST(FastModel, PoolBlocksReturnOnFree) {
+  // Without the prefix cache a freed sequence's blocks are all back in the pool; with it, the
+  // cached ones are held by the cache alone and count as free (evictable).
+  for (bool cache : {false, true}) {
+    FastOptions o;
+    o.prefix_cache = cache;
+    auto m = load_fast(o);
+    const int64_t free0 = m->pool().blocks_free();
+    run(*m, 1, random_tokens(3, 200, m->vocab_size()), 0);
+    EXPECT_LT(m->kv_blocks_free(), free0);
+    m->free(1);
+    EXPECT_EQ(m->kv_blocks_free(), free0) << cache;
+    if (!cache) EXPECT_EQ(m->pool().blocks_free(), free0);
+    if (cache) EXPECT_LT(m->pool().blocks_free(), free0);  // 200 tokens fill cacheable blocks
+  }
 }
 
 TEST(FastModel, KvCacheFullIsAnErrorNotACrash) {

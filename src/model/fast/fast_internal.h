@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -76,6 +77,26 @@ struct SeqState {
   std::vector<BlockRef> win, glob;
   std::vector<SourceSeq> src;  // per KvLayout source
   int vendor_slot = -1;        // vendor index keys: the source that published last
+  // Prefix cache (model/fast/prefix_cache.cpp): the token ids, the positions attached from the
+  // cache (read-only, never truncated into), and the hash chain of the global blocks registered.
+  std::vector<int32_t> tokens;
+  int64_t shared_len = 0;
+  std::vector<std::string> chain;  // per global block in the cache (or attached): its chain hash
+  std::string salt;
+  bool cacheable = true;  // false for caches not computed from its tokens (the bench's random fill)
+};
+
+// A cached prefix block: global block k of some sequence (positions [k G, (k + 1) G)) with the
+// hash of its chain (parent hash, salt, its tokens), the tokens themselves (checked on a hit), and
+// the window blocks that hold the window rows before its end, so a sequence attached there has
+// everything a sequence that computed the prefix would have.
+struct PrefixEntry {
+  std::string parent;
+  std::vector<int32_t> tokens;
+  BlockRef glob;
+  int64_t first_win = 0;      // index of win[0] in a window block table
+  std::vector<BlockRef> win;  // window blocks covering [end - window, end)
+  uint64_t last_use = 0;
 };
 
 // One token row of a step.
@@ -110,6 +131,8 @@ struct FastModel::Impl {
   std::vector<float> norm;
   ref::Rope<float> rope_swa, rope_comp;
   std::unordered_map<SeqId, std::unique_ptr<fast::SeqState>> seqs;
+  std::unordered_map<std::string, fast::PrefixEntry> prefix;  // by chain hash
+  uint64_t prefix_clock = 0;
   uint64_t next_tag = 1;
   FastStats stats;
 
@@ -148,6 +171,17 @@ struct FastModel::Impl {
   int64_t blocks_needed(const fast::SeqState& s, int64_t new_len) const;
   void reserve_blocks(fast::SeqState& s, int64_t new_len);
   void release_old_window(fast::SeqState& s);
+  // A block for `owner`; when the pool is empty, least recently used cached prefixes are evicted
+  // until one is free (invalid only when nothing is left to evict).
+  BlockRef alloc_block(uint64_t owner);
+
+  // ---- prefix cache (prefix_cache.cpp) ----
+  bool prefix_enabled() const;
+  // Registers the global blocks sequence s completed (every full one not yet in the cache).
+  void register_prefix(fast::SeqState& s);
+  // Blocks only the cache holds (evictable, so free for a scheduler).
+  int64_t prefix_evictable() const;
+  bool evict_one_prefix();
 
   // ---- layers ----
   // Attention of tokens [t0, t0 + n) (n <= kChunk): xs rows in, ys rows out.

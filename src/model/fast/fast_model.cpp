@@ -270,6 +270,21 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
   if (length == s.len) return Status::ok();
   const KvLayout& L = im.kv->layout();
   const int64_t R = std::max<int64_t>(1, im.opt.max_rollback);
+  // Blocks shared with the prefix cache (or attached from it) are read-only: rows at `length`
+  // and after would be written into them again. (Copy-on-write would lift this; DSpark's rollbacks
+  // will want it.)
+  auto shared_from = [&](const std::vector<BlockRef>& table, int64_t per_block) {
+    for (int64_t i = length / per_block; i < int64_t(table.size()); ++i)
+      if (table[std::size_t(i)].valid() && im.kv->refs(table[std::size_t(i)].block) > 1)
+        return true;
+    return false;
+  };
+  if (length < s.shared_len || shared_from(s.win, L.window_tokens) ||
+      shared_from(s.glob, L.global_tokens))
+    return Status::error("truncate: sequence " + std::to_string(seq) + " shares the blocks of " +
+                         "position " + std::to_string(length) +
+                         " with the prefix cache; free and "
+                         "recompute");
   // The window rows of positions length - window .. length - 1 must still be held, and every
   // reopened compressor group's projections must still be in the rollback ring.
   const int64_t need_win = std::max<int64_t>(0, length - L.window);
@@ -337,6 +352,11 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
   }
   if (length == 0) s.vendor_slot = -1;  // vendor keys: nothing published any more
   s.history.resize(std::size_t(length));
+  s.tokens.resize(std::size_t(length));
+  // Blocks from length on will hold other rows: none of them may be registered with the old ones'
+  // hash chain.
+  const std::size_t keep_chain = std::size_t(length / L.global_tokens);
+  if (s.chain.size() > keep_chain) s.chain.resize(keep_chain);
   s.len = length;
   return Status::ok();
 }
@@ -345,7 +365,7 @@ int64_t FastModel::kv_blocks_total() const {
   return impl_->kv->blocks_total();
 }
 int64_t FastModel::kv_blocks_free() const {
-  return impl_->kv->blocks_free();
+  return impl_->kv->blocks_free() + impl_->prefix_evictable();
 }
 int64_t FastModel::kv_blocks_to_grow(SeqId seq, int64_t new_len) const {
   auto it = impl_->seqs.find(seq);
@@ -380,13 +400,13 @@ Status FastModel::fill_random_context(SeqId seq, int64_t length, uint64_t seed) 
   const int64_t first_win = keep_from / L.window_tokens;
   const int64_t nw = (length + L.window_tokens - 1) / L.window_tokens;
   const int64_t ng = L.sources.empty() ? 0 : (length + L.global_tokens - 1) / L.global_tokens;
-  if (nw - first_win + ng > im.kv->blocks_free())
+  if (nw - first_win + ng > kv_blocks_free())
     return Status::error("KV cache full: context " + std::to_string(length) + " needs " +
                          std::to_string(nw - first_win + ng) + " blocks, " +
-                         std::to_string(im.kv->blocks_free()) + " free (raise --kv-cache-gb)");
+                         std::to_string(kv_blocks_free()) + " free (raise --kv-cache-gb)");
   s.win.assign(std::size_t(nw), BlockRef{});
-  for (int64_t i = first_win; i < nw; ++i) s.win[std::size_t(i)] = im.kv->allocate();
-  for (int64_t i = 0; i < ng; ++i) s.glob.push_back(im.kv->allocate());
+  for (int64_t i = first_win; i < nw; ++i) s.win[std::size_t(i)] = im.alloc_block(s.tag);
+  for (int64_t i = 0; i < ng; ++i) s.glob.push_back(im.alloc_block(s.tag));
   const TextConfig& tc = im.cfg.text;
   const int64_t Dh = tc.head_dim, di = tc.index_head_dim;
   Rng rng(seed);
@@ -419,6 +439,7 @@ Status FastModel::fill_random_context(SeqId seq, int64_t length, uint64_t seed) 
   }
   s.history.resize(std::size_t(length));
   for (auto& h : s.history) h = im.cmap[std::size_t(rng.below(im.cmap.size()))];
+  s.cacheable = false;  // random rows: nothing a later sequence may take as its prefix
   s.len = length;
   return Status::ok();
 }
@@ -430,7 +451,12 @@ Status FastModel::debug_plant_foreign_block(SeqId victim, SeqId owner, int64_t i
   if (index >= int64_t(a->second->glob.size()) || index >= int64_t(b->second->glob.size()))
     return Status::error("no such global block");
   // The victim's own block stays allocated (leaked to it) so the pool's accounting holds.
+  // The victim's table points at the other block but still expects its own rows (owner): what a
+  // table corrupted by a bug would do; a prefix-cache share would carry the writer as owner.
+  const uint64_t expected = a->second->glob[std::size_t(index)].owner;
   a->second->glob[std::size_t(index)] = b->second->glob[std::size_t(index)];
+  a->second->glob[std::size_t(index)].owner = expected;
+  im.kv->share(b->second->glob[std::size_t(index)]);  // both tables now hold a reference
   return Status::ok();
 }
 
@@ -523,10 +549,10 @@ int64_t FastModel::Impl::blocks_needed(const fast::SeqState& s, int64_t new_len)
 
 void FastModel::Impl::reserve_blocks(fast::SeqState& s, int64_t new_len) {
   const KvLayout& L = kv->layout();
-  DSV41_CHECK(blocks_needed(s, new_len) <= kv->blocks_free());
-  while (int64_t(s.win.size()) * L.window_tokens < new_len) s.win.push_back(kv->allocate());
+  DSV41_CHECK(blocks_needed(s, new_len) <= kv->blocks_free() + prefix_evictable());
+  while (int64_t(s.win.size()) * L.window_tokens < new_len) s.win.push_back(alloc_block(s.tag));
   if (!L.sources.empty())
-    while (int64_t(s.glob.size()) * L.global_tokens < new_len) s.glob.push_back(kv->allocate());
+    while (int64_t(s.glob.size()) * L.global_tokens < new_len) s.glob.push_back(alloc_block(s.tag));
 }
 
 // Window blocks whose every position is older than the window plus the rollback margin go back.
@@ -561,7 +587,7 @@ const uint8_t* FastModel::Impl::read_window_row(const fast::SeqState& s, int lay
   const uint8_t* d = kv->data(b);
   RowTag t;
   std::memcpy(&t, d + L.window_tag_off + slot * int64_t(sizeof(RowTag)), sizeof t);
-  if (!kv->check(t, s.tag, b.epoch, pos)) return nullptr;
+  if (!kv->check(t, b.owner, b.epoch, pos)) return nullptr;
   return d + slot * L.window_row_bytes;
 }
 
@@ -589,7 +615,7 @@ const uint8_t* FastModel::Impl::read_comp_row(const fast::SeqState& s, int src, 
   RowTag t;
   std::memcpy(&t, d + (key ? so.key_tag_off : so.comp_tag_off) + e * int64_t(sizeof(RowTag)),
               sizeof t);
-  if (!kv->check(t, s.tag, b.epoch, pos)) return nullptr;
+  if (!kv->check(t, b.owner, b.epoch, pos)) return nullptr;
   return d + (key ? so.key_off + e * so.key_bytes : so.comp_off + e * so.comp_bytes);
 }
 
@@ -614,9 +640,9 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     const fast::SeqState& s = *im.seqs.at(sl.seq);
     need += im.blocks_needed(s, s.len + int64_t(sl.tokens.size()));
   }
-  if (need > im.kv->blocks_free())
+  if (need > im.kv->blocks_free() && need > im.kv->blocks_free() + im.prefix_evictable())
     return Status::error("KV cache full: the step needs " + std::to_string(need) +
-                         " more blocks, " + std::to_string(im.kv->blocks_free()) +
+                         " more blocks, " + std::to_string(kv_blocks_free()) +
                          " are free (raise --kv-cache-gb)");
   for (const auto& sl : batch.slices) {
     fast::SeqState& s = *im.seqs.at(sl.seq);
@@ -630,6 +656,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     for (std::size_t t = 0; t < sl.tokens.size(); ++t) {
       im.rows.push_back({&s, sl.first_pos + int64_t(t), sl.tokens[t], int(si), int(t)});
       s.history.push_back(im.cmap[std::size_t(sl.tokens[t])]);
+      s.tokens.push_back(sl.tokens[t]);
     }
   }
   auto grow = [](std::vector<float>& v, int64_t sz) {
@@ -761,6 +788,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   for (const auto& sl : batch.slices) {
     fast::SeqState& s = *im.seqs.at(sl.seq);
     s.len += int64_t(sl.tokens.size());
+    im.register_prefix(s);  // before the old window blocks go: a cache entry keeps its window
     im.release_old_window(s);
   }
   ++im.stats.steps;

@@ -32,6 +32,10 @@ struct FastOptions {
   IsolationMode isolation = IsolationMode::kCount;
   int64_t max_rollback = 64;  // truncate() is exact up to this many tokens back (beyond: refused)
   int64_t window_block_tokens = 16;
+  // Cache full global blocks of every sequence (with the window rows before their end) for later
+  // sequences with the same tokens (attach_cached_prefix); owner index-key semantics only (the
+  // vendor quirk's state depends on how the prefix was chunked).
+  bool prefix_cache = true;
   // Fault every weight page in at load (the Engram tables excepted), so steps do not wait on disk.
   bool warm = false;
 };
@@ -48,6 +52,8 @@ struct FastStats {
   // (per token: what a GEMM would compute), for a prefill's fraction of the GEMM peak.
   int64_t macs = 0;
   int64_t foreign_reads = 0;  // the isolation counter (must stay 0)
+  int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int64_t prefix_entries = 0;  // cached global blocks now
 };
 
 class FastModel final : public ModelRunner {
@@ -69,6 +75,9 @@ class FastModel final : public ModelRunner {
   int64_t kv_blocks_free() const override;
   int64_t kv_blocks_to_grow(SeqId seq, int64_t new_len) const override;
   int64_t kv_blocks_peak(int64_t length, int64_t step_tokens) const override;
+  int64_t attach_cached_prefix(SeqId seq, const std::vector<int32_t>& tokens,
+                               const std::string& salt) override;
+  PrefixCacheCounts prefix_cache_counts() const override;
 
   FastStats stats() const;
   const KvPool& pool() const;

@@ -54,7 +54,10 @@ KvLayout make_kv_layout(int64_t window, int num_layers, int64_t head_dim, int64_
     lcm = std::lcm(lcm, int64_t(ratio));
     L.sources.push_back(s);
   }
-  // Global blocks as large as window blocks: as many positions as fit, a multiple of every ratio.
+  // Global blocks as large as window blocks: as many positions as fit, a multiple of every ratio
+  // and of the window block's positions (so a global block boundary is a window block boundary
+  // and no compressor group is open there: where the prefix cache can cut a sequence).
+  lcm = std::lcm(lcm, window_tokens);
   int64_t gt = lcm;
   if (per_token > 0) gt = std::max(lcm, int64_t(double(window_block) / per_token) / lcm * lcm);
   L.global_tokens = gt;
@@ -83,15 +86,17 @@ KvPool::KvPool(KvLayout layout, int64_t budget_bytes, IsolationMode mode)
   DSV41_CHECK(n < (int64_t(1) << 31));
   arena_.reset(new uint8_t[std::size_t(n * layout_.block_bytes)]);
   epochs_.assign(std::size_t(n), 0);
+  refs_.assign(std::size_t(n), 0);
   free_.reserve(std::size_t(n));
   for (int64_t b = n - 1; b >= 0; --b) free_.push_back(int32_t(b));
 }
 
-BlockRef KvPool::allocate() {
+BlockRef KvPool::allocate(uint64_t owner) {
   if (free_.empty()) return {};
   const int32_t b = free_.back();
   free_.pop_back();
-  BlockRef r{b, ++epochs_[std::size_t(b)]};
+  BlockRef r{b, ++epochs_[std::size_t(b)], owner};
+  refs_[std::size_t(b)] = 1;
   // Tags cleared, so a row never written since this allocation reads as foreign.
   uint8_t* d = data(r);
   std::memset(d + layout_.window_tag_off, 0,
@@ -101,8 +106,16 @@ BlockRef KvPool::allocate() {
   return r;
 }
 
+void KvPool::share(BlockRef b) {
+  DSV41_CHECK(b.valid() && epochs_[std::size_t(b.block)] == b.epoch &&
+              refs_[std::size_t(b.block)] > 0);
+  ++refs_[std::size_t(b.block)];
+}
+
 void KvPool::release(BlockRef b) {
-  DSV41_CHECK(b.valid() && epochs_[std::size_t(b.block)] == b.epoch);
+  DSV41_CHECK(b.valid() && epochs_[std::size_t(b.block)] == b.epoch &&
+              refs_[std::size_t(b.block)] > 0);
+  if (--refs_[std::size_t(b.block)] > 0) return;
   ++epochs_[std::size_t(b.block)];  // stale references now fail the epoch check
   free_.push_back(b.block);
 }

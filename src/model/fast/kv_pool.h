@@ -11,8 +11,9 @@
 // `mask` also refuses them (the reader gets no row), `off` skips the check. The counter is what
 // the isolation gate reads (it must stay 0).
 //
-// Blocks are plain memory owned by the pool; sequences hold (block, epoch) references in block
-// tables sized by their real context (model/fast/fast_model.cpp). Not thread-safe for allocation;
+// Blocks are plain memory owned by the pool, reference-counted; sequences hold (block, epoch,
+// owner) references in block tables sized by their real context (model/fast/fast_model.cpp), the
+// prefix cache holds references to the blocks of cached prefixes. Not thread-safe for allocation;
 // row reads and writes from worker threads are (distinct rows, atomic counter).
 #pragma once
 
@@ -66,9 +67,13 @@ struct KvLayout {
 KvLayout make_kv_layout(int64_t window, int num_layers, int64_t head_dim, int64_t index_dim,
                         const std::vector<std::pair<int, int>>& sources, int64_t window_tokens);
 
+// A reference to a block as a sequence's table (or the prefix cache) holds it: the block, its
+// allocation epoch, and the tag of the sequence that writes its rows (a reader checks each row's
+// tag against this owner, so a block shared through the prefix cache reads as the writer's).
 struct BlockRef {
   int32_t block = -1;
   uint32_t epoch = 0;
+  uint64_t owner = 0;
   bool valid() const { return block >= 0; }
 };
 
@@ -83,9 +88,13 @@ class KvPool {
   int64_t blocks_total() const { return int64_t(epochs_.size()); }
   int64_t blocks_free() const { return int64_t(free_.size()); }
 
-  // A fresh block (its epoch advanced, its tags cleared), or an invalid ref when none is left.
-  BlockRef allocate();
+  // A fresh block (its epoch advanced, its tags cleared, one reference), or an invalid ref when
+  // none is left. share() adds a reference (the prefix cache, a sequence attached to a cached
+  // prefix); release() drops one and frees the block with the last.
+  BlockRef allocate(uint64_t owner);
+  void share(BlockRef b);
   void release(BlockRef b);
+  int32_t refs(int32_t block) const { return refs_[std::size_t(block)]; }
 
   uint8_t* data(BlockRef b) { return arena_.get() + int64_t(b.block) * layout_.block_bytes; }
   const uint8_t* data(BlockRef b) const {
@@ -109,6 +118,7 @@ class KvPool {
   IsolationMode mode_;
   std::unique_ptr<uint8_t[]> arena_;  // not zeroed: pages are touched only when used
   std::vector<uint32_t> epochs_;
+  std::vector<int32_t> refs_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
   mutable std::atomic<int64_t> foreign_reads_{0};
 };
