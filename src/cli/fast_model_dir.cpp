@@ -74,6 +74,11 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
                   "foreign reads (metrics: dsv41_kv_foreign_reads_total), mask them too, or off")
       ->check(CLI::IsMember({"count", "mask", "off"}))
       ->capture_default_str();
+  sub->add_option("--prefix-cache", a->prefix_cache,
+                  "fast path: keep full KV blocks of finished prompts for later requests with the "
+                  "same leading tokens (and cache_salt); exact, evicted when the pool is needed")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
 }
 
 Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo) {
@@ -92,6 +97,7 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   eo->fast.kv_cache_gb = a.kv_cache_gb;
   eo->fast.act_quant = a.act_quant == "on";
   eo->fast.isolation = a.isolation;
+  eo->fast.prefix_cache = a.prefix_cache == "on";
   return Status::ok();
 }
 

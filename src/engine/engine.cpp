@@ -115,7 +115,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<ModelRunner> back
   e->tokenizer_ = std::move(tokenizer);
   e->options_ = options;
   e->limits_.max_batched_tokens = std::max<int64_t>(1, options.max_num_batched_tokens);
-  e->limits_.max_seqs = std::max(1, options.path == "reference" ? 1 : options.max_num_seqs);
+  // More running sequences than the token budget could never all decode in one step (vLLM
+  // refuses that configuration; here the cap is clamped).
+  e->limits_.max_seqs =
+      int(std::min<int64_t>(e->limits_.max_batched_tokens,
+                            std::max(1, options.path == "reference" ? 1 : options.max_num_seqs)));
   e->kv_total_ = e->backend_->kv_blocks_total();
   e->thread_ = std::thread([p = e.get()] { p->loop(); });
   return e;
@@ -186,6 +190,9 @@ EngineStats Engine::stats() const {
   s.kv_blocks_used = kv_used_.load();
   s.preemptions_total = preemptions_.load();
   s.steps_total = steps_.load();
+  s.prefix_queries = prefix_queries_.load();
+  s.prefix_query_tokens = prefix_query_tokens_.load();
+  s.prefix_hit_tokens = prefix_hit_tokens_.load();
   std::lock_guard<std::mutex> lock(hist_mu_);
   s.step_seconds = step_seconds_;
   s.batch_tokens = batch_tokens_;
@@ -231,6 +238,7 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     sched_.add(&a->sched);
     active.push_back(std::move(a));
   }
+  waiting_.store(sched_.waiting());  // still under mu_: submit() counts them as waiting at once
   return true;
 }
 
@@ -251,32 +259,62 @@ void Engine::loop() {
         if (!a.failed) a.ch->finish(FinishReason::kCancelled, a.prompt_len, a.generated);
         drop(active, i);
       }
-    if (!active.empty()) run_step(active);
+    if (!active.empty()) {
+      try {
+        run_step(active);
+      } catch (const std::exception& e) {  // a bug, never input: fail the requests, keep serving
+        log::error("engine: step failed: {}", e.what());
+        for (auto& a : active)
+          if (!a->failed && a->sched.open) {
+            a->ch->finish(FinishReason::kError, a->prompt_len, a->generated, {},
+                          std::string("engine: ") + e.what());
+            a->failed = true;
+          }
+      }
+    }
+    const ModelRunner::PrefixCacheCounts pc = backend_->prefix_cache_counts();
+    prefix_queries_.store(pc.queries);
+    prefix_query_tokens_.store(pc.query_tokens);
+    prefix_hit_tokens_.store(pc.hit_tokens);
     running_.store(sched_.running());
     waiting_.store(sched_.waiting());
     kv_used_.store(kv_total_.load() - backend_->kv_blocks_free());
   }
-  for (auto& a : active) a->ch->finish(FinishReason::kCancelled, a->prompt_len, a->generated);
+  for (auto& a : active)
+    if (!a->failed) a->ch->finish(FinishReason::kCancelled, a->prompt_len, a->generated);
   while (!active.empty()) drop(active, active.size() - 1);
 }
 
 // One scheduler plan, one model step, then each sequence whose tokens are all computed samples its
 // next token.
 void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
-  const StepPlan plan = sched_.plan(limits_, *backend_);
+  std::unordered_map<SeqId, Active*> by_id;
+  for (auto& a : active) by_id[a->sched.id] = a.get();
+  // A waiting sequence about to be sized: opened, and given what the prefix cache holds of it.
+  auto admit = [&](SchedSeq& s) {
+    Active& a = *by_id.at(s.id);
+    if (Status st = backend_->open(s.id); !st) return;  // opened at slice time, failing there
+    s.open = true;
+    s.computed = backend_->attach_cached_prefix(s.id, a.tokens, a.ch->request().cache_salt);
+  };
+  const StepPlan plan = sched_.plan(limits_, *backend_, admit);
   preemptions_.fetch_add(plan.preempted);
   if (plan.run.empty()) {
-    // Nothing fits although every sequence's blocks are free: the head cannot run (submission
-    // refuses such requests, so this is a guard against a hang, not a path).
-    if (plan.preempted == 0 && sched_.running() == 0 && !active.empty()) {
-      active.front()->ch->finish(FinishReason::kError, active.front()->prompt_len, 0, {},
-                                 "engine: the KV cache cannot hold this request");
-      drop(active, 0);
+    // Nothing fits although no sequence runs: the waiting head cannot run (submission refuses
+    // such requests, so this is a guard against a hang, not a path).
+    const SchedSeq* head = sched_.waiting_head();
+    if (plan.preempted == 0 && sched_.running() == 0 && head) {
+      for (std::size_t i = 0; i < active.size(); ++i)
+        if (&active[i]->sched == head) {
+          Active& a = *active[i];
+          a.ch->finish(FinishReason::kError, a.prompt_len, a.generated, {},
+                       "engine: the KV cache cannot hold this request");
+          drop(active, i);
+          break;
+        }
     }
     return;
   }
-  std::unordered_map<SeqId, Active*> by_id;
-  for (auto& a : active) by_id[a->sched.id] = a.get();
   StepBatch batch;
   std::vector<Active*> in_batch;
   for (const Scheduled& sc : plan.run) {

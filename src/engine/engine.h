@@ -33,6 +33,7 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
+  std::string cache_salt;  // prefix-cache partition: requests with other salts never share blocks
 };
 
 struct OutputToken {
@@ -93,6 +94,8 @@ struct EngineStats {
   int64_t kv_blocks_used = 0;
   int64_t preemptions_total = 0;
   int64_t steps_total = 0;
+  // Prefix cache: lookups, prompt tokens looked up, tokens found cached (not recomputed).
+  int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
   Histogram step_seconds{Histogram::seconds()};
   Histogram batch_tokens{Histogram::powers_of_two(12)};
   Histogram batch_sequences{Histogram::powers_of_two(8)};
@@ -144,6 +147,7 @@ class Engine {
   SchedLimits limits_;
   std::atomic<int64_t> running_{0}, waiting_{0}, preemptions_{0}, steps_{0};
   std::atomic<int64_t> kv_total_{0}, kv_used_{0};
+  std::atomic<int64_t> prefix_queries_{0}, prefix_query_tokens_{0}, prefix_hit_tokens_{0};
   mutable std::mutex hist_mu_;  // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};
   Histogram batch_tokens_{Histogram::powers_of_two(12)};

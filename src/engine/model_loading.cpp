@@ -18,6 +18,7 @@ Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& convert
   fo.act_quant = o.act_quant;
   fo.kv_cache_bytes = int64_t(o.kv_cache_gb * 1e9);
   fo.warm = o.warm;
+  fo.prefix_cache = o.prefix_cache;
   fo.isolation = o.isolation == "mask"  ? IsolationMode::kMask
                  : o.isolation == "off" ? IsolationMode::kOff
                                         : IsolationMode::kCount;

@@ -22,6 +22,7 @@ struct FastRunnerOptions {
   double kv_cache_gb = 0;           // 0: a quarter of available memory
   bool warm = true;                 // fault the weights in at load (Engram tables excepted)
   std::string isolation = "count";  // count | mask | off (model/fast/kv_pool.h)
+  bool prefix_cache = true;         // model/fast/prefix_cache.cpp
 };
 // The fast forward (model/fast) on a converted checkpoint.
 Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& converted_dir,

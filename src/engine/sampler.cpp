@@ -74,7 +74,8 @@ int32_t Sampler::sample(std::vector<float>& logits) {
 void Sampler::process(std::vector<float>& logits, ProcessedDistribution* d) {
   d->ids.clear();
   d->probs.clear();
-  d->greedy = p_.temperature == 0;
+  // Temperatures below vLLM's sampling epsilon are greedy (1 / T would overflow the float scale).
+  d->greedy = p_.temperature < kGreedyBelowTemperature;
   for (const auto& [id, bias] : p_.logit_bias) logits[static_cast<std::size_t>(id)] += bias;
   for (const auto& [id, n] : counts_) {
     float& l = logits[static_cast<std::size_t>(id)];
@@ -120,6 +121,15 @@ void Sampler::process(std::vector<float>& logits, ProcessedDistribution* d) {
   }
   double mass = 0;
   for (double q : d->probs) mass += q;
+  if (d->ids.empty() || !(mass > 0) || !std::isfinite(mass)) {  // never: a guard, not a path
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < logits.size(); ++i)
+      if (logits[i] > logits[best]) best = i;
+    d->ids.assign(1, static_cast<int32_t>(best));
+    d->probs.assign(1, 1.0);
+    d->greedy = true;
+    return;
+  }
   for (double& q : d->probs) q /= mass;
 }
 

@@ -20,9 +20,10 @@
 namespace dsv41 {
 
 inline constexpr int kMaxTopLogprobs = 20;
+inline constexpr double kGreedyBelowTemperature = 1e-5;  // vLLM's _SAMPLING_EPS
 
 struct SamplingParams {
-  double temperature = 1.0;  // 0: greedy
+  double temperature = 1.0;  // below kGreedyBelowTemperature (0 included): greedy
   double top_p = 1.0;        // (0, 1]
   int top_k = 0;             // 0 or -1: off
   double min_p = 0.0;        // [0, 1]

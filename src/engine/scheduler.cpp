@@ -25,7 +25,8 @@ void Scheduler::preempt(SchedSeq* s, ModelRunner& model) {
   waiting_.push_front(s);
 }
 
-StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model) {
+StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
+                         const std::function<void(SchedSeq&)>& admit) {
   StepPlan p;
   int64_t budget = std::max<int64_t>(1, limits.max_batched_tokens);
   int64_t reserved = 0;  // blocks the slices planned so far will allocate
@@ -64,10 +65,16 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model) {
   if (p.preempted > 0) return p;
   while (!waiting_.empty() && int64_t(running_.size()) < limits.max_seqs && budget > 0) {
     SchedSeq* s = waiting_.front();
+    if (!s->open && admit) admit(*s);
     const int64_t n = std::min(s->known - s->computed, budget);
     DSV41_CHECK(n > 0);
     const int64_t need = bounded ? model.kv_blocks_to_grow(s->id, s->computed + n) : 0;
-    if (need > room()) break;  // first come, first served: nothing overtakes the head
+    // All of its tokens must fit (bounded by what one sequence holds at once), not just this chunk.
+    const int64_t need_all =
+        bounded ? std::min(model.kv_blocks_to_grow(s->id, s->known),
+                           model.kv_blocks_peak(s->known, limits.max_batched_tokens))
+                : 0;
+    if (std::max(need, need_all) > room()) break;  // first come, first served: no overtaking
     waiting_.pop_front();
     // Running stays in arrival order (ids grow with arrival), so the latest is always last.
     running_.insert(

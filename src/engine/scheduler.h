@@ -5,7 +5,9 @@
 // latest-arrived running sequence is preempted by recompute: its cache is freed at once, it goes to
 // the front of the waiting queue and later recomputes every token it had (prompt and generated;
 // the fast path's prefill gives the bits its decode would, so its next logits are unchanged). No
-// sequence is admitted in a step that preempted.
+// sequence is admitted in a step that preempted, and a waiting sequence is admitted only when the
+// pool can hold all of its tokens (not just the first chunk: otherwise a long prompt admitted
+// beside a running sequence could preempt itself chunk after chunk).
 //
 // The scheduler sees sequences only as token counts; the engine owns the tokens, sampling and
 // output. Single-threaded: the engine thread calls it between steps.
@@ -13,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "model/seam.h"
@@ -47,7 +50,11 @@ class Scheduler {
   void add(SchedSeq* s);     // a new sequence joins the back of the waiting queue
   void remove(SchedSeq* s);  // finished or cancelled, running or waiting (the caller frees it)
   // The next step's slices. Frees preempted sequences in `model` (their blocks are needed now).
-  StepPlan plan(const SchedLimits& limits, ModelRunner& model);
+  // `admit` is called for a waiting sequence that is not open before it is sized: the caller opens
+  // it and may attach a cached prefix (setting `computed`).
+  StepPlan plan(const SchedLimits& limits, ModelRunner& model,
+                const std::function<void(SchedSeq&)>& admit = {});
+  const SchedSeq* waiting_head() const { return waiting_.empty() ? nullptr : waiting_.front(); }
 
   int64_t waiting() const { return int64_t(waiting_.size()); }
   int64_t running() const { return int64_t(running_.size()); }

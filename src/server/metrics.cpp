@@ -71,6 +71,15 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
       "later) because the KV cache was full.\n";
   out += "# TYPE dsv41_num_preemptions_total counter\n";
   out += fmt::format("dsv41_num_preemptions_total {}\n", engine.preemptions_total);
+  out += "# HELP dsv41_prefix_cache_queries_total Prompt lookups in the prefix cache.\n";
+  out += "# TYPE dsv41_prefix_cache_queries_total counter\n";
+  out += fmt::format("dsv41_prefix_cache_queries_total {}\n", engine.prefix_queries);
+  out += "# HELP dsv41_prefix_cache_query_tokens_total Prompt tokens looked up.\n";
+  out += "# TYPE dsv41_prefix_cache_query_tokens_total counter\n";
+  out += fmt::format("dsv41_prefix_cache_query_tokens_total {}\n", engine.prefix_query_tokens);
+  out += "# HELP dsv41_prefix_cache_hit_tokens_total Prompt tokens found cached (not computed).\n";
+  out += "# TYPE dsv41_prefix_cache_hit_tokens_total counter\n";
+  out += fmt::format("dsv41_prefix_cache_hit_tokens_total {}\n", engine.prefix_hit_tokens);
   out += "# HELP dsv41_engine_steps_total Model steps (batches) the engine ran.\n";
   out += "# TYPE dsv41_engine_steps_total counter\n";
   out += fmt::format("dsv41_engine_steps_total {}\n", engine.steps_total);

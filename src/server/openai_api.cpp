@@ -140,6 +140,11 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
     s.seed = static_cast<uint64_t>(seed);
   }
   if (!f.boolean("ignore_eos", s.ignore_eos)) return f.err;
+  if (const OJson* salt = f.get("cache_salt")) {  // vLLM's: requests with other salts never share
+    if (!salt->is_string() || salt->get<std::string>().empty())
+      return bad("cache_salt", "must be a non-empty string");
+    job.request.cache_salt = salt->get<std::string>();
+  }
   if (const OJson* lb = f.get("logit_bias")) {
     if (!lb->is_object()) return bad("logit_bias", "must be an object mapping token ids to biases");
     for (const auto& [key, val] : lb->items()) {

@@ -527,5 +527,48 @@ TEST(Engine, FastRequestsAreTheSameAloneBatchedAndPreempted) {
   }
 }
 
+// Prefix caching through the engine: a second request with the same long prompt attaches the
+// cached blocks (hit tokens counted) and answers exactly what the first did and what an engine
+// without the cache answers; another cache_salt never hits.
+TEST(Engine, PrefixCacheHitsAnswerExactlyAndSkipThePrompt) {
+  testing::TempDir dir;
+  const std::string conv = tiny_converted(dir);
+  auto make = [&](bool cache) {
+    EngineOptions opt;
+    opt.model_dir = conv;
+    opt.fast.kv_cache_gb = 0.05;
+    opt.fast.prefix_cache = cache;
+    opt.max_num_batched_tokens = 64;
+    auto e = Engine::load(opt);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    return std::move(*e);
+  };
+  GenerationRequest r;
+  Rng rng(8);
+  auto e = make(true);
+  r.prompt.resize(400);
+  for (auto& t : r.prompt) t = int32_t(rng.below(uint64_t(e->vocab_size())));
+  r.sampling.max_tokens = 10;
+  r.sampling.ignore_eos = true;
+  r.sampling.temperature = 0.8;
+  r.sampling.seed = 5;
+  r.sampling.logprobs = 0;
+  const Produced first = produce(*e->submit(r));
+  EXPECT_EQ(settled(*e).prefix_hit_tokens, 0);
+  const Produced second = produce(*e->submit(r));
+  const EngineStats st = settled(*e);
+  EXPECT_GE(st.prefix_hit_tokens, 200) << "of " << r.prompt.size();
+  EXPECT_EQ(st.prefix_queries, 2);
+  EXPECT_TRUE(first == second);
+  GenerationRequest salted = r;
+  salted.cache_salt = "tenant-b";
+  EXPECT_TRUE(produce(*e->submit(salted)) == first);
+  EXPECT_EQ(settled(*e).prefix_hit_tokens, st.prefix_hit_tokens);
+  auto plain = make(false);
+  EXPECT_TRUE(produce(*plain->submit(r)) == first);
+  EXPECT_EQ(settled(*plain).prefix_hit_tokens, 0);
+  EXPECT_EQ(settled(*e).kv_foreign_reads, 0);
+}
+
 }  // namespace
 }  // namespace dsv41

@@ -203,6 +203,21 @@ TEST(Sampler, ProcessedDistributionIsWhatTheDrawUses) {
   EXPECT_EQ(before.probs, after.probs);
 }
 
+// A temperature too small for the float scale (1 / T overflows) is greedy, not a crash; so is any
+// temperature below vLLM's epsilon.
+TEST(Sampler, TinyTemperatureIsGreedy) {
+  for (double t : {1e-40, 1e-30, 9e-6}) {
+    SamplingParams sp;
+    sp.temperature = t;
+    for (double top_p : {1.0, 0.5}) {
+      sp.top_p = top_p;
+      Sampler s(sp, 3);
+      auto l = kLogits;
+      EXPECT_EQ(s.sample(l), 0) << t;
+    }
+  }
+}
+
 TEST(Sampler, GreedyTakesFirstMaximum) {
   SamplingParams sp;
   sp.temperature = 0;
