@@ -4,7 +4,8 @@
 // sending streamed /v1/completions requests (token-id prompts of --prompt-len, the first
 // --shared-prefix tokens common to all, --max-tokens greedy tokens, EOS ignored) until --requests
 // are done. Per point: aggregate output tok/s, TTFT and inter-token latency p50/p99 (from the SSE
-// chunks' arrival), and the ratio to the decode point (what scheduling, prefill and HTTP cost).
+// chunks' arrival; the first request's TTFT apart, for --shared-prefix), the prefix-cache hit rate,
+// and the ratio to the decode point (what scheduling, prefill and HTTP cost).
 #include <httplib.h>
 
 #include <algorithm>
@@ -30,6 +31,7 @@ struct ServeBenchArgs {
   int64_t requests = 0;  // per point; 0: 2 x concurrency (at least 4)
   int64_t prompt_len = 32, max_tokens = 32, shared_prefix = 0;
   int64_t max_num_batched_tokens = EngineOptions{}.max_num_batched_tokens;
+  std::string prefix_cache = "on";
 };
 
 struct RequestTiming {
@@ -124,6 +126,7 @@ nlohmann::ordered_json serve_point(int port, int64_t conc, const ServeBenchArgs&
           {"output_tokens", tokens},
           {"wall_s", wall},
           {"output_tok_s", double(tokens) / wall},
+          {"ttft_first_ms", got.empty() ? 0.0 : got[0].ttft * 1e3},
           {"ttft_p50_ms", percentile(ttft, 0.5) * 1e3},
           {"ttft_p99_ms", percentile(ttft, 0.99) * 1e3},
           {"itl_p50_ms", percentile(gaps, 0.5) * 1e3},
@@ -170,6 +173,7 @@ int run_bench_serve(const ServeBenchArgs& a) {
   eo.fast.act_quant = a.common.act_quant == "on";
   eo.fast.kv_cache_gb = a.common.kv_cache_gb;
   eo.max_num_batched_tokens = a.max_num_batched_tokens;
+  eo.fast.prefix_cache = a.prefix_cache == "on";
   auto engine = Engine::load(eo);
   if (!engine) {
     log::error("bench serve: --model: {}", engine.status().message());
@@ -190,7 +194,13 @@ int run_bench_serve(const ServeBenchArgs& a) {
   for (std::size_t i = 0; i < conc->size(); ++i) {
     const int64_t c = std::max<int64_t>(1, (*conc)[i]);
     log::info("bench serve: {} concurrent clients ...", c);
+    const EngineStats before = (*engine)->stats();
     auto p = serve_point(server.port(), c, a, (*engine)->vocab_size(), rng);
+    const EngineStats after = (*engine)->stats();
+    const int64_t looked = after.prefix_query_tokens - before.prefix_query_tokens;
+    p["prefix_hit_rate"] =
+        looked > 0 ? double(after.prefix_hit_tokens - before.prefix_hit_tokens) / double(looked)
+                   : 0.0;
     p["engine_decode_tok_s"] = decode_tok_s[i];
     p["ratio_to_decode"] = p["output_tok_s"].get<double>() / decode_tok_s[i];
     points.push_back(p);
@@ -204,7 +214,7 @@ int run_bench_serve(const ServeBenchArgs& a) {
                               {"prompt_len", a.prompt_len},
                               {"max_tokens", a.max_tokens},
                               {"shared_prefix", a.shared_prefix},
-                              {"prefix_cache", false},
+                              {"prefix_cache", a.prefix_cache == "on"},
                               {"max_num_batched_tokens", a.max_num_batched_tokens},
                               {"preemptions", st.preemptions_total},
                               {"kv_foreign_reads", st.kv_foreign_reads},
@@ -244,12 +254,15 @@ void add_bench_serve(CLI::App* bench, Runner* run) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
       ->capture_default_str();
   sub->add_option("--shared-prefix", a->shared_prefix,
-                  "Leading prompt tokens common to every request (no prefix cache yet: reported)")
+                  "Leading prompt tokens common to every request (prefix-cache hits after the first)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
       ->capture_default_str();
   sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens,
                   "The engine's token budget per step (serve's option)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
+  sub->add_option("--prefix-cache", a->prefix_cache, "on | off")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   sub->callback([=] { *run = [=] { return run_bench_serve(*a); }; });
 }
