@@ -405,6 +405,19 @@ TEST(Server, ParamNamedInErrors) {
                   "application/json");
   ASSERT_TRUE(t);
   EXPECT_EQ((*parse_json_ordered(t->body))["error"]["param"], "top_p");
+  for (const char* salt : {"7", "\"\""}) {
+    auto u = c.Post("/v1/completions",
+                    std::string(R"({"model":"scripted","prompt":"x","cache_salt":)") + salt + "}",
+                    "application/json");
+    ASSERT_TRUE(u);
+    EXPECT_EQ(u->status, 400);
+    EXPECT_EQ((*parse_json_ordered(u->body))["error"]["param"], "cache_salt") << salt;
+  }
+  auto ok = c.Post("/v1/completions",
+                   R"({"model":"scripted","prompt":"x","max_tokens":2,"cache_salt":"team-a"})",
+                   "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
 }
 
 // The error object of a response body; {"message": "", "param": null, "code": null} when the body
