@@ -185,7 +185,7 @@ int run_bench_serve(const ServeBenchArgs& a) {
   ServerOptions so;
   so.port = 0;
   so.model_name = "bench";
-  so.threads = 64;
+  so.threads = 0;  // one per request the engine can hold
   HttpServer server(**engine, so);
   if (Status st = server.bind(); !st) {
     log::error("bench serve: {}", st.message());

@@ -119,6 +119,8 @@ class Engine {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   int32_t vocab_size() const { return vocab_size_; }
   int64_t max_context() const { return max_context_; }
+  // Requests the engine holds at once at most: running (max_num_seqs) plus waiting (max_queue).
+  int64_t max_requests() const { return int64_t(limits_.max_seqs) + options_.max_queue; }
   int32_t eos_id() const { return eos_id_; }
   EngineStats stats() const;
 

@@ -230,7 +230,8 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
 }
 
 void HttpServer::Impl::routes() {
-  svr.new_task_queue = [n = opt.threads] {
+  const int64_t threads = opt.threads > 0 ? opt.threads : engine.max_requests() + 16;
+  svr.new_task_queue = [n = threads] {
     return new httplib::ThreadPool(static_cast<std::size_t>(n));
   };
   svr.set_payload_max_length(opt.max_body_bytes);

@@ -21,7 +21,10 @@ struct ServerOptions {
   int default_max_tokens = 1024;  // chat requests without max_tokens
   std::size_t max_body_bytes = 8u << 20;
   int shutdown_timeout_s = 30;  // how long SIGTERM waits for in-flight requests
-  int threads = 32;             // HTTP worker threads (streams hold one each)
+  // HTTP worker threads; each open generation request holds one (httplib is thread-per-request).
+  // 0: one for every request the engine can hold at once plus a few for other endpoints, so the
+  // engine's limits (429 beyond them), not the thread pool, bound concurrency.
+  int threads = 0;
 };
 
 class HttpServer {

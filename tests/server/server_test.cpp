@@ -840,6 +840,37 @@ TEST(Server, ChaosOnTheFastPathKeepsRequestsIsolatedAndExact) {
   EXPECT_GT(st.kv_blocks_total, 0);
 }
 
+// More concurrent streams than the old fixed pool of 32 HTTP threads: all 48 run at once in the
+// engine (the HTTP pool is sized from the engine's limits), none waits for a thread.
+TEST(Server, FortyEightConcurrentStreamsRunTogether) {
+  InProcess s(/*sleep_ms=*/10);
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> most{0};
+  std::thread watch([&] {
+    while (!done) {
+      most = std::max<int64_t>(most, s.engine->stats().running);
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 48; ++i)
+    clients.emplace_back([&] {
+      auto c = s.client();
+      int chunks = 0;
+      if (post_streaming(
+              c, "/v1/completions",
+              R"({"model":"scripted","prompt":"hi","max_tokens":40,"ignore_eos":true,"stream":true})",
+              [&](const char*, std::size_t) { return ++chunks > 0; }))
+        ++ok;
+    });
+  for (auto& t : clients) t.join();
+  done = true;
+  watch.join();
+  EXPECT_EQ(ok.load(), 48);
+  EXPECT_GE(most.load(), 40);
+}
+
 TEST(Server, ClientDisconnectMidStreamCancelsTheRequest) {
   InProcess s(/*sleep_ms=*/20);
   auto c = s.client();
