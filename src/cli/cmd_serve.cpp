@@ -50,9 +50,10 @@ void add_serve(CLI::App& app, Runner* run) {
       "--served-model-name", a->server.model_name,
       "Model name clients must send (default: the checkpoint directory's name; dsv41-demo)");
   sub->add_option("--default-max-tokens", a->server.default_max_tokens,
-                  "max_tokens for chat requests that do not set it")
+                  "max_tokens for chat requests that do not set it (0: the rest of the context, "
+                  "as vLLM)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30));
+      ->check(CLI::Range(0, 1 << 30));
   sub->add_option("--max-context", a->max_context, "Context limit in tokens (0: the model's)")
       ->capture_default_str();
   sub->add_option("--max-body-mb", a->max_body_mb, "Largest accepted request body")

@@ -18,7 +18,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (see HttpServer::port())
   std::string model_name = "dsv41";
-  int default_max_tokens = 1024;  // chat requests without max_tokens
+  int default_max_tokens = 0;  // chat requests without max_tokens (0: the rest of the context)
   std::size_t max_body_bytes = 8u << 20;
   int shutdown_timeout_s = 30;  // how long SIGTERM waits for in-flight requests
   // HTTP worker threads; each open generation request holds one (httplib is thread-per-request).

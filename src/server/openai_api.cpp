@@ -269,9 +269,13 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   if (auto e = parse_common(body, model, tok.vocab_size(), job)) return e;
   job.chat = true;
   Fields f(body);
-  if (auto e = parse_max_tokens(f, "max_tokens", model.default_max_tokens, job)) return e;
+  // Absent: vLLM's default, the rest of the context (the engine stops there), unless the server
+  // was given --default-max-tokens.
+  const int chat_default = model.default_max_tokens > 0 ? model.default_max_tokens
+                                                         : std::numeric_limits<int32_t>::max();
+  if (auto e = parse_max_tokens(f, "max_tokens", chat_default, job)) return e;
   if (f.get("max_completion_tokens"))
-    if (auto e = parse_max_tokens(f, "max_completion_tokens", model.default_max_tokens, job))
+    if (auto e = parse_max_tokens(f, "max_completion_tokens", chat_default, job))
       return e;
   bool logprobs = false;
   int64_t top = 0;

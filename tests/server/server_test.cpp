@@ -871,6 +871,27 @@ TEST(Server, FortyEightConcurrentStreamsRunTogether) {
   EXPECT_GE(most.load(), 40);
 }
 
+// A chat request without max_tokens runs to the end of the context (vLLM's default), finishing with
+// "length"; completions keep OpenAI's 16.
+TEST(Server, AbsentMaxTokensIsTheRestOfTheContextForChat) {
+  InProcess s;
+  auto c = s.client();
+  auto r =
+      c.Post("/v1/chat/completions",
+             R"({"model":"scripted","messages":[{"role":"user","content":"x"}],"ignore_eos":true})",
+             "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  auto j = *parse_json_ordered(r->body);
+  const int64_t prompt = j["usage"]["prompt_tokens"].get<int64_t>();
+  EXPECT_EQ(j["usage"]["completion_tokens"].get<int64_t>(), 2048 - prompt);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  auto k = c.Post("/v1/completions", R"({"model":"scripted","prompt":"x","ignore_eos":true})",
+                  "application/json");
+  ASSERT_TRUE(k);
+  EXPECT_EQ((*parse_json_ordered(k->body))["usage"]["completion_tokens"], 16);
+}
+
 TEST(Server, ClientDisconnectMidStreamCancelsTheRequest) {
   InProcess s(/*sleep_ms=*/20);
   auto c = s.client();
