@@ -511,6 +511,46 @@ TEST(FastModel, PrefixCacheHitGivesTheLogitsOfAMiss) {
   EXPECT_EQ(m->attach_cached_prefix(4, c, ""), 0);
 }
 
+// Truncating into blocks the prefix cache shares (copy-on-write): the sequence goes on exactly as a
+// fresh one with its new tokens, and the cached blocks keep what they held (a later sequence
+// attached to them still gets the miss's logits).
+TEST(FastModel, TruncateIntoCachedBlocksCopiesThem) {
+  auto m = load_fast();
+  FastOptions off;
+  off.prefix_cache = false;
+  auto plain = load_fast(off);
+  const int32_t v = m->vocab_size();
+  const int64_t G = m->pool().layout().global_tokens;
+  const auto orig = random_tokens(81, int(2 * G + 10), v);
+  run(*m, 1, orig, 0);  // blocks 0 and 1 go to the cache
+  const int64_t cut = 2 * G - 5;
+  ASSERT_TRUE(m->truncate(1, cut).is_ok());
+  const auto alt = random_tokens(82, 12, v);
+  StepBatch b;
+  b.slices.push_back({1, cut, alt, {}, {}});
+  for (int32_t r = 0; r < 12; ++r) b.slices[0].logits_rows.push_back(r);
+  StepOutput out;
+  ASSERT_TRUE(m->step(b, &out).is_ok());
+  std::vector<int32_t> want(orig.begin(), orig.begin() + cut);
+  want.insert(want.end(), alt.begin(), alt.end());
+  const auto expect = run(*plain, 1, want, 0);
+  EXPECT_EQ(std::memcmp(out.slices[0].logits.data(), expect.data() + cut * v,
+                        out.slices[0].logits.size() * sizeof(float)),
+            0);
+  // The cache still holds the original blocks 0 and 1.
+  ASSERT_TRUE(m->open(2).is_ok());
+  ASSERT_EQ(m->attach_cached_prefix(2, orig, ""), 2 * G);
+  StepBatch c;
+  c.slices.push_back({2, 2 * G, std::vector<int32_t>(orig.begin() + 2 * G, orig.end()), {}, {}});
+  for (int32_t r = 0; r < 10; ++r) c.slices[0].logits_rows.push_back(r);
+  ASSERT_TRUE(m->step(c, &out).is_ok());
+  const auto full = run(*plain, 2, orig, 0);
+  EXPECT_EQ(std::memcmp(out.slices[0].logits.data(), full.data() + 2 * G * v,
+                        out.slices[0].logits.size() * sizeof(float)),
+            0);
+  EXPECT_EQ(m->stats().foreign_reads, 0);
+}
+
 TEST(FastModel, PrefixCacheEvictsInsteadOfFailing) {
   FastOptions o;
   o.kv_cache_bytes = 0;  // set below: room for about three sequences of 3 global blocks

@@ -174,6 +174,8 @@ struct FastModel::Impl {
   // A block for `owner`; when the pool is empty, least recently used cached prefixes are evicted
   // until one is free (invalid only when nothing is left to evict).
   BlockRef alloc_block(uint64_t owner);
+  // Copy-on-write: a private copy of shared block b (a window block or a global block).
+  BlockRef private_copy(BlockRef b, bool window);
 
   // ---- prefix cache (prefix_cache.cpp) ----
   bool prefix_enabled() const;

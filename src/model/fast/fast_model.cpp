@@ -270,21 +270,24 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
   if (length == s.len) return Status::ok();
   const KvLayout& L = im.kv->layout();
   const int64_t R = std::max<int64_t>(1, im.opt.max_rollback);
-  // Blocks shared with the prefix cache (or attached from it) are read-only: rows at `length`
-  // and after would be written into them again. (Copy-on-write would lift this; DSpark's rollbacks
-  // will want it.)
-  auto shared_from = [&](const std::vector<BlockRef>& table, int64_t per_block) {
-    for (int64_t i = length / per_block; i < int64_t(table.size()); ++i)
-      if (table[std::size_t(i)].valid() && im.kv->refs(table[std::size_t(i)].block) > 1)
-        return true;
-    return false;
-  };
-  if (length < s.shared_len || shared_from(s.win, L.window_tokens) ||
-      shared_from(s.glob, L.global_tokens))
-    return Status::error("truncate: sequence " + std::to_string(seq) + " shares the blocks of " +
-                         "position " + std::to_string(length) +
-                         " with the prefix cache; free and "
+  // Positions attached from the prefix cache are not this sequence's to roll back. Past them, the
+  // block holding position `length` is written again from there: when the cache shares it, the
+  // sequence continues in a private copy (copy-on-write, below); blocks wholly past the new end are
+  // only given back.
+  if (length < s.shared_len)
+    return Status::error("truncate: sequence " + std::to_string(seq) + " took positions below " +
+                         std::to_string(s.shared_len) + " from the prefix cache; free and " +
                          "recompute");
+  auto cow_index = [&](const std::vector<BlockRef>& table, int64_t per_block) -> int64_t {
+    const int64_t i = length / per_block;
+    if (length % per_block == 0 || i >= int64_t(table.size())) return -1;
+    const BlockRef b = table[std::size_t(i)];
+    return b.valid() && im.kv->refs(b.block) > 1 ? i : -1;
+  };
+  const int64_t cow_win = cow_index(s.win, L.window_tokens);
+  const int64_t cow_glob = cow_index(s.glob, L.global_tokens);
+  if ((cow_win >= 0) + (cow_glob >= 0) > kv_blocks_free())
+    return Status::error("truncate: KV cache full (a shared block needs a private copy)");
   // The window rows of positions length - window .. length - 1 must still be held, and every
   // reopened compressor group's projections must still be in the rollback ring.
   const int64_t need_win = std::max<int64_t>(0, length - L.window);
@@ -308,6 +311,10 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
                              std::to_string(pos) + " (layer " +
                              std::to_string(L.sources[si].layer) + "); free and recompute");
   }
+  if (cow_win >= 0)
+    s.win[std::size_t(cow_win)] = im.private_copy(s.win[std::size_t(cow_win)], /*window=*/true);
+  if (cow_glob >= 0)
+    s.glob[std::size_t(cow_glob)] = im.private_copy(s.glob[std::size_t(cow_glob)], false);
   const int64_t Dh = im.cfg.text.head_dim;
   for (std::size_t si = 0; si < L.sources.size(); ++si) {
     const int r = L.sources[si].ratio;
@@ -566,6 +573,31 @@ void FastModel::Impl::release_old_window(fast::SeqState& s) {
       s.win[std::size_t(i)] = BlockRef{};
     }
   }
+}
+
+// A private copy of a shared block: the same bytes in a fresh block, the writer's row tags
+// re-stamped with the new epoch (rows stay the writer's), the shared one's reference dropped.
+BlockRef FastModel::Impl::private_copy(BlockRef b, bool window) {
+  const KvLayout& L = kv->layout();
+  BlockRef n = alloc_block(b.owner);
+  DSV41_CHECK(n.valid());  // the caller checked a block is free or evictable
+  std::memcpy(kv->data(n), kv->data(b), std::size_t(L.block_bytes));
+  auto restamp = [&](int64_t off, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+      RowTag* t = kv->tag_at(n, off + i * int64_t(sizeof(RowTag)));
+      if (t->seq == b.owner && t->epoch == b.epoch) t->epoch = n.epoch;
+    }
+  };
+  if (window) {
+    restamp(L.window_tag_off, L.window_tokens * L.num_layers);
+  } else {
+    for (const auto& so : L.sources) {
+      restamp(so.comp_tag_off, so.entries);
+      restamp(so.key_tag_off, so.entries);
+    }
+  }
+  kv->release(b);
+  return n;
 }
 
 uint8_t* FastModel::Impl::window_row(fast::SeqState& s, int layer, int64_t pos, RowTag** tag) {
