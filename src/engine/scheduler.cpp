@@ -65,7 +65,8 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
   if (p.preempted > 0) return p;
   while (!waiting_.empty() && int64_t(running_.size()) < limits.max_seqs && budget > 0) {
     SchedSeq* s = waiting_.front();
-    if (!s->open && admit) admit(*s);
+    const bool admitted_now = !s->open && admit;
+    if (admitted_now) admit(*s);
     const int64_t n = std::min(s->known - s->computed, budget);
     DSV41_CHECK(n > 0);
     const int64_t need = bounded ? model.kv_blocks_to_grow(s->id, s->computed + n) : 0;
@@ -74,7 +75,16 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
         bounded ? std::min(model.kv_blocks_to_grow(s->id, s->known),
                            model.kv_blocks_peak(s->known, limits.max_batched_tokens))
                 : 0;
-    if (std::max(need, need_all) > room()) break;  // first come, first served: no overtaking
+    if (std::max(need, need_all) > room()) {  // first come, first served: no overtaking
+      // Not admitted after all: it must not pin the cached blocks it attached while it waits
+      // (they were counted free when the running slices above were sized).
+      if (admitted_now && s->open) {
+        model.free(s->id);
+        s->open = false;
+        s->computed = 0;
+      }
+      break;
+    }
     waiting_.pop_front();
     // Running stays in arrival order (ids grow with arrival), so the latest is always last.
     running_.insert(

@@ -627,6 +627,10 @@ TEST(FastModel, PlantedForeignReadIsCountedAndMasked) {
 TEST(FastModel, DecodeHotPathAllocatesNothing) {
   auto m = load_fast();
   const int32_t v = m->vocab_size();
+  // With the prefix cache holding blocks (its free-block accounting is on the step's path too).
+  run(*m, 9, random_tokens(50, int(2 * m->pool().layout().global_tokens + 3), v), 0);
+  m->free(9);
+  ASSERT_GT(m->stats().prefix_entries, 0);
   ASSERT_TRUE(m->open(1).is_ok());
   ASSERT_TRUE(m->open(2).is_ok());
   StepBatch b;

@@ -97,6 +97,7 @@ struct PrefixEntry {
   int64_t first_win = 0;      // index of win[0] in a window block table
   std::vector<BlockRef> win;  // window blocks covering [end - window, end)
   uint64_t last_use = 0;
+  int children = 0;  // cached entries whose parent this is
 };
 
 // One token row of a step.

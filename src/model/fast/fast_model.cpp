@@ -457,13 +457,14 @@ Status FastModel::debug_plant_foreign_block(SeqId victim, SeqId owner, int64_t i
   if (a == im.seqs.end() || b == im.seqs.end()) return Status::error("unknown sequence");
   if (index >= int64_t(a->second->glob.size()) || index >= int64_t(b->second->glob.size()))
     return Status::error("no such global block");
-  // The victim's own block stays allocated (leaked to it) so the pool's accounting holds.
+  // The victim's own block stays allocated (leaked to it) so the pool's accounting holds; its table
+  // takes no reference to the planted block (test hook: the victim must not be freed after).
   // The victim's table points at the other block but still expects its own rows (owner): what a
   // table corrupted by a bug would do; a prefix-cache share would carry the writer as owner.
   const uint64_t expected = a->second->glob[std::size_t(index)].owner;
   a->second->glob[std::size_t(index)] = b->second->glob[std::size_t(index)];
   a->second->glob[std::size_t(index)].owner = expected;
-  im.kv->share(b->second->glob[std::size_t(index)]);  // both tables now hold a reference
+  a->second->cacheable = false;  // the planted table must never reach the prefix cache
   return Status::ok();
 }
 
@@ -603,7 +604,7 @@ BlockRef FastModel::Impl::private_copy(BlockRef b, bool window) {
 uint8_t* FastModel::Impl::window_row(fast::SeqState& s, int layer, int64_t pos, RowTag** tag) {
   const KvLayout& L = kv->layout();
   const BlockRef b = window_block(s, pos);
-  DSV41_CHECK(b.valid());
+  DSV41_CHECK(b.valid() && kv->refs(b.block) == 1);  // never a write into a shared block
   const int64_t slot = int64_t(layer) * L.window_tokens + pos % L.window_tokens;
   *tag = kv->tag_at(b, L.window_tag_off + slot * int64_t(sizeof(RowTag)));
   return kv->data(b) + slot * L.window_row_bytes;
@@ -619,7 +620,9 @@ const uint8_t* FastModel::Impl::read_window_row(const fast::SeqState& s, int lay
   const uint8_t* d = kv->data(b);
   RowTag t;
   std::memcpy(&t, d + L.window_tag_off + slot * int64_t(sizeof(RowTag)), sizeof t);
-  if (!kv->check(t, b.owner, b.epoch, pos)) return nullptr;
+  // Rows below what the sequence attached from the prefix cache are their writer's; every other
+  // row must be the reader's own (a table entry carrying another writer is a bug, caught here).
+  if (!kv->check(t, pos < s.shared_len ? b.owner : s.tag, b.epoch, pos)) return nullptr;
   return d + slot * L.window_row_bytes;
 }
 
@@ -628,7 +631,7 @@ uint8_t* FastModel::Impl::comp_row(fast::SeqState& s, int src, int64_t entry, bo
   const KvLayout::Source& so = kv->layout().sources[std::size_t(src)];
   const int64_t pos = entry * so.ratio;
   const BlockRef b = global_block(s, pos);
-  DSV41_CHECK(b.valid());
+  DSV41_CHECK(b.valid() && kv->refs(b.block) == 1);  // never a write into a shared block
   const int64_t e = (pos % kv->layout().global_tokens) / so.ratio;
   *tag = kv->tag_at(b, (key ? so.key_tag_off : so.comp_tag_off) + e * int64_t(sizeof(RowTag)));
   return kv->data(b) + (key ? so.key_off + e * so.key_bytes : so.comp_off + e * so.comp_bytes);
@@ -647,7 +650,9 @@ const uint8_t* FastModel::Impl::read_comp_row(const fast::SeqState& s, int src, 
   RowTag t;
   std::memcpy(&t, d + (key ? so.key_tag_off : so.comp_tag_off) + e * int64_t(sizeof(RowTag)),
               sizeof t);
-  if (!kv->check(t, b.owner, b.epoch, pos)) return nullptr;
+  // Rows below what the sequence attached from the prefix cache are their writer's; every other
+  // row must be the reader's own (a table entry carrying another writer is a bug, caught here).
+  if (!kv->check(t, pos < s.shared_len ? b.owner : s.tag, b.epoch, pos)) return nullptr;
   return d + (key ? so.key_off + e * so.key_bytes : so.comp_off + e * so.comp_bytes);
 }
 

@@ -87,6 +87,7 @@ KvPool::KvPool(KvLayout layout, int64_t budget_bytes, IsolationMode mode)
   arena_.reset(new uint8_t[std::size_t(n * layout_.block_bytes)]);
   epochs_.assign(std::size_t(n), 0);
   refs_.assign(std::size_t(n), 0);
+  cache_refs_.assign(std::size_t(n), 0);
   free_.reserve(std::size_t(n));
   for (int64_t b = n - 1; b >= 0; --b) free_.push_back(int32_t(b));
 }
@@ -106,18 +107,31 @@ BlockRef KvPool::allocate(uint64_t owner) {
   return r;
 }
 
-void KvPool::share(BlockRef b) {
+void KvPool::add_refs(BlockRef b, int32_t refs, int32_t cache_refs) {
   DSV41_CHECK(b.valid() && epochs_[std::size_t(b.block)] == b.epoch &&
               refs_[std::size_t(b.block)] > 0);
-  ++refs_[std::size_t(b.block)];
-}
-
-void KvPool::release(BlockRef b) {
-  DSV41_CHECK(b.valid() && epochs_[std::size_t(b.block)] == b.epoch &&
-              refs_[std::size_t(b.block)] > 0);
-  if (--refs_[std::size_t(b.block)] > 0) return;
+  const bool before = only_cached(b.block);
+  refs_[std::size_t(b.block)] += refs;
+  cache_refs_[std::size_t(b.block)] += cache_refs;
+  DSV41_CHECK(cache_refs_[std::size_t(b.block)] >= 0 &&
+              refs_[std::size_t(b.block)] >= cache_refs_[std::size_t(b.block)]);
+  evictable_ += int64_t(only_cached(b.block)) - int64_t(before);
+  if (refs_[std::size_t(b.block)] > 0) return;
   ++epochs_[std::size_t(b.block)];  // stale references now fail the epoch check
   free_.push_back(b.block);
+}
+
+void KvPool::share(BlockRef b) {
+  add_refs(b, 1, 0);
+}
+void KvPool::release(BlockRef b) {
+  add_refs(b, -1, 0);
+}
+void KvPool::share_cached(BlockRef b) {
+  add_refs(b, 1, 1);
+}
+void KvPool::release_cached(BlockRef b) {
+  add_refs(b, -1, -1);
 }
 
 }  // namespace dsv41

@@ -94,7 +94,13 @@ class KvPool {
   BlockRef allocate(uint64_t owner);
   void share(BlockRef b);
   void release(BlockRef b);
+  // The prefix cache's own references (counted apart, so the blocks only the cache holds, the
+  // evictable ones, are known in O(1)).
+  void share_cached(BlockRef b);
+  void release_cached(BlockRef b);
   int32_t refs(int32_t block) const { return refs_[std::size_t(block)]; }
+  int32_t cache_refs(int32_t block) const { return cache_refs_[std::size_t(block)]; }
+  int64_t evictable() const { return evictable_; }
 
   uint8_t* data(BlockRef b) { return arena_.get() + int64_t(b.block) * layout_.block_bytes; }
   const uint8_t* data(BlockRef b) const {
@@ -118,7 +124,12 @@ class KvPool {
   IsolationMode mode_;
   std::unique_ptr<uint8_t[]> arena_;  // not zeroed: pages are touched only when used
   std::vector<uint32_t> epochs_;
-  std::vector<int32_t> refs_;
+  std::vector<int32_t> refs_, cache_refs_;
+  int64_t evictable_ = 0;  // blocks whose every reference is the cache's
+  bool only_cached(int32_t b) const {
+    return cache_refs_[std::size_t(b)] > 0 && refs_[std::size_t(b)] == cache_refs_[std::size_t(b)];
+  }
+  void add_refs(BlockRef b, int32_t refs, int32_t cache_refs);
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
   mutable std::atomic<int64_t> foreign_reads_{0};
 };

@@ -56,19 +56,18 @@ void FastModel::Impl::register_prefix(fast::SeqState& s) {
       e.tokens.assign(s.tokens.begin() + k * G, s.tokens.begin() + end);
       e.glob = s.glob[std::size_t(k)];
       e.first_win = std::max<int64_t>(0, end - L.window) / L.window_tokens;
-      bool held = true;  // the window rows before end (a step releases old ones only after this)
-      for (int64_t i = e.first_win; i < end / L.window_tokens; ++i)
-        held = held && s.win[std::size_t(i)].valid();
-      if (!held) {
-        s.cacheable = false;
-        return;
-      }
-      kv->share(e.glob);
       for (int64_t i = e.first_win; i < end / L.window_tokens; ++i) {
-        kv->share(s.win[std::size_t(i)]);
+        if (!s.win[std::size_t(i)].valid()) {  // a step releases old window blocks only after this
+          s.cacheable = false;
+          return;
+        }
         e.win.push_back(s.win[std::size_t(i)]);
       }
       it = prefix.emplace(h, std::move(e)).first;
+      // References last: nothing above can leave one behind.
+      kv->share_cached(it->second.glob);
+      for (const BlockRef& b : it->second.win) kv->share_cached(b);
+      if (auto p = prefix.find(parent); p != prefix.end()) ++p->second.children;
     }
     it->second.last_use = ++prefix_clock;
     s.chain.push_back(h);
@@ -77,25 +76,27 @@ void FastModel::Impl::register_prefix(fast::SeqState& s) {
 }
 
 int64_t FastModel::Impl::prefix_evictable() const {
-  // A block is evictable when every reference to it is the cache's.
-  std::unordered_map<int32_t, int32_t> cache_refs;
-  for (const auto& [h, e] : prefix) {
-    ++cache_refs[e.glob.block];
-    for (const BlockRef& b : e.win) ++cache_refs[b.block];
-  }
-  int64_t n = 0;
-  for (const auto& [block, refs] : cache_refs) n += kv->refs(block) == refs;
-  return n;
+  return kv->evictable();  // blocks whose every reference is the cache's
 }
 
+// The least recently used entry among those that free something (no live sequence holds their
+// global block) and that no other entry extends (evicting a chain's root would strand the rest);
+// failing that, the least recently used one that frees something, then any.
 bool FastModel::Impl::evict_one_prefix() {
   if (prefix.empty()) return false;
-  auto victim = prefix.begin();
-  for (auto it = prefix.begin(); it != prefix.end(); ++it)
-    if (it->second.last_use < victim->second.last_use) victim = it;
-  kv->release(victim->second.glob);
-  for (const BlockRef& b : victim->second.win) kv->release(b);
-  prefix.erase(victim);
+  auto best = prefix.end();
+  int best_rank = 3;
+  for (auto it = prefix.begin(); it != prefix.end(); ++it) {
+    const fast::PrefixEntry& e = it->second;
+    const bool frees = kv->refs(e.glob.block) == kv->cache_refs(e.glob.block);
+    const int rank = frees ? (e.children == 0 ? 0 : 1) : 2;
+    if (rank < best_rank || (rank == best_rank && e.last_use < best->second.last_use))
+      best = it, best_rank = rank;
+  }
+  if (auto p = prefix.find(best->second.parent); p != prefix.end()) --p->second.children;
+  kv->release_cached(best->second.glob);
+  for (const BlockRef& b : best->second.win) kv->release_cached(b);
+  prefix.erase(best);
   stats.prefix_entries = int64_t(prefix.size());
   return true;
 }
@@ -135,23 +136,24 @@ int64_t FastModel::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& t
   }
   if (hit.empty()) return 0;
   const int64_t P = int64_t(hit.size()) * G;
-  for (const fast::PrefixEntry* e : hit) {
-    im.kv->share(e->glob);
-    s.glob.push_back(e->glob);
-    const_cast<fast::PrefixEntry*>(e)->last_use = ++im.prefix_clock;
-  }
+  // Tables first, references last: an allocation failing above leaves no reference behind.
   const fast::PrefixEntry& last = *hit.back();
+  s.glob.clear();
+  for (const fast::PrefixEntry* e : hit) s.glob.push_back(e->glob);
   s.win.assign(std::size_t(P / L.window_tokens), BlockRef{});
-  for (std::size_t i = 0; i < last.win.size(); ++i) {
-    im.kv->share(last.win[i]);
+  for (std::size_t i = 0; i < last.win.size(); ++i)
     s.win[std::size_t(last.first_win) + i] = last.win[i];
-  }
   s.tokens.assign(tokens.begin(), tokens.begin() + P);
   s.history.resize(std::size_t(P));
   for (int64_t p = 0; p < P; ++p)
     s.history[std::size_t(p)] = im.cmap[std::size_t(tokens[std::size_t(p)])];
   s.len = s.shared_len = P;
   s.chain = std::move(chain);
+  for (const fast::PrefixEntry* e : hit) {
+    im.kv->share(e->glob);
+    const_cast<fast::PrefixEntry*>(e)->last_use = ++im.prefix_clock;
+  }
+  for (const BlockRef& b : last.win) im.kv->share(b);
   im.stats.prefix_hit_tokens += P;
   return P;
 }
