@@ -256,8 +256,9 @@ void add_bench_serve(CLI::App* bench, Runner* run) {
   sub->add_option("--max-tokens", a->max_tokens, "Generated tokens per request")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
       ->capture_default_str();
-  sub->add_option("--shared-prefix", a->shared_prefix,
-                  "Leading prompt tokens common to every request (prefix-cache hits after the first)")
+  sub->add_option(
+         "--shared-prefix", a->shared_prefix,
+         "Leading prompt tokens common to every request (prefix-cache hits after the first)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
       ->capture_default_str();
   sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens,

@@ -271,12 +271,11 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   Fields f(body);
   // Absent: vLLM's default, the rest of the context (the engine stops there), unless the server
   // was given --default-max-tokens.
-  const int chat_default = model.default_max_tokens > 0 ? model.default_max_tokens
-                                                         : std::numeric_limits<int32_t>::max();
+  const int chat_default =
+      model.default_max_tokens > 0 ? model.default_max_tokens : std::numeric_limits<int32_t>::max();
   if (auto e = parse_max_tokens(f, "max_tokens", chat_default, job)) return e;
   if (f.get("max_completion_tokens"))
-    if (auto e = parse_max_tokens(f, "max_completion_tokens", chat_default, job))
-      return e;
+    if (auto e = parse_max_tokens(f, "max_completion_tokens", chat_default, job)) return e;
   bool logprobs = false;
   int64_t top = 0;
   if (!f.boolean("logprobs", logprobs)) return f.err;

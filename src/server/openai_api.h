@@ -29,7 +29,7 @@ struct ServedModel {
   std::string name;
   int64_t max_context = 0;
   int default_max_tokens = 0;  // chat requests without max_tokens (0: the rest of the context,
-                              // as vLLM; completions: OpenAI's 16)
+                               // as vLLM; completions: OpenAI's 16)
 };
 
 struct GenerationJob {
