@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "core/rng.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -47,6 +49,9 @@ class ReadProbe {
 
 // The fast model of a.model (converted once if official), weights faulted in.
 Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a);
+
+// --model, --converted, --threads, --kv-cache-gb, --act-quant of every `bench` model command.
+void add_common(CLI::App* sub, BenchArgs* a);
 
 // One decode point: `streams` sequences at `context` tokens (random rows, or a real prefill), a
 // warm-up step, then `steps` timed steps of one token each; JSON with tok_s, bytes, the probe.

@@ -237,6 +237,8 @@ int run_bench_prefill(const BenchArgs& a) {
   return kExitOk;
 }
 
+}  // namespace
+
 void add_common(CLI::App* sub, BenchArgs* a) {
   sub->add_option("--model", a->model, "Checkpoint (converted, or official: converted once)")
       ->required();
@@ -248,8 +250,6 @@ void add_common(CLI::App* sub, BenchArgs* a) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
 }
-
-}  // namespace
 
 void add_bench_model(CLI::App* bench, Runner* run) {
   auto a = std::make_shared<BenchArgs>();

@@ -235,16 +235,7 @@ void add_bench_serve(CLI::App* bench, Runner* run) {
       "The server under load (in this process, over loopback), JSON per concurrency: output "
       "tok/s, TTFT and inter-token latency p50/p99, and the ratio to the engine's own decode at "
       "the same number of streams measured first in the same run.");
-  sub->add_option("--model", a->common.model, "Checkpoint (converted, or official: converted once)")
-      ->required();
-  sub->add_option("--converted", a->common.converted, "Where an official-layout model goes");
-  sub->add_option("--threads", a->common.threads, "Engine threads (0: every core)")
-      ->check(CLI::Range(0, 4096));
-  sub->add_option("--kv-cache-gb", a->common.kv_cache_gb, "KV pool size in GB (0: default)")
-      ->check(CLI::Range(0.0, 1e6));
-  sub->add_option("--act-quant", a->common.act_quant, "on | off")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
+  add_common(sub, &a->common);
   sub->add_option("--concurrency", a->concurrency, "Comma-separated client counts")
       ->capture_default_str();
   sub->add_option("--requests", a->requests, "Requests per point (0: 2 x concurrency, >= 4)")

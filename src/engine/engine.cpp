@@ -348,20 +348,9 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     batch_sequences_.observe(double(batch.slices.size()));
   }
   steps_.fetch_add(1);
-  if (!st) {
-    // A step fails as a whole (it changes nothing). The slices the seam's contract refuses on
-    // their own fail alone and the others run again next step; when none does (a model-level
-    // failure), every request of the step fails.
+  if (!st) {  // a broken step (it changes nothing) fails what was in it; the others go on
     log::error("engine: step of {} sequences failed: {}", in_batch.size(), st.message());
-    std::vector<Active*> culprits;
-    for (std::size_t k = 0; k < in_batch.size(); ++k) {
-      StepBatch one;
-      one.slices.push_back(batch.slices[k]);
-      const Status alone = check_step_batch(one, vocab_size_, backend_->max_context(),
-                                            [&](SeqId id) { return backend_->length(id); });
-      if (!alone) culprits.push_back(in_batch[k]);
-    }
-    for (Active* a : culprits.empty() ? in_batch : culprits) {
+    for (Active* a : in_batch) {
       a->ch->finish(FinishReason::kError, a->prompt_len, a->generated, {}, st.message());
       a->failed = true;
     }

@@ -93,7 +93,7 @@ void Sampler::process(std::vector<float>& logits, ProcessedDistribution* d) {
     process_top_k(logits, static_cast<std::size_t>(p_.top_k), d);
   } else {
     // No sort of the vocabulary: the softmax over every finite logit in id order (exp in float,
-    // several times cheaper than double over a 129k vocabulary; deterministic; sums in double),
+    // the scale in float, deterministic; sums in double),
     // min-p as a threshold, top-p from the smallest set of most likely tokens found by selection.
     const double inv_t = 1.0 / p_.temperature;
     double max_l = -std::numeric_limits<double>::infinity();

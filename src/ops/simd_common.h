@@ -315,6 +315,14 @@ inline __m256 fp4_scales8(const uint8_t* srow, int64_t nblocks_left, const float
   return _mm256_mul_ps(w, _mm256_loadu_ps(step));
 }
 
+// The exact int32 lane sums of one block's int16 weights (w0..w3) times 64 int16 activations
+// at x: the one-token and the several-token MXFP4 paths share it, so their bits agree.
+inline __m256i i16_block_dot(__m256i w0, __m256i w1, __m256i w2, __m256i w3, const __m256i* x) {
+  return _mm256_add_epi32(
+      _mm256_add_epi32(_mm256_madd_epi16(w0, x[0]), _mm256_madd_epi16(w1, x[1])),
+      _mm256_add_epi32(_mm256_madd_epi16(w2, x[2]), _mm256_madd_epi16(w3, x[3])));
+}
+
 // A block pair's 64 E2M1 weights (32 bytes at p; only the first block when !pair) as the four int16
 // vectors the dots take: each value times 2 (an integer in [-12, 12], looked up from its nibble
 // with a byte shuffle) in the high byte of its lane (x 256, sign for free); w[0], w[1] hold the
@@ -432,12 +440,7 @@ inline float fp4_row_dot_i16x2(const uint8_t* row, const uint8_t* srow, int64_t 
     const __m256i w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
     const __m256i* xh = reinterpret_cast<const __m256i*>(a.hi + b * 32);
     const __m256i* xl = reinterpret_cast<const __m256i*>(a.lo + b * 32);
-    const __m256i ih = _mm256_add_epi32(
-        _mm256_add_epi32(_mm256_madd_epi16(w0, xh[0]), _mm256_madd_epi16(w1, xh[1])),
-        _mm256_add_epi32(_mm256_madd_epi16(w2, xh[2]), _mm256_madd_epi16(w3, xh[3])));
-    const __m256i il = _mm256_add_epi32(
-        _mm256_add_epi32(_mm256_madd_epi16(w0, xl[0]), _mm256_madd_epi16(w1, xl[1])),
-        _mm256_add_epi32(_mm256_madd_epi16(w2, xl[2]), _mm256_madd_epi16(w3, xl[3])));
+    const __m256i ih = i16_block_dot(w0, w1, w2, w3, xh), il = i16_block_dot(w0, w1, w2, w3, xl);
     const int k = int(b & 7);
     __m256 sc =
         _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
@@ -806,12 +809,8 @@ inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, c
       for (int64_t t = 0; t < ntok; ++t) {
         const __m256i* xh = reinterpret_cast<const __m256i*>(acts[t].hi + b * 32);
         const __m256i* xl = reinterpret_cast<const __m256i*>(acts[t].lo + b * 32);
-        const __m256i ih = _mm256_add_epi32(
-            _mm256_add_epi32(_mm256_madd_epi16(w0, xh[0]), _mm256_madd_epi16(w1, xh[1])),
-            _mm256_add_epi32(_mm256_madd_epi16(w2, xh[2]), _mm256_madd_epi16(w3, xh[3])));
-        const __m256i il = _mm256_add_epi32(
-            _mm256_add_epi32(_mm256_madd_epi16(w0, xl[0]), _mm256_madd_epi16(w1, xl[1])),
-            _mm256_add_epi32(_mm256_madd_epi16(w2, xl[2]), _mm256_madd_epi16(w3, xl[3])));
+        const __m256i ih = i16_block_dot(w0, w1, w2, w3, xh);
+        const __m256i il = i16_block_dot(w0, w1, w2, w3, xl);
         __m256 sc = _mm256_permutevar8x32_ps(sv[r][t], perm);
         if (!pair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), sc, acc[r][t]);

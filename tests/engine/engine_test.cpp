@@ -17,6 +17,7 @@
 #include "model/fast/fast_model.h"
 #include "model/reference/reference_model.h"
 #include "model/tiny_checkpoint.h"
+#include "model/tiny_converted.h"
 #include "text/tokenizer_file.h"
 
 namespace dsv41 {
@@ -70,21 +71,25 @@ std::unique_ptr<Tokenizer> tiny_tokenizer() {
 
 struct Collected {
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
   std::string text;
   RequestOutput last;
   int outputs = 0;
 };
 
-Collected collect(RequestHandle h) {
+Collected collect(RequestHandle h, std::chrono::seconds wait = 5s) {
   Collected c;
   for (int guard = 0; guard < 100000; ++guard) {
     RequestOutput o;
-    if (!h.next(o, 5s)) {
-      ADD_FAILURE() << "no output within 5 s";
+    if (!h.next(o, wait)) {
+      ADD_FAILURE() << "no output within " << wait.count() << " s";
       break;
     }
     ++c.outputs;
-    for (const auto& t : o.tokens) c.tokens.push_back(t.token);
+    for (const auto& t : o.tokens) {
+      c.tokens.push_back(t.token);
+      c.logprobs.push_back(t.logprob);
+    }
     c.text += o.text;
     if (o.finished) {
       c.last = std::move(o);
@@ -421,16 +426,7 @@ TEST(Engine, FastBackendGreedyMatchesTeacherForcedArgmax) {
 // a pool too small for all of them forces preemptions (recompute) along the way; no foreign read,
 // and nothing is left in the pool after.
 std::string tiny_converted(const testing::TempDir& dir) {
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/ck";
-  mt.preset = "tiny";
-  mt.seed = 3;
-  EXPECT_TRUE(make_tiny_checkpoint(mt).is_ok());
-  ConvertOptions co;
-  co.from = mt.out_dir;
-  co.to = dir.path() + "/conv";
-  EXPECT_TRUE(convert_checkpoint(co).is_ok());
-  return co.to;
+  return testing::make_tiny_converted(dir, 3);
 }
 
 struct Produced {
@@ -440,20 +436,8 @@ struct Produced {
 };
 
 Produced produce(RequestHandle h) {
-  Produced p;
-  for (int guard = 0; guard < 100000; ++guard) {
-    RequestOutput o;
-    if (!h.next(o, 20s)) {
-      ADD_FAILURE() << "no output within 20 s";
-      break;
-    }
-    for (const auto& t : o.tokens) {
-      p.tokens.push_back(t.token);
-      p.logprobs.push_back(t.logprob);
-    }
-    if (o.finished) break;
-  }
-  return p;
+  Collected c = collect(std::move(h), 20s);
+  return {c.tokens, c.logprobs};
 }
 
 TEST(Engine, FastRequestsAreTheSameAloneBatchedAndPreempted) {

@@ -466,8 +466,7 @@ TEST(FastModel, RandomContextFillHoldsWhatAPrefillHolds) {
 // The prefix cache: a sequence attached to another's cached blocks gives, bit for bit, the logits
 // it gives computing everything itself (the first G-block boundaries shared, the rest computed);
 // other salts and other tokens do not hit; the whole prompt is never attached (its last token is
-// computed); truncating into shared blocks is refused; a small pool evicts cached blocks instead
-// of failing.
+// computed); truncating below the attached prefix is refused.
 TEST(FastModel, PrefixCacheHitGivesTheLogitsOfAMiss) {
   auto m = load_fast();
   FastOptions off;

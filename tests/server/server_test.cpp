@@ -23,8 +23,8 @@
 #include "engine/engine.h"
 #include "engine/scripted_runner.h"
 #include "io/test_util.h"
-#include "model/convert/converter.h"
 #include "model/tiny_checkpoint.h"
+#include "model/tiny_converted.h"
 #include "server/http_server.h"
 #include "text/json_ordered.h"
 #include "text/tokenizer_file.h"
@@ -754,17 +754,10 @@ TEST(Server, ThousandRequestsAt32ConcurrentAllSucceed) {
 // request that finished answered exactly what it answers alone.
 TEST(Server, ChaosOnTheFastPathKeepsRequestsIsolatedAndExact) {
   testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/ck";
-  mt.seed = 5;
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
-  ConvertOptions co;
-  co.from = mt.out_dir;
-  co.to = dir.path() + "/conv";
-  ASSERT_TRUE(convert_checkpoint(co).is_ok());
+  const std::string conv = testing::make_tiny_converted(dir, 5);
   auto engine_with_pool = [&](double gb) {
     EngineOptions eo;
-    eo.model_dir = co.to;
+    eo.model_dir = conv;
     eo.fast.kv_cache_gb = gb;
     eo.max_num_batched_tokens = 32;
     auto e = Engine::load(eo);

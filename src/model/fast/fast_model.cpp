@@ -677,7 +677,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     const fast::SeqState& s = *im.seqs.at(sl.seq);
     need += im.blocks_needed(s, s.len + int64_t(sl.tokens.size()));
   }
-  if (need > im.kv->blocks_free() && need > im.kv->blocks_free() + im.prefix_evictable())
+  if (need > kv_blocks_free())
     return Status::error("KV cache full: the step needs " + std::to_string(need) +
                          " more blocks, " + std::to_string(kv_blocks_free()) +
                          " are free (raise --kv-cache-gb)");
