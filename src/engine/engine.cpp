@@ -32,8 +32,11 @@ const char* finish_reason_name(FinishReason r) {
 // Shared by the engine thread (producer) and the RequestHandle (consumer).
 class RequestChannel {
  public:
-  RequestChannel(uint64_t id, GenerationRequest req) : id_(id), request_(std::move(req)) {}
+  RequestChannel(uint64_t id, GenerationRequest req, uint64_t first_sibling = 0)
+      : id_(id), first_sibling_(first_sibling), request_(std::move(req)) {}
   uint64_t id() const { return id_; }
+  // Parallel samples: the id of sample 0 of the same prompt (0: none, or this is sample 0).
+  uint64_t first_sibling() const { return first_sibling_; }
   const GenerationRequest& request() const { return request_; }
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
@@ -69,6 +72,7 @@ class RequestChannel {
 
  private:
   uint64_t id_;
+  uint64_t first_sibling_;
   GenerationRequest request_;
   std::atomic<bool> cancelled_{false};
   std::mutex mu_;
@@ -136,6 +140,16 @@ Engine::~Engine() {
 }
 
 Result<RequestHandle> Engine::submit(GenerationRequest request) {
+  auto handles = submit(std::move(request), 1);
+  if (!handles) return handles.status();
+  return handles->front();
+}
+
+Result<std::vector<RequestHandle>> Engine::submit(GenerationRequest request, int n) {
+  if (n < 1) return Status::error(fmt::format("n: must be at least 1 (got {})", n));
+  if (n > options_.max_queue)
+    return Status::error(fmt::format("n: {} samples exceed the server's queue of {} requests", n,
+                                     options_.max_queue));
   if (request.prompt.empty()) return Status::error("prompt: must contain at least one token");
   for (std::size_t i = 0; i < request.prompt.size(); ++i) {
     if (request.prompt[i] < 0 || request.prompt[i] >= vocab_size_)
@@ -161,18 +175,28 @@ Result<RequestHandle> Engine::submit(GenerationRequest request) {
           "the whole pool holds ({}; raise --kv-cache-gb or lower max_tokens)",
           prompt_len, need, total));
   }
-  auto ch = std::make_shared<RequestChannel>(next_id_.fetch_add(1), std::move(request));
+  std::vector<std::shared_ptr<RequestChannel>> chans;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Status::error("engine: shutting down", ErrorKind::kUnavailable);
     const int64_t waiting = static_cast<int64_t>(queue_.size()) + waiting_.load();
-    if (waiting >= options_.max_queue)
+    if (waiting + n > options_.max_queue)
       return Status::error(fmt::format("engine: queue full ({} requests waiting)", waiting),
                            ErrorKind::kCapacity);
-    queue_.push_back(ch);
+    // Ids are taken under the lock so that the samples' ids are consecutive and in queue order.
+    const uint64_t first = next_id_.fetch_add(uint64_t(n));
+    for (int i = 0; i < n; ++i) {
+      GenerationRequest r = i + 1 < n ? request : std::move(request);
+      if (r.sampling.seed) r.sampling.seed = *r.sampling.seed + uint64_t(i);
+      chans.push_back(
+          std::make_shared<RequestChannel>(first + uint64_t(i), std::move(r), i ? first : 0));
+      queue_.push_back(chans.back());
+    }
   }
   cv_.notify_one();
-  return RequestHandle(ch);
+  std::vector<RequestHandle> handles;
+  for (auto& ch : chans) handles.emplace_back(std::move(ch));
+  return handles;
 }
 
 EngineStats Engine::stats() const {
@@ -242,6 +266,27 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
   return true;
 }
 
+// A parallel sample waits while its sample 0 has not yet computed the prompt, so that it then
+// finds the prompt's blocks in the prefix cache instead of computing them again. Released as soon
+// as sample 0 is past its prompt or gone (finished, cancelled, failed); without a cache, never
+// held.
+void Engine::hold_parallel_samples(std::vector<std::unique_ptr<Active>>& active) {
+  const bool caching = backend_->prefix_caching();
+  for (std::size_t i = 0; i < active.size(); ++i) {
+    Active& a = *active[i];
+    const uint64_t first = a.ch->first_sibling();
+    a.sched.hold = false;
+    if (!caching || first == 0 || a.sched.open) continue;
+    // Sample 0 arrived just before its siblings: search backwards from this one.
+    for (std::size_t j = i; j-- > 0;) {
+      const Active& f = *active[j];
+      if (f.ch->id() != first) continue;
+      a.sched.hold = !f.failed && !f.ch->cancelled() && f.sched.computed < f.prompt_len;
+      break;
+    }
+  }
+}
+
 void Engine::drop(std::vector<std::unique_ptr<Active>>& active, std::size_t i) {
   Active& a = *active[i];
   sched_.remove(&a.sched);
@@ -260,6 +305,7 @@ void Engine::loop() {
         drop(active, i);
       }
     if (!active.empty()) {
+      hold_parallel_samples(active);
       try {
         run_step(active);
       } catch (const std::exception& e) {  // a bug, never input: fail the requests, keep serving

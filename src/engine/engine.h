@@ -115,6 +115,12 @@ class Engine {
   // Validates and queues a request. Errors (bad ids, prompt too long, bad sampling, full queue)
   // name the parameter and never reach the engine thread.
   Result<RequestHandle> submit(GenerationRequest request);
+  // `n` parallel samples of one prompt (OpenAI's `n`), queued together or not at all: sample i is
+  // the request with seed + i when a seed is given (vLLM's rule), so each equals a request of its
+  // own. Where the model caches prefixes, samples 1..n-1 wait until sample 0 has computed the
+  // prompt and then take its blocks from the cache (the prompt is computed once, up to its last
+  // partial block).
+  Result<std::vector<RequestHandle>> submit(GenerationRequest request, int n);
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   int32_t vocab_size() const { return vocab_size_; }
@@ -129,6 +135,7 @@ class Engine {
   Engine() = default;
   void loop();
   bool take_submissions(std::vector<std::unique_ptr<Active>>& active);
+  void hold_parallel_samples(std::vector<std::unique_ptr<Active>>& active);
   void run_step(std::vector<std::unique_ptr<Active>>& active);
   // After a step gave a sequence its next-token logits: sample, publish, maybe finish.
   bool advance(Active& a, const std::vector<float>& logits);

@@ -16,6 +16,12 @@ void Scheduler::remove(SchedSeq* s) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s), waiting_.end());
 }
 
+const SchedSeq* Scheduler::waiting_head() const {
+  for (const SchedSeq* s : waiting_)
+    if (!s->hold) return s;
+  return nullptr;
+}
+
 void Scheduler::preempt(SchedSeq* s, ModelRunner& model) {
   model.free(s->id);
   s->open = false;
@@ -63,8 +69,13 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
     ++i;
   }
   if (p.preempted > 0) return p;
-  while (!waiting_.empty() && int64_t(running_.size()) < limits.max_seqs && budget > 0) {
-    SchedSeq* s = waiting_.front();
+  for (std::size_t w = 0;
+       w < waiting_.size() && int64_t(running_.size()) < limits.max_seqs && budget > 0;) {
+    SchedSeq* s = waiting_[w];
+    if (s->hold) {
+      ++w;
+      continue;
+    }
     const bool admitted_now = !s->open && admit;
     if (admitted_now) admit(*s);
     const int64_t n = std::min(s->known - s->computed, budget);
@@ -85,7 +96,7 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
       }
       break;
     }
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + std::ptrdiff_t(w));
     // Running stays in arrival order (ids grow with arrival), so the latest is always last.
     running_.insert(
         std::upper_bound(running_.begin(), running_.end(), s,

@@ -1,13 +1,13 @@
 // The step scheduler of continuous batching (vLLM V1's policy where the issue is silent): every
 // step is one batch under a token budget and a sequence cap; running decodes first, then running
-// prompts' next chunks (chunked prefill), then waiting sequences in arrival order while the budget,
-// the cap and the KV pool allow. When the pool cannot hold a running sequence's next tokens, the
-// latest-arrived running sequence is preempted by recompute: its cache is freed at once, it goes to
-// the front of the waiting queue and later recomputes every token it had (prompt and generated;
-// the fast path's prefill gives the bits its decode would, so its next logits are unchanged). No
-// sequence is admitted in a step that preempted, and a waiting sequence is admitted only when the
-// pool can hold all of its tokens (not just the first chunk: otherwise a long prompt admitted
-// beside a running sequence could preempt itself chunk after chunk).
+// prompts' next chunks (chunked prefill), then waiting sequences in arrival order (those on hold
+// passed over) while the budget, the cap and the KV pool allow. When the pool cannot hold a running
+// sequence's next tokens, the latest-arrived running sequence is preempted by recompute: its cache
+// is freed at once, it goes to the front of the waiting queue and later recomputes every token it
+// had (prompt and generated; the fast path's prefill gives the bits its decode would, so its next
+// logits are unchanged). No sequence is admitted in a step that preempted, and a waiting sequence
+// is admitted only when the pool can hold all of its tokens (not just the first chunk: otherwise a
+// long prompt admitted beside a running sequence could preempt itself chunk after chunk).
 //
 // The scheduler sees sequences only as token counts; the engine owns the tokens, sampling and
 // output. Single-threaded: the engine thread calls it between steps.
@@ -33,6 +33,9 @@ struct SchedSeq {
   int64_t computed = 0;  // of them, already in the model's caches
   bool open = false;     // opened in the model (the engine opens it before its first slice)
   int64_t preemptions = 0;
+  // Not admitted while set (the engine holds a parallel sample until its first sibling has
+  // computed the shared prompt); later waiting sequences pass it.
+  bool hold = false;
 };
 
 struct Scheduled {
@@ -54,7 +57,8 @@ class Scheduler {
   // it and may attach a cached prefix (setting `computed`).
   StepPlan plan(const SchedLimits& limits, ModelRunner& model,
                 const std::function<void(SchedSeq&)>& admit = {});
-  const SchedSeq* waiting_head() const { return waiting_.empty() ? nullptr : waiting_.front(); }
+  // The first waiting sequence not on hold (the next one admission would take), or null.
+  const SchedSeq* waiting_head() const;
 
   int64_t waiting() const { return int64_t(waiting_.size()); }
   int64_t running() const { return int64_t(running_.size()); }

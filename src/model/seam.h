@@ -97,6 +97,8 @@ class ModelRunner {
                                        const std::string& /*salt*/) {
     return 0;
   }
+  // Whether attach_cached_prefix can find anything at all (a cache exists and is on).
+  virtual bool prefix_caching() const { return false; }
   struct PrefixCacheCounts {
     int64_t queries = 0, query_tokens = 0, hit_tokens = 0;
   };

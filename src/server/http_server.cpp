@@ -325,17 +325,52 @@ void HttpServer::Impl::routes() {
 }
 
 // State of one streamed response, shared by the content provider and its releaser.
+// One choice of it per sample (OpenAI's n).
 struct StreamState {
+  struct Choice {
+    std::optional<RequestHandle> handle;
+    std::unique_ptr<ResponseBuilder> builder;
+    bool first_token = false;
+    bool finished = false;
+    FinishReason reason = FinishReason::kNone;
+    std::string error;
+    Clock::time_point last_token;
+    int64_t completion_tokens = 0;
+  };
   GenerationJob job;
-  std::optional<RequestHandle> handle;
-  std::unique_ptr<ResponseBuilder> builder;
+  std::vector<Choice> choices;
   Clock::time_point t0;
   Clock::time_point last_write = Clock::now();
   bool preamble_sent = false;
-  bool first_token = false;
-  bool finished = false;
-  Clock::time_point last_token;
+  bool first_token = false;  // of any choice (time to first token)
+  bool finished = false;     // every choice finished
+  bool failed = false;       // a choice failed: the response reported it, the others are cancelled
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  // The next output of any unfinished choice, waiting up to `timeout` in all; false when none
+  // arrived. Choices are polled in turn (the first unfinished one is waited on), so no choice
+  // starves another.
+  bool next(std::size_t& which, RequestOutput& out, std::chrono::milliseconds timeout) {
+    const std::size_t n = choices.size();
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t c = (poll_from + k) % n;
+      if (choices[c].finished) continue;
+      if (choices[c].handle->next(out, std::chrono::milliseconds(0))) {
+        which = c;
+        poll_from = (c + 1) % n;
+        return true;
+      }
+    }
+    for (std::size_t c = 0; c < n; ++c)
+      if (!choices[c].finished) {
+        // With several choices, wait briefly so that the others are looked at again soon.
+        if (!choices[c].handle->next(out, n == 1 ? timeout : std::chrono::milliseconds(10)))
+          return false;
+        which = c;
+        return true;
+      }
+    return false;
+  }
+  std::size_t poll_from = 0;
 };
 
 // While the model works and nothing else is written, a few ignorable bytes go out every half second
@@ -351,12 +386,13 @@ static bool heartbeat(StreamState& st, httplib::DataSink& sink, const std::strin
 // Called once per generation response when httplib is done with it (sent, or the client is gone).
 void HttpServer::Impl::release(StreamState& st, const std::string& endpoint) {
   if (!st.finished) {
-    st.handle->cancel();
-    log::info("serve: client went away; request cancelled");
+    for (auto& c : st.choices)
+      if (!c.finished) c.handle->cancel();
+    if (!st.failed) log::info("serve: client went away; request cancelled");
   }
   in_flight.fetch_sub(1);
   const double secs = std::chrono::duration<double>(Clock::now() - st.t0).count();
-  const int status = st.finished ? 200 : 499;
+  const int status = st.finished || st.failed ? 200 : 499;
   metrics.request_done(endpoint, status, secs);
   log::info("access: POST {} {} prompt_tokens={} completion_tokens={} {:.3f}s", endpoint, status,
             st.prompt_tokens, st.completion_tokens, secs);
@@ -376,10 +412,10 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   auto err = chat ? parse_chat_completion_request(body, model, tok, st->job)
                   : parse_completion_request(body, model, tok, st->job);
   if (err) return fail(*err);
-  auto handle = engine.submit(st->job.request);
-  if (!handle) {
-    const std::string& m = handle.status().message();
-    switch (handle.status().kind()) {
+  auto handles = engine.submit(st->job.request, st->job.n);
+  if (!handles) {
+    const std::string& m = handles.status().message();
+    switch (handles.status().kind()) {
       case ErrorKind::kCapacity:  // OpenAI's rate-limit shape; retry after about one step
         res.set_header("Retry-After", "1");
         return fail(make_error(429, m, "rate_limit_exceeded"));
@@ -391,33 +427,53 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
         return fail(make_error(400, m, "invalid_request_error", m.substr(0, m.find(':'))));
     }
   }
-  st->handle = *handle;
-  const std::string id =
-      fmt::format("{}-{:x}{:04x}", chat ? "chatcmpl" : "cmpl", nonce & 0xffffffffu, handle->id());
-  st->builder =
-      std::make_unique<ResponseBuilder>(st->job, tok, id, static_cast<int64_t>(std::time(nullptr)));
+  const std::string id = fmt::format("{}-{:x}{:04x}", chat ? "chatcmpl" : "cmpl",
+                                     nonce & 0xffffffffu, handles->front().id());
+  const auto created = static_cast<int64_t>(std::time(nullptr));
+  st->choices.resize(handles->size());
+  for (std::size_t c = 0; c < handles->size(); ++c) {
+    st->choices[c].handle = (*handles)[c];
+    st->choices[c].builder = std::make_unique<ResponseBuilder>(st->job, tok, id, created, int(c));
+  }
   in_flight.fetch_add(1);
 
-  auto note_tokens = [this, st](const RequestOutput& out) {
+  // Metrics and the choice's state for one output; returns true when every choice has finished.
+  auto note = [this, st](std::size_t which, const RequestOutput& out) {
+    StreamState::Choice& ch = st->choices[which];
     const auto now = Clock::now();
     if (!out.tokens.empty()) {
       if (!st->first_token) {
         st->first_token = true;
         metrics.first_token(std::chrono::duration<double>(now - st->t0).count());
+      }
+      if (!ch.first_token) {
+        ch.first_token = true;
         if (out.tokens.size() > 1)
           metrics.inter_token(0, int64_t(out.tokens.size()) - 1);  // arrived together
       } else {
-        metrics.inter_token(std::chrono::duration<double>(now - st->last_token).count(),
+        metrics.inter_token(std::chrono::duration<double>(now - ch.last_token).count(),
                             int64_t(out.tokens.size()));
       }
-      st->last_token = now;
+      ch.last_token = now;
     }
     if (out.finished) {
-      st->finished = true;
+      ch.finished = true;
+      ch.reason = out.reason;
+      ch.error = out.error;
+      ch.completion_tokens = out.completion_tokens;
       st->prompt_tokens = out.prompt_tokens;
-      st->completion_tokens = out.completion_tokens;
-      metrics.tokens(out.prompt_tokens, out.completion_tokens);
+      st->completion_tokens += out.completion_tokens;
+      st->finished = std::all_of(st->choices.begin(), st->choices.end(),
+                                 [](const StreamState::Choice& c) { return c.finished; });
+      if (st->finished) metrics.tokens(st->prompt_tokens, st->completion_tokens);
     }
+    return st->finished;
+  };
+  // The first choice that failed (a bug, never bad input): the whole response reports it.
+  auto failure = [st]() -> const StreamState::Choice* {
+    for (const auto& c : st->choices)
+      if (c.finished && c.reason == FinishReason::kError) return &c;
+    return nullptr;
   };
 
   if (!st->job.stream) {
@@ -427,17 +483,21 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
     // is then reported as an error JSON body.
     res.set_chunked_content_provider(
         "application/json",
-        [this, st, note_tokens, id](std::size_t, httplib::DataSink& sink) {
+        [this, st, note, failure, id](std::size_t, httplib::DataSink& sink) {
           RequestOutput out;
-          if (!st->handle->next(out, std::chrono::milliseconds(100)))
+          std::size_t which = 0;
+          if (!st->next(which, out, std::chrono::milliseconds(100)))
             return heartbeat(*st, sink, " ");
-          note_tokens(out);
-          st->builder->add(out);
-          if (!out.finished) return heartbeat(*st, sink, " ");
-          std::string answer = st->builder->build();
-          if (out.reason == FinishReason::kError) {
-            log::error("serve: {}: engine error: {}", id, out.error);
-            answer = error_body(make_error(500, "engine error: " + out.error, "internal_error"));
+          const bool done = note(which, out);
+          st->choices[which].builder->add(out);
+          st->failed = failure() != nullptr;
+          if (!done && !st->failed) return heartbeat(*st, sink, " ");
+          std::vector<ResponseBuilder*> builders;
+          for (auto& c : st->choices) builders.push_back(c.builder.get());
+          std::string answer = build_response(builders);
+          if (const StreamState::Choice* bad = failure()) {
+            log::error("serve: {}: engine error: {}", id, bad->error);
+            answer = error_body(make_error(500, "engine error: " + bad->error, "internal_error"));
           }
           if (!sink.write(answer.data(), answer.size())) return false;
           sink.done();
@@ -450,7 +510,7 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [st, note_tokens](std::size_t, httplib::DataSink& sink) {
+      [st, note, failure](std::size_t, httplib::DataSink& sink) {
         auto send = [&](const std::string& payload) {
           st->last_write = Clock::now();
           std::string frame = "data: " + payload + "\n\n";
@@ -458,23 +518,31 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
         };
         if (!st->preamble_sent) {
           st->preamble_sent = true;
-          if (st->job.chat && !send(st->builder->stream_preamble())) return false;
+          if (st->job.chat)
+            for (auto& c : st->choices)
+              if (!send(c.builder->stream_preamble())) return false;
         }
         RequestOutput out;
-        if (!st->handle->next(out, std::chrono::milliseconds(100)))
+        std::size_t which = 0;
+        if (!st->next(which, out, std::chrono::milliseconds(100)))
           return heartbeat(*st, sink, ": keep-alive\n\n");
-        note_tokens(out);
-        for (const std::string& chunk : st->builder->stream_chunks(out))
+        const bool done = note(which, out);
+        for (const std::string& chunk : st->choices[which].builder->stream_chunks(out))
           if (!send(chunk)) return false;  // client gone: the releaser cancels
-        if (out.finished) {
-          if (out.reason == FinishReason::kError) {
-            ApiError e = make_error(500, "engine error: " + out.error, "internal_error");
-            if (!send(error_body(e))) return false;
-          }
-          static const std::string kDone = "data: [DONE]\n\n";
-          if (!sink.write(kDone.data(), kDone.size())) return false;
-          sink.done();
+        if (out.finished && out.reason == FinishReason::kError) {
+          // One failed choice ends the response: the others are cancelled by the releaser.
+          st->failed = true;
+          ApiError e = make_error(500, "engine error: " + out.error, "internal_error");
+          if (!send(error_body(e))) return false;
+        } else if (!done) {
+          return true;
+        } else if (st->job.include_usage && !failure()) {
+          if (!send(st->choices.front().builder->stream_usage_chunk(st->completion_tokens)))
+            return false;
         }
+        static const std::string kDone = "data: [DONE]\n\n";
+        if (!sink.write(kDone.data(), kDone.size())) return false;
+        sink.done();
         return true;
       },
       [this, st, endpoint](bool) { release(*st, endpoint); });

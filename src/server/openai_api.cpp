@@ -110,12 +110,15 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
   job.model = model.name;
   Fields f(body);
   SamplingParams& s = job.request.sampling;
-  int64_t n = 1, best_of = 1, top_k = 0, seed = 0;
+  int64_t n = 1, top_k = 0, seed = 0;
   double freq = 0, pres = 0;
   if (!f.integer("n", 1, 128, n)) return f.err;
-  if (n != 1) return bad("n", "only n=1 is supported");
+  job.n = static_cast<int>(n);
+  int64_t best_of = n;  // OpenAI: best_of >= n; its default is n
   if (!f.integer("best_of", 1, 128, best_of)) return f.err;
-  if (best_of != 1) return bad("best_of", "only best_of=1 is supported");
+  if (best_of < n) return bad("best_of", "must be at least n");
+  if (best_of != n)
+    return bad("best_of", "only best_of equal to n is supported (every sample is returned)");
   if (!f.boolean("stream", job.stream)) return f.err;
   if (const OJson* so = f.get("stream_options")) {
     if (!job.stream) return bad("stream_options", "only allowed when stream is true");
@@ -319,11 +322,12 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
 // Responses
 
 ResponseBuilder::ResponseBuilder(const GenerationJob& job, const Tokenizer& tok, std::string id,
-                                 int64_t created)
+                                 int64_t created, int index)
     : job_(job),
       tok_(tok),
       id_(std::move(id)),
       created_(created),
+      index_(index),
       parser_(job.thinking, job.extract_tools) {}
 
 OJson ResponseBuilder::logprobs_json(const std::vector<OutputToken>& tokens) {
@@ -375,11 +379,11 @@ OJson ResponseBuilder::logprobs_json(const std::vector<OutputToken>& tokens) {
   return lp;
 }
 
-OJson ResponseBuilder::usage_json() const {
+OJson ResponseBuilder::usage_json(int64_t completion_tokens) const {
   OJson u = OJson::object();
   u["prompt_tokens"] = prompt_tokens_;
-  u["completion_tokens"] = completion_tokens_;
-  u["total_tokens"] = prompt_tokens_ + completion_tokens_;
+  u["completion_tokens"] = completion_tokens;
+  u["total_tokens"] = prompt_tokens_ + completion_tokens;
   return u;
 }
 
@@ -408,7 +412,7 @@ std::string ResponseBuilder::stream_preamble() const {
   delta["role"] = "assistant";
   delta["content"] = "";
   OJson choice = OJson::object();
-  choice["index"] = 0;
+  choice["index"] = index_;
   choice["delta"] = std::move(delta);
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = nullptr;
@@ -428,7 +432,7 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
   OJson lp = job_.want_logprobs && !out.tokens.empty() ? logprobs_json(out.tokens) : OJson(nullptr);
   auto make = [&](OJson payload, const OJson& finish) {
     OJson choice = OJson::object();
-    choice["index"] = 0;
+    choice["index"] = index_;
     if (job_.chat) {
       choice["delta"] = std::move(payload);
     } else {
@@ -455,7 +459,7 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
       } else {
         OJson call = OJson::object();
         call["index"] = tool_calls_sent_;
-        call["id"] = fmt::format("call_{}_{}", id_, tool_calls_sent_);
+        call["id"] = call_id(tool_calls_sent_);
         call["type"] = "function";
         call["function"] = {{"name", e.call.name}, {"arguments", e.call.arguments_json()}};
         d["tool_calls"] = OJson::array({std::move(call)});
@@ -470,18 +474,24 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
   if (out.finished && out.reason != FinishReason::kError &&
       out.reason != FinishReason::kCancelled) {
     make(job_.chat ? OJson::object() : OJson(""), finish_reason());
-    if (job_.include_usage) {
-      OJson u = OJson::object();
-      u["id"] = id_;
-      u["object"] = job_.chat ? "chat.completion.chunk" : "text_completion";
-      u["created"] = created_;
-      u["model"] = job_.model;
-      u["choices"] = OJson::array();
-      u["usage"] = usage_json();
-      chunks.push_back(dump_safe(u));
-    }
   }
   return chunks;
+}
+
+std::string ResponseBuilder::stream_usage_chunk(int64_t completion_tokens) const {
+  OJson u = OJson::object();
+  u["id"] = id_;
+  u["object"] = job_.chat ? "chat.completion.chunk" : "text_completion";
+  u["created"] = created_;
+  u["model"] = job_.model;
+  u["choices"] = OJson::array();
+  u["usage"] = usage_json(completion_tokens);
+  return dump_safe(u);
+}
+
+std::string ResponseBuilder::call_id(int i) const {
+  return index_ == 0 ? fmt::format("call_{}_{}", id_, i)
+                     : fmt::format("call_{}_{}_{}", id_, index_, i);
 }
 
 void ResponseBuilder::add(const RequestOutput& out) {
@@ -496,14 +506,9 @@ void ResponseBuilder::add(const RequestOutput& out) {
   }
 }
 
-std::string ResponseBuilder::build() {
-  OJson r = OJson::object();
-  r["id"] = id_;
-  r["object"] = job_.chat ? "chat.completion" : "text_completion";
-  r["created"] = created_;
-  r["model"] = job_.model;
+OJson ResponseBuilder::choice_json() {
   OJson choice = OJson::object();
-  choice["index"] = 0;
+  choice["index"] = index_;
   text_offset_ = 0;  // logprobs_json advances it token by token
   if (job_.chat) {
     OJson msg = OJson::object();
@@ -514,7 +519,7 @@ std::string ResponseBuilder::build() {
       OJson calls = OJson::array();
       for (std::size_t i = 0; i < calls_.size(); ++i) {
         OJson c = OJson::object();
-        c["id"] = fmt::format("call_{}_{}", id_, i);
+        c["id"] = call_id(int(i));
         c["type"] = "function";
         c["function"] = {{"name", calls_[i].name}, {"arguments", calls_[i].arguments_json()}};
         calls.push_back(std::move(c));
@@ -527,8 +532,28 @@ std::string ResponseBuilder::build() {
   }
   choice["logprobs"] = job_.want_logprobs ? logprobs_json(tokens_) : OJson(nullptr);
   choice["finish_reason"] = finish_reason();
-  r["choices"] = OJson::array({std::move(choice)});
-  r["usage"] = usage_json();
+  return choice;
+}
+
+std::string ResponseBuilder::build() {
+  return build_response({this});
+}
+
+std::string build_response(const std::vector<ResponseBuilder*>& choices) {
+  const ResponseBuilder& first = *choices.front();
+  OJson r = OJson::object();
+  r["id"] = first.id_;
+  r["object"] = first.job_.chat ? "chat.completion" : "text_completion";
+  r["created"] = first.created_;
+  r["model"] = first.job_.model;
+  OJson list = OJson::array();
+  int64_t completion = 0;
+  for (ResponseBuilder* b : choices) {
+    list.push_back(b->choice_json());
+    completion += b->completion_tokens();
+  }
+  r["choices"] = std::move(list);
+  r["usage"] = first.usage_json(completion);  // the prompt counted once, as OpenAI does
   return dump_safe(r);
 }
 

@@ -39,6 +39,7 @@ struct GenerationJob {
   bool thinking = false;       // chat: the prompt ended with <think>
   bool extract_tools = false;  // chat: tools declared and tool_choice != "none"
   bool want_logprobs = false;  // chat: logprobs=true; completions: logprobs given
+  int n = 1;                   // samples of the prompt (choices 0..n-1)
   std::string model;
   std::string max_tokens_param;  // the field that set max_tokens; empty: the default applies
   GenerationRequest request;     // prompt ids + sampling
@@ -50,24 +51,36 @@ std::optional<ApiError> parse_completion_request(const OJson& body, const Served
 std::optional<ApiError> parse_chat_completion_request(const OJson& body, const ServedModel& model,
                                                       const Tokenizer& tok, GenerationJob& job);
 
-// Accumulates one request's engine output into an OpenAI response (non-stream) or chunks (stream).
+class ResponseBuilder;
+// The non-stream response of every choice of a job (usage: the prompt once, completions summed).
+std::string build_response(const std::vector<ResponseBuilder*>& choices);
+
+// Accumulates one choice's engine output into an OpenAI response (non-stream) or chunks (stream).
+// A job with n samples has one builder per choice (`index`), all with the job's response id.
 class ResponseBuilder {
  public:
-  ResponseBuilder(const GenerationJob& job, const Tokenizer& tok, std::string id, int64_t created);
+  ResponseBuilder(const GenerationJob& job, const Tokenizer& tok, std::string id, int64_t created,
+                  int index = 0);
 
   // Stream: the SSE payloads (JSON texts, without "data: ") for this piece of output.
   std::vector<std::string> stream_chunks(const RequestOutput& out);
   // Stream: the first chunk of a chat stream (role), sent before any output.
   std::string stream_preamble() const;
+  // Stream with include_usage: the last chunk (no choices), after every choice finished;
+  // `completion_tokens` of all choices together.
+  std::string stream_usage_chunk(int64_t completion_tokens) const;
   // Non-stream: feed every output, then build() once (it consumes the logprob text offsets).
   void add(const RequestOutput& out);
-  std::string build();
+  std::string build();  // this choice alone (n = 1)
   bool finished() const { return finished_; }
   int64_t completion_tokens() const { return completion_tokens_; }
 
  private:
   OJson logprobs_json(const std::vector<OutputToken>& tokens);
-  OJson usage_json() const;
+  friend std::string build_response(const std::vector<ResponseBuilder*>& choices);
+  OJson choice_json();
+  OJson usage_json(int64_t completion_tokens) const;
+  std::string call_id(int i) const;
   std::string finish_reason() const;
   void absorb(const RequestOutput& out, std::vector<AssistantEvent>& events);
 
@@ -75,6 +88,7 @@ class ResponseBuilder {
   const Tokenizer& tok_;
   std::string id_;
   int64_t created_;
+  int index_;
   AssistantStreamParser parser_;
   // Accumulated (non-stream) state.
   std::string text_, reasoning_;

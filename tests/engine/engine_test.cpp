@@ -554,5 +554,68 @@ TEST(Engine, PrefixCacheHitsAnswerExactlyAndSkipThePrompt) {
   EXPECT_EQ(settled(*e).kv_foreign_reads, 0);
 }
 
+// OpenAI's n: the samples of one prompt are queued together; sample i is the request with seed + i
+// (each equals that request run alone, on an engine without a cache), and samples 1..n-1 wait for
+// sample 0's prompt and take its blocks from the prefix cache instead of computing them again.
+TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsOwnRequest) {
+  testing::TempDir dir;
+  const std::string conv = tiny_converted(dir);
+  auto make = [&](bool cache) {
+    EngineOptions opt;
+    opt.model_dir = conv;
+    opt.fast.kv_cache_gb = 0.05;
+    opt.fast.prefix_cache = cache;
+    opt.max_num_batched_tokens = 2048;  // room for all three prompts in one step
+    opt.max_queue = 8;
+    auto e = Engine::load(opt);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    return std::move(*e);
+  };
+  auto e = make(true);
+  GenerationRequest r;
+  Rng rng(9);
+  r.prompt.resize(400);
+  for (auto& t : r.prompt) t = int32_t(rng.below(uint64_t(e->vocab_size())));
+  r.sampling.max_tokens = 12;
+  r.sampling.ignore_eos = true;
+  r.sampling.temperature = 0.9;
+  r.sampling.seed = 11;
+  r.sampling.logprobs = 0;
+  auto hs = e->submit(r, 3);
+  ASSERT_TRUE(hs.is_ok()) << hs.status().message();
+  ASSERT_EQ(hs->size(), 3u);
+  std::vector<Produced> samples;
+  for (auto& h : *hs) samples.push_back(produce(h));
+  const EngineStats st = settled(*e);
+  EXPECT_EQ(st.prefix_queries, 3);
+  // Both later samples found the prompt's full blocks cached (the first computed them alone).
+  EXPECT_GE(st.prefix_hit_tokens, 2 * 200) << "of " << r.prompt.size() << " per sample";
+  EXPECT_EQ(st.kv_foreign_reads, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_FALSE(samples[0] == samples[1] && samples[1] == samples[2]);  // seeds 11, 12, 13
+  auto plain = make(false);
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest one = r;
+    one.sampling.seed = 11 + i;
+    EXPECT_TRUE(produce(*plain->submit(one)) == samples[std::size_t(i)]) << "sample " << i;
+  }
+  // Greedy samples are all the same; without a cache nothing waits and nothing hits.
+  GenerationRequest g = r;
+  g.sampling.temperature = 0;
+  auto gs = plain->submit(g, 2);
+  ASSERT_TRUE(gs.is_ok());
+  const Produced g0 = produce((*gs)[0]);
+  EXPECT_TRUE(produce((*gs)[1]) == g0);
+  EXPECT_EQ(settled(*plain).prefix_hit_tokens, 0);
+  // Limits: n is at least 1 and all samples fit the queue at once, or none is queued.
+  auto zero = plain->submit(g, 0);
+  ASSERT_FALSE(zero.is_ok());
+  EXPECT_EQ(zero.status().message().rfind("n:", 0), 0u) << zero.status().message();
+  auto many = plain->submit(g, 9);
+  ASSERT_FALSE(many.is_ok());
+  EXPECT_EQ(many.status().message().rfind("n:", 0), 0u) << many.status().message();
+  EXPECT_EQ(settled(*plain).queued, 0);
+}
+
 }  // namespace
 }  // namespace dsv41

@@ -95,6 +95,24 @@ async function basic() {
   check(content === chat.choices[0].message.content, 'streamed chat equals the non-streamed one');
   check(usage && usage.completion_tokens === chat.usage.completion_tokens, 'stream include_usage');
 
+  // n: parallel samples, choice i the request with seed + i, streamed under their indices.
+  const three = await client.chat.completions.create({
+    model, messages, max_tokens: 8, seed: 3, n: 3, temperature: 1, chat_template_kwargs: { thinking: false },
+  });
+  check(three.choices.length === 3 && three.choices.every((c, i) => c.index === i), 'n=3 gives choices 0..2');
+  check(three.choices[0].message.content === chat.choices[0].message.content, 'n=3 choice 0 is the seed-3 answer');
+  const seed4 = await client.chat.completions.create({
+    model, messages, max_tokens: 8, seed: 4, temperature: 1, chat_template_kwargs: { thinking: false },
+  });
+  check(three.choices[1].message.content === seed4.choices[0].message.content, 'n=3 choice 1 is the seed-4 answer');
+  const parts = ['', '', ''];
+  const nstream = await client.chat.completions.create({
+    model, messages, max_tokens: 8, seed: 3, n: 3, temperature: 1, stream: true,
+    chat_template_kwargs: { thinking: false },
+  });
+  for await (const chunk of nstream) for (const c of chunk.choices) parts[c.index] += c.delta?.content ?? '';
+  check(parts.every((p, i) => p === three.choices[i].message.content), 'streamed n=3 equals the non-streamed choices');
+
   // Thinking mode: the answer is split into reasoning_content and content.
   const think = await client.chat.completions.create({ model, messages, max_tokens: 5, seed: 1 });
   check(typeof think.choices[0].message.reasoning_content === 'string', 'thinking mode returns reasoning_content');

@@ -249,7 +249,7 @@ std::vector<Bad> malformed_corpus() {
            "\"frequency_penalty\":-3",
            "\"seed\":\"x\"",
            "\"seed\":1.5",
-           "\"n\":2",
+           "\"n\":129",
            "\"n\":0",
            "\"best_of\":2",
            "\"logprobs\":21",
@@ -323,7 +323,7 @@ std::vector<Bad> malformed_corpus() {
                                 "\"max_completion_tokens\":0",
                                 "\"max_tokens\":0",
                                 "\"temperature\":2.5",
-                                "\"n\":3",
+                                "\"n\":2,\"best_of\":1",
                                 "\"parallel_tool_calls\":\"x\"",
                                 "\"add_generation_prompt\":1",
                                 "\"model\":\"gpt-4\""}) {
@@ -835,6 +835,96 @@ TEST(Server, ChaosOnTheFastPathKeepsRequestsIsolatedAndExact) {
 
 // More concurrent streams than the old fixed pool of 32 HTTP threads: all 48 run at once in the
 // engine (the HTTP pool is sized from the engine's limits), none waits for a thread.
+// OpenAI's n on the fast path: n choices (indices 0..n-1), choice i equal to the same request
+// with seed + i; usage counts the prompt once and every choice's tokens; a stream carries each
+// choice's chunks under its index, one finish per choice, then one usage chunk, then [DONE].
+TEST(Server, ParallelSamplesAreChoicesEachEqualToItsSeed) {
+  testing::TempDir dir;
+  const std::string conv = testing::make_tiny_converted(dir, 5);
+  EngineOptions eo;
+  eo.model_dir = conv;
+  eo.fast.kv_cache_gb = 0.05;
+  auto e = Engine::load(eo);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  InProcess s(std::move(*e));
+  auto c = s.client();
+  auto body = [](int n, int seed, bool stream) {
+    return R"({"model":"scripted","prompt":[5,9,300,41,7,77,12,600,3,18,250,1,2,3,4,5,6,7,8,9],)"
+           R"("max_tokens":10,"ignore_eos":true,"temperature":0.9,"logprobs":0,"n":)" +
+           std::to_string(n) + R"(,"seed":)" + std::to_string(seed) +
+           (stream ? R"(,"stream":true,"stream_options":{"include_usage":true}})" : "}");
+  };
+  std::vector<std::string> solo;
+  for (int i = 0; i < 3; ++i) {
+    auto r = c.Post("/v1/completions", body(1, 40 + i, false), "application/json");
+    ASSERT_TRUE(r && r->status == 200);
+    solo.push_back((*parse_json_ordered(r->body))["choices"][0]["text"].get<std::string>());
+  }
+  EXPECT_FALSE(solo[0] == solo[1] && solo[1] == solo[2]);
+  auto r = c.Post("/v1/completions", body(3, 40, false), "application/json");
+  ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+  const OJson j = *parse_json_ordered(r->body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"].get<int>(), int(i));
+    EXPECT_EQ(j["choices"][i]["text"].get<std::string>(), solo[i]) << "choice " << i;
+    EXPECT_EQ(j["choices"][i]["logprobs"]["tokens"].size(), 10u);
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"].get<int>(), 20);
+  EXPECT_EQ(j["usage"]["completion_tokens"].get<int>(), 30);
+
+  std::string streamed;
+  ASSERT_TRUE(post_streaming(c, "/v1/completions", body(3, 40, true), [&](const char* d, size_t n) {
+    streamed.append(d, n);
+    return true;
+  }));
+  std::vector<std::string> text(3);
+  std::vector<int> finishes(3, 0);
+  int usage_chunks = 0;
+  std::size_t at = 0, done_at = streamed.find("data: [DONE]"), usage_at = 0;
+  ASSERT_NE(done_at, std::string::npos);
+  while ((at = streamed.find("data: {", at)) != std::string::npos) {
+    const std::size_t end = streamed.find("\n\n", at);
+    auto chunk = parse_json_ordered(streamed.substr(at + 6, end - at - 6));
+    ASSERT_TRUE(chunk.is_ok());
+    if ((*chunk)["choices"].empty()) {
+      ++usage_chunks;
+      usage_at = at;
+      EXPECT_EQ((*chunk)["usage"]["completion_tokens"].get<int>(), 30);
+      EXPECT_EQ((*chunk)["usage"]["prompt_tokens"].get<int>(), 20);
+    } else {
+      const OJson& ch = (*chunk)["choices"][0];
+      const auto k = std::size_t(ch["index"].get<int>());
+      ASSERT_LT(k, 3u);
+      text[k] += ch["text"].get<std::string>();
+      finishes[k] += !ch["finish_reason"].is_null();
+    }
+    at = end;
+  }
+  EXPECT_EQ(usage_chunks, 1);
+  EXPECT_LT(usage_at, done_at);
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(text[k], solo[k]) << "streamed choice " << k;
+    EXPECT_EQ(finishes[k], 1) << "choice " << k;
+  }
+  // Chat: a role preamble per choice; n beyond the limit is refused naming n.
+  std::string chat;
+  ASSERT_TRUE(post_streaming(
+      c, "/v1/chat/completions",
+      R"({"model":"scripted","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"n":2,"stream":true})",
+      [&](const char* d, size_t n) {
+        chat.append(d, n);
+        return true;
+      }));
+  EXPECT_NE(chat.find(R"("index":0,"delta":{"role":"assistant")"), std::string::npos) << chat;
+  EXPECT_NE(chat.find(R"("index":1,"delta":{"role":"assistant")"), std::string::npos) << chat;
+  auto big = c.Post("/v1/completions", body(129, 1, false), "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 400);
+  EXPECT_NE(big->body.find(R"("param":"n")"), std::string::npos) << big->body;
+  EXPECT_EQ(s.engine->stats().kv_foreign_reads, 0);
+}
+
 TEST(Server, FortyEightConcurrentStreamsRunTogether) {
   InProcess s(/*sleep_ms=*/10);
   std::atomic<bool> done{false};

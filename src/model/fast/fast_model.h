@@ -78,6 +78,7 @@ class FastModel final : public ModelRunner {
   int64_t attach_cached_prefix(SeqId seq, const std::vector<int32_t>& tokens,
                                const std::string& salt) override;
   PrefixCacheCounts prefix_cache_counts() const override;
+  bool prefix_caching() const override;
 
   FastStats stats() const;
   const KvPool& pool() const;

@@ -158,6 +158,10 @@ int64_t FastModel::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& t
   return P;
 }
 
+bool FastModel::prefix_caching() const {
+  return impl_->prefix_enabled() && !impl_->kv->layout().sources.empty();
+}
+
 ModelRunner::PrefixCacheCounts FastModel::prefix_cache_counts() const {
   const FastStats& st = impl_->stats;
   return {st.prefix_queries, st.prefix_query_tokens, st.prefix_hit_tokens};
