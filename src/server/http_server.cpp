@@ -23,6 +23,8 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "server/anthropic_api.h"
+#include "server/generation_protocol.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "text/byte_level.h"
@@ -119,6 +121,12 @@ struct HttpServer::Impl {
     res.status = e.status;
     res.set_content(error_body(e), "application/json");
   }
+  // Errors raised before a route's own handler runs, in the shape of the API the path belongs to.
+  static void send_error_for(const std::string& path, httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(path.rfind("/v1/messages", 0) == 0 ? anthropic_error_body(e) : error_body(e),
+                    "application/json");
+  }
   static ApiError make_error(int status, std::string message, std::string type,
                              std::string param = {}, std::string code = {}) {
     ApiError e;
@@ -156,9 +164,13 @@ struct HttpServer::Impl {
                                                                  httplib::Response& res);
 
   void routes();
-  void generation(const httplib::Request& req, httplib::Response& res, bool chat);
+  void generation(const httplib::Request& req, httplib::Response& res, const GenerationApi& api);
+  std::unique_ptr<GenerationApi> completions_api = openai_completions_api();
+  std::unique_ptr<GenerationApi> chat_api = openai_chat_api();
+  std::unique_ptr<GenerationApi> messages_api = anthropic_messages_api();
   void release(StreamState& st, const std::string& endpoint);
   void tokenize(const httplib::Request& req, httplib::Response& res);
+  void count_tokens(const httplib::Request& req, httplib::Response& res);
   void detokenize(const httplib::Request& req, httplib::Response& res);
 };
 
@@ -193,7 +205,7 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
   const Route* route = find_route(req.path);
   const std::string label = route ? route->label : "unknown";
   auto reject = [&](const ApiError& e) {
-    send_error(res, e);
+    send_error_for(req.path, res, e);
     res.set_header("Connection", "close");
     metrics.request_done(label, e.status, 0);
     return httplib::Server::HandlerResponse::Handled;
@@ -238,7 +250,8 @@ void HttpServer::Impl::routes() {
   // One access-log line per request: generation answers are logged when httplib is done with them
   // (release(), with their token counts and the status the client really got); the rest here.
   svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
-    const bool generation = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+    const bool generation = req.path == "/v1/completions" || req.path == "/v1/chat/completions" ||
+                            req.path == "/v1/messages";
     if (!(generation && res.status == 200))
       log::info("access: {} {} {}", req.method, req.path, res.status);
   });
@@ -272,15 +285,14 @@ void HttpServer::Impl::routes() {
         msg = fmt::format("HTTP error {}", res.status);
         break;
     }
-    res.set_content(
-        error_body(make_error(res.status, msg,
-                              res.status < 500 ? "invalid_request_error" : "internal_error")),
-        "application/json");
+    send_error_for(
+        req.path, res,
+        make_error(res.status, msg, res.status < 500 ? "invalid_request_error" : "internal_error"));
     metrics.request_done(req.path.empty() ? "?" : (res.status == 404 ? "unknown" : req.path),
                          res.status, 0);
   });
   svr.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown exception";
         try {
           if (ep) std::rethrow_exception(ep);
@@ -289,7 +301,7 @@ void HttpServer::Impl::routes() {
         } catch (...) {
         }
         log::error("serve: internal error: {}", what);
-        send_error(res, make_error(500, "internal error: " + what, "internal_error"));
+        send_error_for(req.path, res, make_error(500, "internal error: " + what, "internal_error"));
       });
 
   on("GET", "/health", "/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -315,9 +327,19 @@ void HttpServer::Impl::routes() {
     res.set_content(metrics.render(s, in_flight.load()), "text/plain; version=0.0.4");
   });
   on("POST", "/v1/completions", "/v1/completions",
-     [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, false); });
+     [this](const httplib::Request& req, httplib::Response& res) {
+       generation(req, res, *completions_api);
+     });
   on("POST", "/v1/chat/completions", "/v1/chat/completions",
-     [this](const httplib::Request& req, httplib::Response& res) { generation(req, res, true); });
+     [this](const httplib::Request& req, httplib::Response& res) {
+       generation(req, res, *chat_api);
+     });
+  on("POST", "/v1/messages", "/v1/messages",
+     [this](const httplib::Request& req, httplib::Response& res) {
+       generation(req, res, *messages_api);
+     });
+  on("POST", "/v1/messages/count_tokens", "/v1/messages/count_tokens",
+     [this](const httplib::Request& req, httplib::Response& res) { count_tokens(req, res); });
   on("POST", "/tokenize", "/tokenize",
      [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
   on("POST", "/detokenize", "/detokenize",
@@ -329,7 +351,6 @@ void HttpServer::Impl::routes() {
 struct StreamState {
   struct Choice {
     std::optional<RequestHandle> handle;
-    std::unique_ptr<ResponseBuilder> builder;
     bool first_token = false;
     bool finished = false;
     FinishReason reason = FinishReason::kNone;
@@ -339,6 +360,7 @@ struct StreamState {
   };
   GenerationJob job;
   std::vector<Choice> choices;
+  std::unique_ptr<ResponseWriter> writer;  // the API's rendering of the response
   Clock::time_point t0;
   Clock::time_point last_write = Clock::now();
   bool preamble_sent = false;
@@ -398,20 +420,20 @@ void HttpServer::Impl::release(StreamState& st, const std::string& endpoint) {
             st.prompt_tokens, st.completion_tokens, secs);
 }
 
-void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res, bool chat) {
-  const std::string endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res,
+                                  const GenerationApi& api) {
+  const std::string endpoint = api.endpoint();
   auto st = std::make_shared<StreamState>();
   st->t0 = Clock::now();
   auto fail = [&](const ApiError& e) {
-    send_error(res, e);
+    res.status = e.status;
+    res.set_content(api.error_body(e), "application/json");
     metrics.request_done(endpoint, e.status, 0);
   };
   OJson body;
   if (auto e = parse_body(req, body)) return fail(*e);
   const Tokenizer& tok = engine.tokenizer();
-  auto err = chat ? parse_chat_completion_request(body, model, tok, st->job)
-                  : parse_completion_request(body, model, tok, st->job);
-  if (err) return fail(*err);
+  if (auto err = api.parse(body, model, tok, st->job)) return fail(*err);
   auto handles = engine.submit(st->job.request, st->job.n);
   if (!handles) {
     const std::string& m = handles.status().message();
@@ -427,14 +449,10 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
         return fail(make_error(400, m, "invalid_request_error", m.substr(0, m.find(':'))));
     }
   }
-  const std::string id = fmt::format("{}-{:x}{:04x}", chat ? "chatcmpl" : "cmpl",
-                                     nonce & 0xffffffffu, handles->front().id());
-  const auto created = static_cast<int64_t>(std::time(nullptr));
+  const std::string id = fmt::format("{:x}{:04x}", nonce & 0xffffffffu, handles->front().id());
   st->choices.resize(handles->size());
-  for (std::size_t c = 0; c < handles->size(); ++c) {
-    st->choices[c].handle = (*handles)[c];
-    st->choices[c].builder = std::make_unique<ResponseBuilder>(st->job, tok, id, created, int(c));
-  }
+  for (std::size_t c = 0; c < handles->size(); ++c) st->choices[c].handle = (*handles)[c];
+  st->writer = api.writer(st->job, tok, id, static_cast<int64_t>(std::time(nullptr)));
   in_flight.fetch_add(1);
 
   // Metrics and the choice's state for one output; returns true when every choice has finished.
@@ -483,21 +501,22 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
     // is then reported as an error JSON body.
     res.set_chunked_content_provider(
         "application/json",
-        [this, st, note, failure, id](std::size_t, httplib::DataSink& sink) {
+        [this, st, note, failure, id, &api](std::size_t, httplib::DataSink& sink) {
           RequestOutput out;
           std::size_t which = 0;
           if (!st->next(which, out, std::chrono::milliseconds(100)))
             return heartbeat(*st, sink, " ");
           const bool done = note(which, out);
-          st->choices[which].builder->add(out);
+          st->writer->add(which, out);
           st->failed = failure() != nullptr;
           if (!done && !st->failed) return heartbeat(*st, sink, " ");
-          std::vector<ResponseBuilder*> builders;
-          for (auto& c : st->choices) builders.push_back(c.builder.get());
-          std::string answer = build_response(builders);
+          std::string answer;
           if (const StreamState::Choice* bad = failure()) {
             log::error("serve: {}: engine error: {}", id, bad->error);
-            answer = error_body(make_error(500, "engine error: " + bad->error, "internal_error"));
+            answer =
+                api.error_body(make_error(500, "engine error: " + bad->error, "internal_error"));
+          } else {
+            answer = st->writer->body();
           }
           if (!sink.write(answer.data(), answer.size())) return false;
           sink.done();
@@ -511,37 +530,34 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   res.set_chunked_content_provider(
       "text/event-stream",
       [st, note, failure](std::size_t, httplib::DataSink& sink) {
-        auto send = [&](const std::string& payload) {
+        auto send = [&](const std::vector<std::string>& frames) {
           st->last_write = Clock::now();
-          std::string frame = "data: " + payload + "\n\n";
-          return sink.write(frame.data(), frame.size());
+          for (const std::string& f : frames)
+            if (!sink.write(f.data(), f.size())) return false;
+          return true;
         };
         if (!st->preamble_sent) {
           st->preamble_sent = true;
-          if (st->job.chat)
-            for (auto& c : st->choices)
-              if (!send(c.builder->stream_preamble())) return false;
+          if (!send(st->writer->stream_begin())) return false;
         }
         RequestOutput out;
         std::size_t which = 0;
         if (!st->next(which, out, std::chrono::milliseconds(100)))
-          return heartbeat(*st, sink, ": keep-alive\n\n");
+          return heartbeat(*st, sink, st->writer->stream_heartbeat());
         const bool done = note(which, out);
-        for (const std::string& chunk : st->choices[which].builder->stream_chunks(out))
-          if (!send(chunk)) return false;  // client gone: the releaser cancels
         if (out.finished && out.reason == FinishReason::kError) {
           // One failed choice ends the response: the others are cancelled by the releaser.
           st->failed = true;
-          ApiError e = make_error(500, "engine error: " + out.error, "internal_error");
-          if (!send(error_body(e))) return false;
-        } else if (!done) {
-          return true;
-        } else if (st->job.include_usage && !failure()) {
-          if (!send(st->choices.front().builder->stream_usage_chunk(st->completion_tokens)))
+          if (!send(st->writer->stream_error(
+                  make_error(500, "engine error: " + out.error, "internal_error"))))
+            return false;
+        } else {
+          if (!send(st->writer->stream_output(which, out)))
+            return false;  // client gone: the releaser cancels
+          if (!done) return true;
+          if (!send(failure() ? std::vector<std::string>{} : st->writer->stream_end()))
             return false;
         }
-        static const std::string kDone = "data: [DONE]\n\n";
-        if (!sink.write(kDone.data(), kDone.size())) return false;
         sink.done();
         return true;
       },
@@ -580,6 +596,24 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
   out["tokens"] = ids;
   res.set_content(out.dump(), "application/json");
   metrics.request_done("/tokenize", 200, 0);
+}
+
+// Anthropic's count_tokens: the prompt a Messages request would run, counted ({"input_tokens"}).
+void HttpServer::Impl::count_tokens(const httplib::Request& req, httplib::Response& res) {
+  const char* endpoint = "/v1/messages/count_tokens";
+  auto fail = [&](const ApiError& e) {
+    res.status = e.status;
+    res.set_content(anthropic_error_body(e), "application/json");
+    metrics.request_done(endpoint, e.status, 0);
+  };
+  OJson body;
+  if (auto e = parse_body(req, body)) return fail(*e);
+  GenerationJob job;
+  if (auto e = parse_messages_request(body, model, engine.tokenizer(), true, job)) return fail(*e);
+  OJson out = OJson::object();
+  out["input_tokens"] = job.request.prompt.size();
+  res.set_content(out.dump(), "application/json");
+  metrics.request_done(endpoint, 200, 0);
 }
 
 void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {

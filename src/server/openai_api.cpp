@@ -2,6 +2,7 @@
 // do); every known field is type- and range-checked, and unsupported values are refused with a 400
 // naming the field rather than silently ignored.
 #include "server/openai_api.h"
+#include "server/request_fields.h"
 
 #include <cmath>
 #include <limits>
@@ -13,68 +14,6 @@
 
 namespace dsv41 {
 namespace {
-
-// Serialises without ever throwing: invalid UTF-8 (which no path should produce) becomes U+FFFD.
-std::string dump_safe(const OJson& j) {
-  return j.dump(-1, ' ', false, OJson::error_handler_t::replace);
-}
-
-ApiError bad(std::string param, std::string message, std::string code = {}) {
-  ApiError e;
-  e.status = 400;
-  e.message = param.empty() ? message : param + ": " + message;
-  e.param = std::move(param);
-  e.code = std::move(code);
-  return e;
-}
-
-// Typed access to optional body fields; null counts as absent.
-class Fields {
- public:
-  explicit Fields(const OJson& b) : b_(b) {}
-  std::optional<ApiError> err;
-
-  const OJson* get(const char* k) const {
-    auto it = b_.find(k);
-    return it == b_.end() || it->is_null() ? nullptr : &*it;
-  }
-  bool boolean(const char* k, bool& out) {
-    const OJson* v = get(k);
-    if (!v) return true;
-    if (!v->is_boolean()) return fail(k, "must be a boolean");
-    out = v->get<bool>();
-    return true;
-  }
-  bool number(const char* k, double lo, double hi, bool lo_open, double& out) {
-    const OJson* v = get(k);
-    if (!v) return true;
-    if (!v->is_number()) return fail(k, "must be a number");
-    double x = v->get<double>();
-    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi))
-      return fail(k,
-                  fmt::format("{} is outside {}{}, {}]", v->dump(), lo_open ? "(" : "[", lo, hi));
-    out = x;
-    return true;
-  }
-  bool integer(const char* k, int64_t lo, int64_t hi, int64_t& out) {
-    const OJson* v = get(k);
-    if (!v) return true;
-    if (!v->is_number_integer()) return fail(k, "must be an integer");
-    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
-      return fail(k, fmt::format("{} is outside [{}, {}]", v->dump(), lo, hi));
-    int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) return fail(k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
-    out = x;
-    return true;
-  }
-  bool fail(const std::string& k, std::string message) {
-    err = bad(k, std::move(message));
-    return false;
-  }
-
- private:
-  const OJson& b_;
-};
 
 // Token ids: JSON integers in [0, vocab). The JSON library stores every non-negative integer as
 // unsigned (and only negative ones as signed), so both representations are read.
@@ -188,8 +127,10 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
 
 // The prompt must leave room in the context, and an explicit max_tokens must fit in that room (as
 // vLLM; a default max_tokens is only an upper bound, the engine stops at the context limit).
-std::optional<ApiError> check_length(const GenerationJob& job, const ServedModel& model,
-                                     const char* param) {
+}  // namespace
+
+std::optional<ApiError> check_prompt_length(const GenerationJob& job, const ServedModel& model,
+                                            const char* param) {
   const auto n = static_cast<int64_t>(job.request.prompt.size());
   if (n == 0) return bad(param, "the prompt is empty (0 tokens)");
   if (n >= model.max_context)
@@ -207,6 +148,8 @@ std::optional<ApiError> check_length(const GenerationJob& job, const ServedModel
                            model.max_context, n));
   return std::nullopt;
 }
+
+namespace {
 
 std::optional<ApiError> parse_max_tokens(Fields& f, const char* name, int default_value,
                                          GenerationJob& job) {
@@ -264,7 +207,7 @@ std::optional<ApiError> parse_completion_request(const OJson& body, const Served
     return bad("prompt",
                "must be a string, an array of token ids, or a one-element array of either");
   }
-  return check_length(job, model, "prompt");
+  return check_prompt_length(job, model, "prompt");
 }
 
 std::optional<ApiError> parse_chat_completion_request(const OJson& body, const ServedModel& model,
@@ -315,7 +258,7 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   for (const auto& m : req->messages) has_tools |= !m.tools.empty();
   job.extract_tools = has_tools && tool_choice != "none";
   job.request.prompt = tok.encode(*prompt);
-  return check_length(job, model, "messages");
+  return check_prompt_length(job, model, "messages");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -51,6 +51,10 @@ struct ChatRequest {
 // ("messages[2].content").
 Result<ChatRequest> parse_chat_request(const OJson& body);
 
+// Declares function tools (OpenAI function objects {name, description, parameters}) in the first
+// system message, creating an empty one at the front when there is none (how the encoder wants
+// them). Nothing happens for an empty list.
+void attach_tools(std::vector<ChatMessage>& messages, std::vector<OJson> tools);
 // Maps an effort given as a name (low 25, high 50, xhigh 75, max 100) or an integer 1..100.
 // "none" is handled by the caller (it switches thinking off). Errors name `param`.
 Result<int> parse_reasoning_effort(const OJson& value, const std::string& param);

@@ -200,6 +200,21 @@ Result<int> parse_reasoning_effort(const OJson& v, const std::string& param) {
       param, v.dump()));
 }
 
+void attach_tools(std::vector<ChatMessage>& messages, std::vector<OJson> tools) {
+  if (tools.empty()) return;
+  // Tools live in the first system message; one is created at the front when there is none.
+  for (auto& m : messages)
+    if (m.role == "system") {
+      m.tools = std::move(tools);
+      return;
+    }
+  ChatMessage empty;
+  empty.role = "system";
+  empty.content = "";
+  empty.tools = std::move(tools);
+  messages.insert(messages.begin(), std::move(empty));
+}
+
 Result<ChatRequest> parse_chat_request(const OJson& body) {
   if (!body.is_object()) return type_error("body", "a JSON object", body);
   ChatRequest req;
@@ -214,23 +229,7 @@ Result<ChatRequest> parse_chat_request(const OJson& body) {
   }
   std::vector<OJson> tools;
   if (auto t = body.find("tools"); t != body.end()) DSV41_RETURN_IF_ERROR(parse_tools(*t, tools));
-  if (!tools.empty()) {
-    // Tools live in the first system message; one is created at the front when there is none.
-    ChatMessage* system = nullptr;
-    for (auto& m : req.messages)
-      if (m.role == "system") {
-        system = &m;
-        break;
-      }
-    if (!system) {
-      ChatMessage empty;
-      empty.role = "system";
-      empty.content = "";
-      req.messages.insert(req.messages.begin(), std::move(empty));
-      system = &req.messages.front();
-    }
-    system->tools = std::move(tools);
-  }
+  attach_tools(req.messages, std::move(tools));
 
   ChatOptions& opt = req.options;
   if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {

@@ -606,7 +606,11 @@ TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsOwnRequest) {
   ASSERT_TRUE(gs.is_ok());
   const Produced g0 = produce((*gs)[0]);
   EXPECT_TRUE(produce((*gs)[1]) == g0);
-  EXPECT_EQ(settled(*plain).prefix_hit_tokens, 0);
+  const EngineStats ps = settled(*plain);
+  EXPECT_EQ(ps.prefix_hit_tokens, 0);
+  // Decode-only steps: 11 per 12-token request after its prompt's step (3 alone, then 2 together).
+  EXPECT_EQ(ps.decode_steps_tokens, 3 * 11 + 2 * 11);
+  EXPECT_GT(ps.decode_steps_seconds, 0);
   // Limits: n is at least 1 and all samples fit the queue at once, or none is queued.
   auto zero = plain->submit(g, 0);
   ASSERT_FALSE(zero.is_ok());

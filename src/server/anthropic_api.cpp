@@ -1,0 +1,509 @@
+// Anthropic Messages (server/anthropic_api.h): request blocks -> ChatMessages -> V4.1 chat
+// encoding; engine output -> content blocks through the same DSML/reasoning parser as chat
+// completions, so reasoning and tool calls come back the same way through every API.
+#include "server/anthropic_api.h"
+
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "server/generation_protocol.h"
+#include "server/request_fields.h"
+#include "text/chat.h"
+#include "text/dsml_parser.h"
+
+namespace dsv41 {
+
+std::string anthropic_error_body(const ApiError& e) {
+  const char* type = "api_error";
+  switch (e.status) {
+    case 400:
+    case 405:
+      type = "invalid_request_error";
+      break;
+    case 401:
+      type = "authentication_error";
+      break;
+    case 403:
+      type = "permission_error";
+      break;
+    case 404:
+      type = "not_found_error";
+      break;
+    case 413:
+      type = "request_too_large";
+      break;
+    case 429:
+      type = "rate_limit_error";
+      break;
+    case 503:
+    case 529:
+      type = "overloaded_error";
+      break;
+    default:
+      type = e.status >= 400 && e.status < 500 ? "invalid_request_error" : "api_error";
+  }
+  OJson err = OJson::object();
+  err["type"] = type;
+  err["message"] = e.message;
+  OJson body = OJson::object();
+  body["type"] = "error";
+  body["error"] = std::move(err);
+  return dump_safe(body);
+}
+
+namespace {
+
+// Text of a `content` that is a string or an array of text blocks (what system and tool_result
+// accept); anything else is refused naming the block.
+std::optional<ApiError> text_of(const OJson& v, const std::string& param, std::string& out) {
+  if (v.is_string()) {
+    out = v.get<std::string>();
+    return std::nullopt;
+  }
+  if (!v.is_array()) return bad(param, "must be a string or an array of text blocks");
+  for (std::size_t j = 0; j < v.size(); ++j) {
+    const std::string p = fmt::format("{}[{}]", param, j);
+    const OJson& b = v[j];
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+      return bad(p, "must be a content block with a type");
+    const std::string type = b["type"].get<std::string>();
+    if (type == "image" || type == "document")
+      return bad(p + ".type",
+                 "'" + type + "' blocks are not supported (this model reads text only)");
+    if (type != "text")
+      return bad(p + ".type", "only text blocks are accepted here, got '" + type + "'");
+    if (!b.contains("text") || !b["text"].is_string()) return bad(p + ".text", "must be a string");
+    out += b["text"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+// One Anthropic message -> ChatMessages: a user message's tool_result blocks become tool messages
+// (the encoder merges them into the user turn), its text blocks one user message; an assistant
+// message's thinking / text / tool_use blocks one assistant message.
+std::optional<ApiError> convert_message(const OJson& m, const std::string& param,
+                                        std::vector<ChatMessage>& out) {
+  if (!m.is_object()) return bad(param, "must be a message object");
+  const OJson* role = m.contains("role") ? &m["role"] : nullptr;
+  if (!role || !role->is_string()) return bad(param + ".role", "required: 'user' or 'assistant'");
+  const std::string r = role->get<std::string>();
+  if (r != "user" && r != "assistant")
+    return bad(param + ".role", "must be 'user' or 'assistant', got '" + r + "'");
+  if (!m.contains("content") || m["content"].is_null())
+    return bad(param + ".content", "required field missing");
+  const OJson& c = m["content"];
+  ChatMessage msg;
+  msg.role = r;
+  if (c.is_string()) {
+    msg.content = c.get<std::string>();
+    out.push_back(std::move(msg));
+    return std::nullopt;
+  }
+  if (!c.is_array()) return bad(param + ".content", "must be a string or an array of blocks");
+  std::string text, reasoning;
+  bool has_text = false, has_reasoning = false;
+  auto flush_user_text = [&] {
+    if (!has_text) return;
+    ChatMessage u;
+    u.role = "user";
+    u.content = text;
+    out.push_back(std::move(u));
+    text.clear();
+    has_text = false;
+  };
+  for (std::size_t j = 0; j < c.size(); ++j) {
+    const std::string p = fmt::format("{}.content[{}]", param, j);
+    const OJson& b = c[j];
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+      return bad(p, "must be a content block with a type");
+    const std::string type = b["type"].get<std::string>();
+    if (type == "text") {
+      if (!b.contains("text") || !b["text"].is_string())
+        return bad(p + ".text", "must be a string");
+      text += b["text"].get<std::string>();
+      has_text = true;
+    } else if (type == "image" || type == "document") {
+      return bad(p + ".type",
+                 "'" + type + "' blocks are not supported (this model reads text only)");
+    } else if (r == "user" && type == "tool_result") {
+      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
+        return bad(p + ".tool_use_id", "must be a string");
+      flush_user_text();  // keeps the blocks' order
+      ChatMessage t;
+      t.role = "tool";
+      t.tool_call_id = b["tool_use_id"].get<std::string>();
+      std::string result;
+      if (b.contains("content") && !b["content"].is_null())
+        if (auto e = text_of(b["content"], p + ".content", result)) return e;
+      if (b.contains("is_error") && !b["is_error"].is_boolean())
+        return bad(p + ".is_error", "must be a boolean");
+      t.content = std::move(result);
+      out.push_back(std::move(t));
+    } else if (r == "assistant" && type == "thinking") {
+      if (!b.contains("thinking") || !b["thinking"].is_string())
+        return bad(p + ".thinking", "must be a string");
+      reasoning += b["thinking"].get<std::string>();
+      has_reasoning = true;
+    } else if (r == "assistant" && type == "redacted_thinking") {
+      // Opaque to this model: nothing of it can be encoded, so it is left out.
+    } else if (r == "assistant" && type == "tool_use") {
+      ChatToolCall call;
+      if (!b.contains("id") || !b["id"].is_string()) return bad(p + ".id", "must be a string");
+      if (!b.contains("name") || !b["name"].is_string() || b["name"].get<std::string>().empty())
+        return bad(p + ".name", "must be a non-empty string");
+      if (!b.contains("input") || !b["input"].is_object())
+        return bad(p + ".input", "must be an object");
+      call.id = b["id"].get<std::string>();
+      call.name = b["name"].get<std::string>();
+      call.arguments = b["input"];
+      msg.tool_calls.push_back(std::move(call));
+    } else {
+      return bad(p + ".type", fmt::format("'{}' blocks are not accepted in a {} message", type, r));
+    }
+  }
+  if (r == "user") {
+    flush_user_text();
+    return std::nullopt;
+  }
+  msg.content = text;
+  if (has_reasoning) msg.reasoning = reasoning;
+  out.push_back(std::move(msg));
+  return std::nullopt;
+}
+
+// tools: [{name, description, input_schema}] -> OpenAI function objects for the encoder.
+std::optional<ApiError> convert_tools(const OJson& v, std::vector<OJson>& out) {
+  if (!v.is_array()) return bad("tools", "must be an array");
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string p = fmt::format("tools[{}]", i);
+    const OJson& t = v[i];
+    if (!t.is_object()) return bad(p, "must be an object");
+    if (t.contains("type") && !t["type"].is_null() &&
+        !(t["type"].is_string() && t["type"] == "custom"))
+      return bad(p + ".type",
+                 "only custom tools (name, description, input_schema) are supported, not " +
+                     t["type"].dump());
+    if (!t.contains("name") || !t["name"].is_string() || t["name"].get<std::string>().empty())
+      return bad(p + ".name", "must be a non-empty string");
+    if (!t.contains("input_schema") || !t["input_schema"].is_object())
+      return bad(p + ".input_schema", "must be a JSON schema object");
+    OJson fn = OJson::object();
+    fn["name"] = t["name"];
+    if (t.contains("description") && !t["description"].is_null()) {
+      if (!t["description"].is_string()) return bad(p + ".description", "must be a string");
+      fn["description"] = t["description"];
+    }
+    fn["parameters"] = t["input_schema"];
+    out.push_back(std::move(fn));
+  }
+  return std::nullopt;
+}
+
+// thinking: {"type": "enabled", "budget_tokens": N} -> thinking mode with the reasoning effort of
+// the budget (docs/server.md): <= 4,096 "low" (25), <= 16,384 "high" (50), <= 32,768 "xhigh" (75),
+// more "max" (100); {"type": "adaptive"}: thinking at the default effort; {"type": "disabled"} or
+// absent: chat mode (Anthropic's default).
+std::optional<ApiError> convert_thinking(const OJson& v, int64_t max_tokens, bool count_only,
+                                         ChatOptions& opt) {
+  opt.thinking = false;
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+    return bad("thinking", "must be an object with a type ('enabled', 'disabled' or 'adaptive')");
+  const std::string type = v["type"].get<std::string>();
+  if (type == "disabled") return std::nullopt;
+  if (type == "adaptive") {
+    opt.thinking = true;
+    return std::nullopt;
+  }
+  if (type != "enabled")
+    return bad("thinking.type", "must be 'enabled', 'disabled' or 'adaptive', got '" + type + "'");
+  const OJson* b = v.contains("budget_tokens") ? &v["budget_tokens"] : nullptr;
+  if (!b || !b->is_number_integer()) return bad("thinking.budget_tokens", "required integer");
+  const int64_t budget = b->get<int64_t>();
+  if (budget < 1024) return bad("thinking.budget_tokens", "must be at least 1024");
+  if (!count_only && budget >= max_tokens)
+    return bad("thinking.budget_tokens",
+               fmt::format("must be less than max_tokens ({} >= {})", budget, max_tokens));
+  opt.thinking = true;
+  opt.reasoning_effort = budget <= 4096 ? 25 : budget <= 16384 ? 50 : budget <= 32768 ? 75 : 100;
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_sampling(Fields& f, const OJson& body, SamplingParams& s) {
+  if (!f.number("temperature", 0, 1, false, s.temperature)) return f.err;
+  if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
+  int64_t top_k = 0;
+  if (!f.integer("top_k", 0, std::numeric_limits<int32_t>::max(), top_k)) return f.err;
+  s.top_k = static_cast<int>(top_k);
+  if (const OJson* st = f.get("stop_sequences")) {
+    if (!st->is_array()) return bad("stop_sequences", "must be an array of strings");
+    if (st->size() > 16) return bad("stop_sequences", "at most 16 stop sequences");
+    for (const auto& x : *st) {
+      if (!x.is_string() || x.get<std::string>().empty())
+        return bad("stop_sequences", "must hold non-empty strings");
+      s.stop.push_back(x.get<std::string>());
+    }
+  }
+  if (const OJson* md = f.get("metadata")) {
+    if (!md->is_object()) return bad("metadata", "must be an object");
+    if (md->contains("user_id") && !(*md)["user_id"].is_null() && !(*md)["user_id"].is_string())
+      return bad("metadata.user_id", "must be a string");
+  }
+  (void)body;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_messages_request(const OJson& body, const ServedModel& model,
+                                               const Tokenizer& tok, bool count_only,
+                                               GenerationJob& job) {
+  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  Fields f(body);
+  const OJson* m = f.get("model");
+  if (!m) return bad("model", "required field missing");
+  if (!m->is_string()) return bad("model", "must be a string");
+  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
+  job.model = model.name;
+  job.chat = true;
+  int64_t max_tokens = 0;
+  if (!count_only) {
+    if (!f.get("max_tokens")) return bad("max_tokens", "required field missing");
+    if (!f.integer("max_tokens", 1, std::numeric_limits<int32_t>::max(), max_tokens)) return f.err;
+    job.request.sampling.max_tokens = static_cast<int>(max_tokens);
+    job.max_tokens_param = "max_tokens";
+    if (!f.boolean("stream", job.stream)) return f.err;
+  }
+  if (auto e = parse_sampling(f, body, job.request.sampling)) return e;
+
+  std::vector<ChatMessage> msgs;
+  if (const OJson* sys = f.get("system")) {
+    ChatMessage s;
+    s.role = "system";
+    std::string text;
+    if (auto e = text_of(*sys, "system", text)) return e;
+    s.content = std::move(text);
+    msgs.push_back(std::move(s));
+  }
+  const OJson* ms = f.get("messages");
+  if (!ms) return bad("messages", "required field missing");
+  if (!ms->is_array() || ms->empty()) return bad("messages", "must be a non-empty array");
+  for (std::size_t i = 0; i < ms->size(); ++i)
+    if (auto e = convert_message((*ms)[i], fmt::format("messages[{}]", i), msgs)) return e;
+  std::vector<OJson> tools;
+  if (const OJson* t = f.get("tools"))
+    if (auto e = convert_tools(*t, tools)) return e;
+  const bool has_tools = !tools.empty();
+  attach_tools(msgs, std::move(tools));
+  std::string tool_choice = "auto";
+  if (const OJson* tc = f.get("tool_choice")) {
+    if (!tc->is_object() || !tc->contains("type") || !(*tc)["type"].is_string())
+      return bad("tool_choice", "must be an object with a type");
+    tool_choice = (*tc)["type"].get<std::string>();
+    if (tool_choice != "auto" && tool_choice != "none")
+      return bad("tool_choice.type",
+                 "only 'auto' and 'none' are supported (V4.1 has no forced tool call), got '" +
+                     tool_choice + "'");
+  }
+  ChatOptions opt;
+  if (auto e = convert_thinking(body.contains("thinking") ? body["thinking"] : OJson(nullptr),
+                                max_tokens, count_only, opt))
+    return e;
+  // A final assistant message is a prefill the answer continues (Anthropic's rule).
+  const ChatMessage& last = msgs.back();
+  opt.continue_final_message = last.role == "assistant";
+  auto prompt = encode_chat(msgs, opt);
+  if (!prompt) return bad("messages", prompt.status().message());
+  // Generation starts inside the reasoning in thinking mode, unless a prefill already closed it.
+  job.thinking = opt.thinking && (!opt.continue_final_message ||
+                                  (last.reasoning && !last.reasoning->empty() &&
+                                   last.content.value_or("").empty() && last.tool_calls.empty()));
+  job.extract_tools = has_tools && tool_choice != "none";
+  job.request.prompt = tok.encode(*prompt);
+  return check_prompt_length(job, model, "messages");
+}
+
+namespace {
+
+std::string event(const char* name, const OJson& data) {
+  return fmt::format("event: {}\ndata: {}\n\n", name, dump_safe(data));
+}
+
+// One message's response: content blocks built from the parser's events in their order; a stream
+// opens a block when its first delta arrives and closes it when another kind follows.
+class MessagesWriter final : public ResponseWriter {
+ public:
+  MessagesWriter(const GenerationJob& job, const std::string& id)
+      : job_(job), id_("msg_" + id), parser_(job.thinking, job.extract_tools) {}
+
+  std::vector<std::string> stream_begin() override {
+    OJson msg = message_json();
+    msg["content"] = OJson::array();
+    msg["stop_reason"] = nullptr;
+    msg["stop_sequence"] = nullptr;
+    msg["usage"] = usage_json(int64_t(job_.request.prompt.size()), 0);
+    return {event("message_start", {{"type", "message_start"}, {"message", std::move(msg)}}),
+            event("ping", {{"type", "ping"}})};
+  }
+  std::vector<std::string> stream_output(std::size_t, const RequestOutput& out) override {
+    std::vector<std::string> frames;
+    for (AssistantEvent& e : absorb(out)) {
+      if (e.kind == AssistantEvent::Kind::kToolCall) {
+        close_block(frames);
+        OJson start = tool_use_json(e.call, calls_++);
+        start["input"] = OJson::object();
+        frames.push_back(event("content_block_start", {{"type", "content_block_start"},
+                                                       {"index", index_},
+                                                       {"content_block", std::move(start)}}));
+        OJson delta = {{"type", "input_json_delta"}, {"partial_json", dump_safe(e.call.arguments)}};
+        frames.push_back(event(
+            "content_block_delta",
+            {{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(delta)}}));
+        frames.push_back(
+            event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}}));
+        ++index_;
+        continue;
+      }
+      if (e.text.empty()) continue;
+      const bool thinking = e.kind == AssistantEvent::Kind::kReasoning;
+      const Open kind = thinking ? Open::kThinking : Open::kText;
+      if (open_ != kind) {
+        close_block(frames);
+        OJson block = thinking ? OJson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                               : OJson{{"type", "text"}, {"text", ""}};
+        frames.push_back(event("content_block_start", {{"type", "content_block_start"},
+                                                       {"index", index_},
+                                                       {"content_block", std::move(block)}}));
+        open_ = kind;
+      }
+      OJson delta = thinking ? OJson{{"type", "thinking_delta"}, {"thinking", e.text}}
+                             : OJson{{"type", "text_delta"}, {"text", e.text}};
+      frames.push_back(
+          event("content_block_delta",
+                {{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(delta)}}));
+    }
+    if (out.finished) close_block(frames);
+    return frames;
+  }
+  std::vector<std::string> stream_end() override {
+    OJson delta = {{"stop_reason", stop_reason()}, {"stop_sequence", stop_sequence()}};
+    OJson usage = {{"output_tokens", completion_tokens_}};
+    return {event("message_delta",
+                  {{"type", "message_delta"}, {"delta", std::move(delta)}, {"usage", usage}}),
+            event("message_stop", {{"type", "message_stop"}})};
+  }
+  std::vector<std::string> stream_error(const ApiError& e) override {
+    auto body = parse_json_ordered(anthropic_error_body(e));
+    return {event("error", body ? *body : OJson::object())};
+  }
+  std::string stream_heartbeat() const override { return event("ping", {{"type", "ping"}}); }
+  void add(std::size_t, const RequestOutput& out) override {
+    for (AssistantEvent& e : absorb(out)) {
+      if (e.kind == AssistantEvent::Kind::kToolCall) {
+        blocks_.push_back(tool_use_json(e.call, calls_++));
+        open_ = Open::kNone;
+        continue;
+      }
+      if (e.text.empty()) continue;
+      const bool thinking = e.kind == AssistantEvent::Kind::kReasoning;
+      const Open kind = thinking ? Open::kThinking : Open::kText;
+      const char* field = thinking ? "thinking" : "text";
+      if (open_ != kind) {
+        blocks_.push_back(thinking
+                              ? OJson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                              : OJson{{"type", "text"}, {"text", ""}});
+        open_ = kind;
+      }
+      blocks_.back()[field] = blocks_.back()[field].get<std::string>() + e.text;
+    }
+  }
+  std::string body() override {
+    OJson msg = message_json();
+    msg["content"] = blocks_;
+    msg["stop_reason"] = stop_reason();
+    msg["stop_sequence"] = stop_sequence();
+    msg["usage"] = usage_json(prompt_tokens_, completion_tokens_);
+    return dump_safe(msg);
+  }
+
+ private:
+  enum class Open { kNone, kThinking, kText };
+
+  std::vector<AssistantEvent> absorb(const RequestOutput& out) {
+    std::vector<AssistantEvent> events;
+    parser_.feed(out.text, events);
+    if (out.finished) {
+      parser_.finish(events);
+      reason_ = out.reason;
+      stop_ = out.stop;
+      prompt_tokens_ = out.prompt_tokens;
+      completion_tokens_ = out.completion_tokens;
+    }
+    return events;
+  }
+  void close_block(std::vector<std::string>& frames) {
+    if (open_ == Open::kNone) return;
+    frames.push_back(
+        event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}}));
+    ++index_;
+    open_ = Open::kNone;
+  }
+  OJson tool_use_json(const DsmlToolCall& call, int k) const {
+    return {{"type", "tool_use"},
+            {"id", fmt::format("toolu_{}_{}", id_.substr(4), k)},
+            {"name", call.name},
+            {"input", call.arguments}};
+  }
+  OJson message_json() const {
+    return {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", job_.model}};
+  }
+  static OJson usage_json(int64_t in, int64_t out) {
+    return {{"input_tokens", in}, {"output_tokens", out}};
+  }
+  bool stopped_by_sequence() const {
+    const auto& seqs = job_.request.sampling.stop;
+    return reason_ == FinishReason::kStop && !stop_.empty() &&
+           std::find(seqs.begin(), seqs.end(), stop_) != seqs.end();
+  }
+  std::string stop_reason() const {
+    if (reason_ == FinishReason::kLength) return "max_tokens";
+    if (calls_ > 0) return "tool_use";
+    if (stopped_by_sequence()) return "stop_sequence";
+    return "end_turn";
+  }
+  OJson stop_sequence() const { return stopped_by_sequence() ? OJson(stop_) : OJson(nullptr); }
+
+  const GenerationJob& job_;
+  std::string id_;
+  AssistantStreamParser parser_;
+  OJson blocks_ = OJson::array();
+  Open open_ = Open::kNone;
+  int index_ = 0;  // the next content block's index (stream)
+  int calls_ = 0;
+  FinishReason reason_ = FinishReason::kNone;
+  std::string stop_;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+};
+
+class MessagesApi final : public GenerationApi {
+ public:
+  const char* endpoint() const override { return "/v1/messages"; }
+  std::optional<ApiError> parse(const OJson& body, const ServedModel& model, const Tokenizer& tok,
+                                GenerationJob& job) const override {
+    return parse_messages_request(body, model, tok, false, job);
+  }
+  std::unique_ptr<ResponseWriter> writer(const GenerationJob& job, const Tokenizer&,
+                                         const std::string& id, int64_t) const override {
+    return std::make_unique<MessagesWriter>(job, id);
+  }
+  std::string error_body(const ApiError& e) const override { return anthropic_error_body(e); }
+};
+
+}  // namespace
+
+std::unique_ptr<GenerationApi> anthropic_messages_api() {
+  return std::make_unique<MessagesApi>();
+}
+
+}  // namespace dsv41

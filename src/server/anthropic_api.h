@@ -1,0 +1,25 @@
+// Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens): the request shape
+// (system, messages of text / thinking / tool_use / tool_result blocks, tools with input_schema,
+// tool_choice, thinking, stop_sequences) mapped onto V4.1's chat encoding, and the response as
+// content blocks (thinking, text, tool_use) or Anthropic's stream events. docs/server.md has the
+// mapping (thinking budget -> reasoning effort, what is refused).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "server/openai_api.h"  // ApiError, GenerationJob, ServedModel
+
+namespace dsv41 {
+
+// {"type": "error", "error": {"type", "message"}}, the type from the status (invalid_request_error,
+// not_found_error, request_too_large, rate_limit_error, api_error, overloaded_error).
+std::string anthropic_error_body(const ApiError& e);
+
+// Parses a Messages request into `job` (chat prompt tokenized); `count_only`: the count_tokens
+// body (no max_tokens, nothing generated).
+std::optional<ApiError> parse_messages_request(const OJson& body, const ServedModel& model,
+                                               const Tokenizer& tok, bool count_only,
+                                               GenerationJob& job);
+
+}  // namespace dsv41

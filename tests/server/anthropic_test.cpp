@@ -1,0 +1,319 @@
+// The Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens): a malformed corpus
+// (4xx in Anthropic's error shape, never 5xx), the request -> V4.1 prompt mapping against the chat
+// encoder fed the equivalent OpenAI messages (the reasoning + tool call + result round trip), the
+// stream's blocks equal to the non-streamed message in every chunking of a reasoning + DSML
+// output, and the official `@anthropic-ai/sdk` client on a scripted model and on the real binary.
+#include <gtest/gtest.h>
+
+#include "core/rng.h"
+#include "io/test_util.h"
+#include "server/anthropic_api.h"
+#include "server/generation_protocol.h"
+#include "server/server_harness.h"
+#include "text/chat.h"
+#include "text/json_ordered.h"
+
+namespace dsv41 {
+namespace {
+
+using namespace server_testing;
+
+bool is_anthropic_error(const std::string& body, const char* type = nullptr) {
+  auto j = parse_json_ordered(body);
+  if (!j || !j->is_object() || (*j)["type"] != "error" || !(*j)["error"].is_object()) return false;
+  const OJson& e = (*j)["error"];
+  if (!e["type"].is_string() || !e["message"].is_string() ||
+      e["message"].get<std::string>().empty())
+    return false;
+  return !type || e["type"] == type;
+}
+
+std::vector<std::string> malformed_messages() {
+  const std::string m = R"("model":"scripted")", mt = R"("max_tokens":8)";
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  std::vector<std::string> v = {"",
+                                "{",
+                                "[]",
+                                "null",
+                                "\"x\"",
+                                "{\"model\":}",
+                                "{" + m + "}",
+                                "{" + m + "," + mt + "}",
+                                "{" + m + "," + msgs + "}"};
+  for (const std::string f :
+       std::vector<std::string>{R"("model":1)",
+                                R"("model":"other")",
+                                R"("max_tokens":0)",
+                                R"("max_tokens":"8")",
+                                R"("max_tokens":1.5)",
+                                R"("max_tokens":99999999999)",
+                                R"("max_tokens":100000000)",
+                                R"("temperature":1.5)",
+                                R"("temperature":"x")",
+                                R"("top_p":0)",
+                                R"("top_k":-1)",
+                                R"("stream":"yes")",
+                                R"("stop_sequences":"x")",
+                                R"("stop_sequences":[1])",
+                                R"("stop_sequences":[""])",
+                                R"("system":1)",
+                                R"("system":[{"type":"image"}])",
+                                R"("system":[{"type":"text"}])",
+                                R"("metadata":1)",
+                                R"("metadata":{"user_id":1})",
+                                R"("tools":{})",
+                                R"("tools":[1])",
+                                R"("tools":[{"name":""}])",
+                                R"("tools":[{"name":"f"}])",
+                                R"("tools":[{"name":"f","input_schema":1}])",
+                                R"("tools":[{"type":"web_search_20250305","name":"web_search"}])",
+                                R"("tools":[{"name":"f","input_schema":{},"description":1}])",
+                                R"("tool_choice":"auto")",
+                                R"("tool_choice":{"type":"any"})",
+                                R"("tool_choice":{"type":"tool","name":"f"})",
+                                R"("tool_choice":{})",
+                                R"("thinking":true)",
+                                R"("thinking":{"type":"on"})",
+                                R"("thinking":{"type":"enabled"})",
+                                R"("thinking":{"type":"enabled","budget_tokens":10})",
+                                R"("thinking":{"type":"enabled","budget_tokens":"2000"})",
+                                R"("thinking":{"type":"enabled","budget_tokens":4096})"}) {
+    v.push_back("{" + m + "," + mt + "," + msgs + "," + f + "}");
+  }
+  for (
+      const std::string mm : std::vector<std::string>{
+          R"("messages":[])",
+          R"("messages":{})",
+          R"("messages":[1])",
+          R"("messages":[{}])",
+          R"("messages":[{"role":"system","content":"x"}])",
+          R"("messages":[{"role":"user"}])",
+          R"("messages":[{"role":"user","content":1}])",
+          R"("messages":[{"role":"user","content":[1]}])",
+          R"("messages":[{"role":"user","content":[{"text":"x"}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"text"}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"image","source":{}}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"document","source":{}}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"tool_result"}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":1}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":[{"type":"image"}]}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","is_error":"x"}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"tool_use","id":"a","name":"f","input":{}}]}])",
+          R"("messages":[{"role":"user","content":[{"type":"thinking","thinking":"x"}]}])",
+          R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"f"}]}])",
+          R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"","input":{}}]}])",
+          R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","name":"f","input":{}}]}])",
+          R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"thinking"}]}])",
+          R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"a"}]}])",
+          R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"magic"}]}])"}) {
+    v.push_back("{" + m + "," + mt + "," + mm + "}");
+  }
+  return v;
+}
+
+TEST(Anthropic, MalformedMessagesGet4xxInAnthropicsShape) {
+  InProcess s;
+  auto c = s.client();
+  const auto corpus = malformed_messages();
+  for (const std::string& body : corpus) {
+    auto r = c.Post("/v1/messages", body, "application/json");
+    ASSERT_TRUE(r) << body;
+    EXPECT_GE(r->status, 400) << body;
+    EXPECT_LT(r->status, 500) << body << " -> " << r->body;
+    EXPECT_TRUE(is_anthropic_error(r->body)) << body << " -> " << r->body;
+    // count_tokens reads the same body (max_tokens aside).
+    auto n = c.Post("/v1/messages/count_tokens", body, "application/json");
+    ASSERT_TRUE(n) << body;
+    EXPECT_LT(n->status, 500) << body << " -> " << n->body;
+    if (n->status != 200) EXPECT_TRUE(is_anthropic_error(n->body)) << body << " -> " << n->body;
+  }
+  // Status and type pairs.
+  auto unknown =
+      c.Post("/v1/messages",
+             R"({"model":"other","max_tokens":4,"messages":[{"role":"user","content":"x"}]})",
+             "application/json");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_TRUE(is_anthropic_error(unknown->body, "not_found_error")) << unknown->body;
+  auto image = c.Post(
+      "/v1/messages",
+      R"({"model":"scripted","max_tokens":4,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]})",
+      "application/json");
+  ASSERT_TRUE(image);
+  EXPECT_EQ(image->status, 400);
+  EXPECT_NE(image->body.find("messages[0].content[0].type"), std::string::npos) << image->body;
+  auto get = c.Get("/v1/messages");  // the pre-routing 405 speaks Anthropic on its paths too
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+  EXPECT_TRUE(is_anthropic_error(get->body, "invalid_request_error")) << get->body;
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  std::printf("malformed Messages requests checked: %zu\n", corpus.size());
+}
+
+// The Messages request of a reasoning + tool call + result conversation encodes byte for byte as
+// the chat encoder does for the same turns given as OpenAI messages.
+TEST(Anthropic, RoundTripEncodesAsTheChatEncoder) {
+  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+  ASSERT_TRUE(tok.is_ok());
+  ServedModel model;
+  model.name = "m";
+  model.max_context = 1 << 20;
+  const OJson body = *parse_json_ordered(R"({
+    "model": "m", "max_tokens": 5000, "system": [{"type": "text", "text": "Be exact."}],
+    "thinking": {"type": "enabled", "budget_tokens": 2048},
+    "tools": [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object",
+      "properties": {"city": {"type": "string"}}}}],
+    "messages": [
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "I should call the tool.", "signature": ""},
+        {"type": "text", "text": "Let me check."},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+      {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "21 C"}]},
+        {"type": "text", "text": "And tomorrow?"}]}]})");
+  GenerationJob job;
+  ASSERT_FALSE(parse_messages_request(body, model, **tok, false, job).has_value());
+  std::vector<ChatMessage> msgs(5);
+  msgs[0].role = "system";
+  msgs[0].content = "Be exact.";
+  msgs[1].role = "user";
+  msgs[1].content = "Weather in Paris?";
+  msgs[2].role = "assistant";
+  msgs[2].content = "Let me check.";
+  msgs[2].reasoning = "I should call the tool.";
+  msgs[2].tool_calls.push_back(
+      {"toolu_1", "get_weather", *parse_json_ordered(R"({"city":"Paris"})")});
+  msgs[3].role = "tool";
+  msgs[3].tool_call_id = "toolu_1";
+  msgs[3].content = "21 C";
+  msgs[4].role = "user";
+  msgs[4].content = "And tomorrow?";
+  attach_tools(
+      msgs,
+      {*parse_json_ordered(
+          R"({"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}})")});
+  ChatOptions opt;
+  opt.thinking = true;
+  opt.reasoning_effort = 25;  // a 2,048-token budget
+  auto expect = encode_chat(msgs, opt);
+  ASSERT_TRUE(expect.is_ok());
+  EXPECT_EQ(job.request.prompt, (*tok)->encode(*expect));
+  EXPECT_TRUE(job.thinking);
+  EXPECT_TRUE(job.extract_tools);
+  // The reasoning of the tool-call turn is in the prompt (tools present: nothing is dropped).
+  EXPECT_NE(expect->find("I should call the tool."), std::string::npos);
+}
+
+// Parses the SSE events of a Messages stream into the message they describe.
+OJson assemble_stream(const std::vector<std::string>& frames, std::vector<std::string>& types) {
+  OJson content = OJson::array();
+  OJson stop = nullptr;
+  for (const std::string& f : frames) {
+    const std::size_t nl = f.find('\n');
+    const std::string name = f.substr(7, nl - 7);
+    const OJson data = *parse_json_ordered(f.substr(nl + 7, f.size() - nl - 9));
+    EXPECT_EQ(data["type"].get<std::string>(), name);
+    types.push_back(name);
+    if (name == "content_block_start") {
+      EXPECT_EQ(data["index"].get<std::size_t>(), content.size());
+      OJson b = data["content_block"];
+      if (b["type"] == "tool_use") b["input"] = "";
+      content.push_back(b);
+    } else if (name == "content_block_delta") {
+      OJson& b = content[data["index"].get<std::size_t>()];
+      const OJson& d = data["delta"];
+      if (d["type"] == "thinking_delta")
+        b["thinking"] = b["thinking"].get<std::string>() + d["thinking"].get<std::string>();
+      if (d["type"] == "text_delta")
+        b["text"] = b["text"].get<std::string>() + d["text"].get<std::string>();
+      if (d["type"] == "input_json_delta")
+        b["input"] = b["input"].get<std::string>() + d["partial_json"].get<std::string>();
+    } else if (name == "message_delta") {
+      stop = data["delta"]["stop_reason"];
+    }
+  }
+  for (OJson& b : content)
+    if (b["type"] == "tool_use") b["input"] = *parse_json_ordered(b["input"].get<std::string>());
+  return {{"content", content}, {"stop_reason", stop}};
+}
+
+TEST(Anthropic, StreamedBlocksEqualTheMessageInEveryChunking) {
+  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+  ASSERT_TRUE(tok.is_ok());
+  GenerationJob job;
+  job.chat = job.thinking = job.extract_tools = true;
+  job.model = "m";
+  const std::string text = kScriptText;
+  auto api = anthropic_messages_api();
+  auto whole = api->writer(job, **tok, "x", 0);
+  RequestOutput all;
+  all.text = text;
+  all.finished = true;
+  all.reason = FinishReason::kStop;
+  all.completion_tokens = 40;
+  whole->add(0, all);
+  const OJson message = *parse_json_ordered(whole->body());
+  ASSERT_EQ(message["content"].size(), 3u) << message.dump();
+  EXPECT_EQ(message["content"][0]["thinking"], "I should call the tool.");
+  EXPECT_EQ(message["content"][1]["text"], "Let me check.");
+  EXPECT_EQ(message["content"][2]["input"]["days"], 3);
+  EXPECT_EQ(message["stop_reason"], "tool_use");
+  Rng rng(4);
+  for (int trial = 0; trial < 200; ++trial) {
+    auto w = api->writer(job, **tok, "x", 0);
+    std::vector<std::string> frames = w->stream_begin();
+    std::size_t at = 0;
+    while (at < text.size()) {
+      // Chunks of 1..8 bytes (trials below 8: all of that size), cut anywhere, markers included.
+      const std::size_t n = trial < 8 ? std::size_t(trial + 1) : 1 + rng.below(8);
+      RequestOutput o;
+      o.text = text.substr(at, n);
+      at += o.text.size();
+      auto f = w->stream_output(0, o);
+      frames.insert(frames.end(), f.begin(), f.end());
+    }
+    RequestOutput end;
+    end.finished = true;
+    end.reason = FinishReason::kStop;
+    end.completion_tokens = 40;
+    auto f = w->stream_output(0, end);
+    frames.insert(frames.end(), f.begin(), f.end());
+    f = w->stream_end();
+    frames.insert(frames.end(), f.begin(), f.end());
+    std::vector<std::string> types;
+    const OJson got = assemble_stream(frames, types);
+    ASSERT_EQ(got["content"].dump(), message["content"].dump()) << "trial " << trial;
+    ASSERT_EQ(got["stop_reason"], "tool_use");
+    ASSERT_EQ(types.front(), "message_start");
+    ASSERT_EQ(types.back(), "message_stop");
+  }
+}
+
+TEST(Anthropic, ScriptedToolCallsAndReasoningThroughTheAnthropicClient) {
+  InProcess s;
+  auto [code, out] =
+      run_command(node_client(s.port, "scripted", "tools", "anthropic_client_test.mjs"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+TEST(Anthropic, AnthropicClientEndToEndOnTheRealBinary) {
+  testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/tiny";
+  mt.preset = "tiny";
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  ServeProcess p;
+  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log"));
+  auto [code, out] = run_command(node_client(p.port, "tiny", "basic", "anthropic_client_test.mjs"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -1,0 +1,238 @@
+// What the server tests share: a scripted backend (answers every request with a fixed text),
+// an in-process server on a free port, the real `dsv41 serve` binary as a child process, and
+// helpers to stream, run commands and drive the npm clients (tests/js).
+#pragma once
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/scripted_runner.h"
+#include "model/tiny_checkpoint.h"
+#include "server/http_server.h"
+#include "text/tokenizer_file.h"
+
+namespace dsv41::server_testing {
+
+using namespace std::chrono_literals;
+
+// Answers every request with the tokens of `script` (then EOS), counted from the last
+// <｜Assistant｜> token of the sequence; before any cue it follows a fixed chain.
+class ScriptBackend final : public testing::ScriptedRunner {
+ public:
+  ScriptBackend(const Tokenizer& tok, std::vector<int32_t> script, int sleep_ms)
+      : vocab_(tok.vocab_size()),
+        cue_(tok.token_id("<｜Assistant｜>")),
+        eos_(tok.token_id("<｜end▁of▁sentence｜>")),
+        script_(std::move(script)),
+        sleep_ms_(sleep_ms) {}
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t max_context() const override { return 2048; }
+  void reset(SeqId s) override { since_cue_[s] = -1; }
+  void release(SeqId s) override { since_cue_.erase(s); }
+  void on_step() override {
+    if (sleep_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+  }
+  Status forward(SeqId s, int64_t, const std::vector<int32_t>& tokens,
+                 std::vector<float>& logits) override {
+    int64_t& since_cue = since_cue_[s];
+    for (int32_t t : tokens) since_cue = t == cue_ ? 0 : (since_cue >= 0 ? since_cue + 1 : -1);
+    // The token after the cue is the thinking marker of the prompt; the script starts after it.
+    int32_t next = (tokens.back() * 7 + 3) % vocab_;
+    if (since_cue >= 1) {
+      const auto k = static_cast<std::size_t>(since_cue - 1);
+      next = k < script_.size() ? script_[k] : eos_;
+    }
+    logits.assign(static_cast<std::size_t>(vocab_), 0.f);
+    logits[static_cast<std::size_t>(next)] = 30.f;
+    return Status::ok();
+  }
+
+ private:
+  int32_t vocab_, cue_, eos_;
+  std::vector<int32_t> script_;
+  int sleep_ms_;
+  std::map<SeqId, int64_t> since_cue_;
+};
+
+inline const char* kScriptText =
+    "I should call the tool.</think>Let me check.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke "
+    "name=\"get_weather\">\n"
+    "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris</｜DSML｜ parameter>\n"
+    "<｜DSML｜ parameter name=\"days\" string=\"false\">3</｜DSML｜ parameter>\n</｜DSML｜ "
+    "invoke>\n</｜DSML｜ calls>";
+
+// An in-process server on a free port.
+struct InProcess {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  int port = 0;
+
+  explicit InProcess(int sleep_ms = 0, std::size_t max_body = 64 << 10, EngineOptions eo = {}) {
+    auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+    EXPECT_TRUE(tok.is_ok());
+    auto script = (*tok)->encode(kScriptText);
+    auto backend = std::make_unique<ScriptBackend>(**tok, script, sleep_ms);
+    auto e = Engine::create(std::move(backend), std::move(*tok), eo);
+    EXPECT_TRUE(e.is_ok());
+    engine = std::move(*e);
+    start(max_body);
+  }
+  explicit InProcess(std::unique_ptr<Engine> e) : engine(std::move(e)) { start(64 << 10); }
+  void start(std::size_t max_body) {
+    ServerOptions so;
+    so.port = 0;
+    so.model_name = "scripted";
+    so.max_body_bytes = max_body;
+    so.shutdown_timeout_s = 5;
+    server = std::make_unique<HttpServer>(*engine, so);
+    EXPECT_TRUE(server->bind().is_ok());
+    port = server->port();
+    thread = std::thread([this] { server->serve(); });
+  }
+  ~InProcess() {
+    server->shutdown();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+};
+
+// POST whose response body is handed to `receive` as it arrives (false: hang up). Returns whether
+// the exchange completed.
+inline bool post_streaming(httplib::Client& c, const std::string& path, const std::string& body,
+                           std::function<bool(const char*, std::size_t)> receive) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [receive](const char* data, std::size_t n, uint64_t, uint64_t) {
+    return receive(data, n);
+  };
+  return static_cast<bool>(c.send(req));
+}
+
+// Waits up to 4 s for the engine to have nothing running or queued.
+inline bool engine_goes_idle(const Engine& e) {
+  for (int i = 0; i < 200; ++i) {
+    const EngineStats st = e.stats();
+    if (st.running == 0 && st.queued == 0) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+// Sends raw bytes on a fresh connection and returns whatever comes back before the server closes.
+inline std::string raw_exchange(int port, const std::string& bytes) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)!write(fd, bytes.data(), bytes.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) {
+    out.append(buf, static_cast<std::size_t>(n));
+    // Stop at the end of one complete response (the server may keep the connection open).
+    const std::size_t head = out.find("\r\n\r\n");
+    const std::size_t cl = out.find("Content-Length: ");
+    if (head != std::string::npos && cl != std::string::npos && cl < head &&
+        out.size() >= head + 4 + std::stoul(out.substr(cl + 16)))
+      break;
+  }
+  close(fd);
+  return out;
+}
+
+// Runs a command, returning its exit status and output.
+inline std::pair<int, std::string> run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, ""};
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// `node tests/js/SCRIPT BASE_URL MODEL MODE` (the openai client's base ends in /v1, the
+// Anthropic client's does not).
+inline std::string node_client(int port, const std::string& model, const std::string& mode,
+                               const std::string& script = "openai_client_test.mjs") {
+  const std::string base = "http://127.0.0.1:" + std::to_string(port) +
+                           (script == "openai_client_test.mjs" ? "/v1" : "");
+  return std::string("node ") + DSV41_JS_DIR + "/" + script + " " + base + " " + model + " " + mode;
+}
+
+struct ServeProcess {
+  pid_t pid = -1;
+  int port = 0;
+  std::string log_path;
+
+  bool start(const std::string& model_dir, const std::string& log) {
+    log_path = log;
+    pid = fork();
+    if (pid == 0) {
+      FILE* f = freopen(log.c_str(), "w", stderr);
+      (void)f;
+      execl(DSV41_BINARY, "dsv41", "serve", "--model", model_dir.c_str(), "--port", "0",
+            "--shutdown-timeout", "60", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 600; ++i) {  // up to 60 s for the listening line
+      std::ifstream in(log);
+      std::string line;
+      while (std::getline(in, line)) {
+        auto k = line.find("listening on http://127.0.0.1:");
+        if (k != std::string::npos) {
+          port = std::stoi(line.substr(k + 30));
+          return true;
+        }
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+  int wait_exit() {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  ~ServeProcess() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+}  // namespace dsv41::server_testing
