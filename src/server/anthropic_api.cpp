@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "server/assistant_blocks.h"
 #include "server/generation_protocol.h"
 #include "server/request_fields.h"
 #include "text/chat.h"
@@ -74,6 +75,7 @@ std::optional<ApiError> text_of(const OJson& v, const std::string& param, std::s
     if (type != "text")
       return bad(p + ".type", "only text blocks are accepted here, got '" + type + "'");
     if (!b.contains("text") || !b["text"].is_string()) return bad(p + ".text", "must be a string");
+    if (j > 0) out += "\n\n";  // blocks joined as chat completions join content parts
     out += b["text"].get<std::string>();
   }
   return std::nullopt;
@@ -100,7 +102,8 @@ std::optional<ApiError> convert_message(const OJson& m, const std::string& param
     out.push_back(std::move(msg));
     return std::nullopt;
   }
-  if (!c.is_array()) return bad(param + ".content", "must be a string or an array of blocks");
+  if (!c.is_array() || c.empty())
+    return bad(param + ".content", "must be a string or a non-empty array of blocks");
   std::string text, reasoning;
   bool has_text = false, has_reasoning = false;
   auto flush_user_text = [&] {
@@ -121,6 +124,7 @@ std::optional<ApiError> convert_message(const OJson& m, const std::string& param
     if (type == "text") {
       if (!b.contains("text") || !b["text"].is_string())
         return bad(p + ".text", "must be a string");
+      if (has_text) text += "\n\n";  // consecutive text blocks: joined as chat content parts
       text += b["text"].get<std::string>();
       has_text = true;
     } else if (type == "image" || type == "document") {
@@ -136,6 +140,8 @@ std::optional<ApiError> convert_message(const OJson& m, const std::string& param
       std::string result;
       if (b.contains("content") && !b["content"].is_null())
         if (auto e = text_of(b["content"], p + ".content", result)) return e;
+      // is_error is checked but not encoded: V4.1's tool-result format has no error flag (the
+      // result's text is what the model reads; docs/server.md).
       if (b.contains("is_error") && !b["is_error"].is_boolean())
         return bad(p + ".is_error", "must be a boolean");
       t.content = std::move(result);
@@ -310,6 +316,7 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
   if (auto e = convert_thinking(body.contains("thinking") ? body["thinking"] : OJson(nullptr),
                                 max_tokens, count_only, opt))
     return e;
+  if (msgs.empty()) return bad("messages", "no message with content");  // guard: cannot happen
   // A final assistant message is a prefill the answer continues (Anthropic's rule).
   const ChatMessage& last = msgs.back();
   opt.continue_final_message = last.role == "assistant";
@@ -330,9 +337,9 @@ std::string event(const char* name, const OJson& data) {
   return fmt::format("event: {}\ndata: {}\n\n", name, dump_safe(data));
 }
 
-// One message's response: content blocks built from the parser's events in their order; a stream
-// opens a block when its first delta arrives and closes it when another kind follows.
-class MessagesWriter final : public ResponseWriter {
+// One message's response: content blocks from the parser's events (server/assistant_blocks.h); a
+// stream sends each block's start when its first delta arrives and its stop when another follows.
+class MessagesWriter final : public ResponseWriter, BlockListener {
  public:
   MessagesWriter(const GenerationJob& job, const std::string& id)
       : job_(job), id_("msg_" + id), parser_(job.thinking, job.extract_tools) {}
@@ -347,44 +354,8 @@ class MessagesWriter final : public ResponseWriter {
             event("ping", {{"type", "ping"}})};
   }
   std::vector<std::string> stream_output(std::size_t, const RequestOutput& out) override {
-    std::vector<std::string> frames;
-    for (AssistantEvent& e : absorb(out)) {
-      if (e.kind == AssistantEvent::Kind::kToolCall) {
-        close_block(frames);
-        OJson start = tool_use_json(e.call, calls_++);
-        start["input"] = OJson::object();
-        frames.push_back(event("content_block_start", {{"type", "content_block_start"},
-                                                       {"index", index_},
-                                                       {"content_block", std::move(start)}}));
-        OJson delta = {{"type", "input_json_delta"}, {"partial_json", dump_safe(e.call.arguments)}};
-        frames.push_back(event(
-            "content_block_delta",
-            {{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(delta)}}));
-        frames.push_back(
-            event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}}));
-        ++index_;
-        continue;
-      }
-      if (e.text.empty()) continue;
-      const bool thinking = e.kind == AssistantEvent::Kind::kReasoning;
-      const Open kind = thinking ? Open::kThinking : Open::kText;
-      if (open_ != kind) {
-        close_block(frames);
-        OJson block = thinking ? OJson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
-                               : OJson{{"type", "text"}, {"text", ""}};
-        frames.push_back(event("content_block_start", {{"type", "content_block_start"},
-                                                       {"index", index_},
-                                                       {"content_block", std::move(block)}}));
-        open_ = kind;
-      }
-      OJson delta = thinking ? OJson{{"type", "thinking_delta"}, {"thinking", e.text}}
-                             : OJson{{"type", "text_delta"}, {"text", e.text}};
-      frames.push_back(
-          event("content_block_delta",
-                {{"type", "content_block_delta"}, {"index", index_}, {"delta", std::move(delta)}}));
-    }
-    if (out.finished) close_block(frames);
-    return frames;
+    absorb(out, this);
+    return std::move(frames_);
   }
   std::vector<std::string> stream_end() override {
     OJson delta = {{"stop_reason", stop_reason()}, {"stop_sequence", stop_sequence()}};
@@ -398,29 +369,13 @@ class MessagesWriter final : public ResponseWriter {
     return {event("error", body ? *body : OJson::object())};
   }
   std::string stream_heartbeat() const override { return event("ping", {{"type", "ping"}}); }
-  void add(std::size_t, const RequestOutput& out) override {
-    for (AssistantEvent& e : absorb(out)) {
-      if (e.kind == AssistantEvent::Kind::kToolCall) {
-        blocks_.push_back(tool_use_json(e.call, calls_++));
-        open_ = Open::kNone;
-        continue;
-      }
-      if (e.text.empty()) continue;
-      const bool thinking = e.kind == AssistantEvent::Kind::kReasoning;
-      const Open kind = thinking ? Open::kThinking : Open::kText;
-      const char* field = thinking ? "thinking" : "text";
-      if (open_ != kind) {
-        blocks_.push_back(thinking
-                              ? OJson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
-                              : OJson{{"type", "text"}, {"text", ""}});
-        open_ = kind;
-      }
-      blocks_.back()[field] = blocks_.back()[field].get<std::string>() + e.text;
-    }
-  }
+  void add(std::size_t, const RequestOutput& out) override { absorb(out, nullptr); }
   std::string body() override {
     OJson msg = message_json();
-    msg["content"] = blocks_;
+    OJson content = OJson::array();
+    const auto& blocks = grouper_.blocks();
+    for (std::size_t i = 0; i < blocks.size(); ++i) content.push_back(block_json(i, blocks[i]));
+    msg["content"] = std::move(content);
     msg["stop_reason"] = stop_reason();
     msg["stop_sequence"] = stop_sequence();
     msg["usage"] = usage_json(prompt_tokens_, completion_tokens_);
@@ -428,32 +383,56 @@ class MessagesWriter final : public ResponseWriter {
   }
 
  private:
-  enum class Open { kNone, kThinking, kText };
+  // Stream events of the blocks as they form (BlockListener).
+  void opened(std::size_t i, const AssistantBlock& b) override {
+    OJson start = block_json(i, b);
+    if (b.kind == AssistantBlock::Kind::kToolCall) start["input"] = OJson::object();
+    frames_.push_back(event(
+        "content_block_start",
+        {{"type", "content_block_start"}, {"index", i}, {"content_block", std::move(start)}}));
+    if (b.kind == AssistantBlock::Kind::kToolCall)  // the whole call at once: one JSON delta
+      delta(i, {{"type", "input_json_delta"}, {"partial_json", dump_safe(b.call.arguments)}});
+  }
+  void grew(std::size_t i, const AssistantBlock& b, const std::string& d) override {
+    if (b.kind == AssistantBlock::Kind::kReasoning)
+      delta(i, {{"type", "thinking_delta"}, {"thinking", d}});
+    else
+      delta(i, {{"type", "text_delta"}, {"text", d}});
+  }
+  void closed(std::size_t i, const AssistantBlock&) override {
+    frames_.push_back(event("content_block_stop", {{"type", "content_block_stop"}, {"index", i}}));
+  }
+  void delta(std::size_t i, OJson d) {
+    frames_.push_back(
+        event("content_block_delta",
+              {{"type", "content_block_delta"}, {"index", i}, {"delta", std::move(d)}}));
+  }
 
-  std::vector<AssistantEvent> absorb(const RequestOutput& out) {
+  void absorb(const RequestOutput& out, BlockListener* listener) {
     std::vector<AssistantEvent> events;
     parser_.feed(out.text, events);
+    if (out.finished) parser_.finish(events);
+    grouper_.feed(events, listener);
     if (out.finished) {
-      parser_.finish(events);
+      grouper_.close(listener);
       reason_ = out.reason;
       stop_ = out.stop;
       prompt_tokens_ = out.prompt_tokens;
       completion_tokens_ = out.completion_tokens;
     }
-    return events;
   }
-  void close_block(std::vector<std::string>& frames) {
-    if (open_ == Open::kNone) return;
-    frames.push_back(
-        event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}}));
-    ++index_;
-    open_ = Open::kNone;
-  }
-  OJson tool_use_json(const DsmlToolCall& call, int k) const {
-    return {{"type", "tool_use"},
-            {"id", fmt::format("toolu_{}_{}", id_.substr(4), k)},
-            {"name", call.name},
-            {"input", call.arguments}};
+  OJson block_json(std::size_t i, const AssistantBlock& b) const {
+    switch (b.kind) {
+      case AssistantBlock::Kind::kReasoning:
+        return {{"type", "thinking"}, {"thinking", b.text}, {"signature", ""}};
+      case AssistantBlock::Kind::kText:
+        return {{"type", "text"}, {"text", b.text}};
+      default:
+        return {{"type", "tool_use"},
+                {"id", fmt::format("toolu_{}_{}", id_.substr(4), i)},
+                {"name", b.call.name},
+                {"input", b.call.arguments}};
+    }
   }
   OJson message_json() const {
     return {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", job_.model}};
@@ -468,7 +447,7 @@ class MessagesWriter final : public ResponseWriter {
   }
   std::string stop_reason() const {
     if (reason_ == FinishReason::kLength) return "max_tokens";
-    if (calls_ > 0) return "tool_use";
+    if (grouper_.tool_calls() > 0) return "tool_use";
     if (stopped_by_sequence()) return "stop_sequence";
     return "end_turn";
   }
@@ -477,10 +456,8 @@ class MessagesWriter final : public ResponseWriter {
   const GenerationJob& job_;
   std::string id_;
   AssistantStreamParser parser_;
-  OJson blocks_ = OJson::array();
-  Open open_ = Open::kNone;
-  int index_ = 0;  // the next content block's index (stream)
-  int calls_ = 0;
+  BlockGrouper grouper_;
+  std::vector<std::string> frames_;  // stream: what the blocks' changes produced
   FinishReason reason_ = FinishReason::kNone;
   std::string stop_;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;

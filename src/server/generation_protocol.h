@@ -50,5 +50,6 @@ class GenerationApi {
 std::unique_ptr<GenerationApi> openai_completions_api();
 std::unique_ptr<GenerationApi> openai_chat_api();
 std::unique_ptr<GenerationApi> anthropic_messages_api();
+std::unique_ptr<GenerationApi> openai_responses_api();
 
 }  // namespace dsv41

@@ -168,6 +168,7 @@ struct HttpServer::Impl {
   std::unique_ptr<GenerationApi> completions_api = openai_completions_api();
   std::unique_ptr<GenerationApi> chat_api = openai_chat_api();
   std::unique_ptr<GenerationApi> messages_api = anthropic_messages_api();
+  std::unique_ptr<GenerationApi> responses_api = openai_responses_api();
   void release(StreamState& st, const std::string& endpoint);
   void tokenize(const httplib::Request& req, httplib::Response& res);
   void count_tokens(const httplib::Request& req, httplib::Response& res);
@@ -333,6 +334,10 @@ void HttpServer::Impl::routes() {
   on("POST", "/v1/chat/completions", "/v1/chat/completions",
      [this](const httplib::Request& req, httplib::Response& res) {
        generation(req, res, *chat_api);
+     });
+  on("POST", "/v1/responses", "/v1/responses",
+     [this](const httplib::Request& req, httplib::Response& res) {
+       generation(req, res, *responses_api);
      });
   on("POST", "/v1/messages", "/v1/messages",
      [this](const httplib::Request& req, httplib::Response& res) {

@@ -43,6 +43,7 @@ struct GenerationJob {
   std::string model;
   std::string max_tokens_param;  // the field that set max_tokens; empty: the default applies
   GenerationRequest request;     // prompt ids + sampling
+  OJson echo;  // request fields an API repeats in its response (Responses: instructions, tools...)
 };
 
 // Parse and validate; on success fills `job` (prompt tokenized with the engine's tokenizer).

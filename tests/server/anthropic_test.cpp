@@ -173,7 +173,7 @@ TEST(Anthropic, RoundTripEncodesAsTheChatEncoder) {
         {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
       {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "21 C"}]},
-        {"type": "text", "text": "And tomorrow?"}]}]})");
+        {"type": "text", "text": "And tomorrow?"}, {"type": "text", "text": "In Lyon too."}]}]})");
   GenerationJob job;
   ASSERT_FALSE(parse_messages_request(body, model, **tok, false, job).has_value());
   std::vector<ChatMessage> msgs(5);
@@ -190,7 +190,7 @@ TEST(Anthropic, RoundTripEncodesAsTheChatEncoder) {
   msgs[3].tool_call_id = "toolu_1";
   msgs[3].content = "21 C";
   msgs[4].role = "user";
-  msgs[4].content = "And tomorrow?";
+  msgs[4].content = "And tomorrow?\n\nIn Lyon too.";  // blocks joined as chat content parts
   attach_tools(
       msgs,
       {*parse_json_ordered(

@@ -184,11 +184,11 @@ inline std::pair<int, std::string> run_command(const std::string& cmd) {
 }
 
 // `node tests/js/SCRIPT BASE_URL MODEL MODE` (the openai client's base ends in /v1, the
-// Anthropic client's does not).
+// Anthropic client's, anthropic_*.mjs, does not).
 inline std::string node_client(int port, const std::string& model, const std::string& mode,
                                const std::string& script = "openai_client_test.mjs") {
-  const std::string base = "http://127.0.0.1:" + std::to_string(port) +
-                           (script == "openai_client_test.mjs" ? "/v1" : "");
+  const std::string base =
+      "http://127.0.0.1:" + std::to_string(port) + (script.rfind("anthropic", 0) == 0 ? "" : "/v1");
   return std::string("node ") + DSV41_JS_DIR + "/" + script + " " + base + " " + model + " " + mode;
 }
 

@@ -1,0 +1,81 @@
+// Groups the assistant parser's events (text/dsml_parser.h) into the blocks the Anthropic and
+// Responses APIs answer with: consecutive reasoning deltas form one block, consecutive content
+// deltas another, each tool call a block of its own, in generation order; empty deltas make none.
+// A stream writer is told when a block opens, grows and closes; a whole-response writer reads the
+// blocks at the end. Both see the same blocks whatever the chunking of the text.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "text/dsml_parser.h"
+
+namespace dsv41 {
+
+struct AssistantBlock {
+  enum class Kind { kReasoning, kText, kToolCall };
+  Kind kind = Kind::kText;
+  std::string text;   // reasoning / text
+  DsmlToolCall call;  // kToolCall
+};
+
+class BlockListener {
+ public:
+  virtual ~BlockListener() = default;
+  virtual void opened(std::size_t index, const AssistantBlock& b) = 0;
+  virtual void grew(std::size_t index, const AssistantBlock& b, const std::string& delta) = 0;
+  virtual void closed(std::size_t index, const AssistantBlock& b) = 0;  // b complete
+};
+
+class BlockGrouper {
+ public:
+  // `listener` may be null (whole-response writers).
+  void feed(std::vector<AssistantEvent>& events, BlockListener* listener) {
+    for (AssistantEvent& e : events) {
+      if (e.kind == AssistantEvent::Kind::kToolCall) {
+        close(listener);
+        AssistantBlock b;
+        b.kind = AssistantBlock::Kind::kToolCall;
+        b.call = std::move(e.call);
+        blocks_.push_back(std::move(b));
+        if (listener) listener->opened(blocks_.size() - 1, blocks_.back());
+        close_last(listener);
+        continue;
+      }
+      if (e.text.empty()) continue;
+      const auto kind = e.kind == AssistantEvent::Kind::kReasoning
+                            ? AssistantBlock::Kind::kReasoning
+                            : AssistantBlock::Kind::kText;
+      if (!open_ || blocks_.back().kind != kind) {
+        close(listener);
+        AssistantBlock b;
+        b.kind = kind;
+        blocks_.push_back(std::move(b));
+        open_ = true;
+        if (listener) listener->opened(blocks_.size() - 1, blocks_.back());
+      }
+      blocks_.back().text += e.text;
+      if (listener) listener->grew(blocks_.size() - 1, blocks_.back(), e.text);
+    }
+  }
+  // The end of the output: closes the open block.
+  void close(BlockListener* listener) {
+    if (open_) close_last(listener);
+  }
+  const std::vector<AssistantBlock>& blocks() const { return blocks_; }
+  int tool_calls() const {
+    int n = 0;
+    for (const auto& b : blocks_) n += b.kind == AssistantBlock::Kind::kToolCall;
+    return n;
+  }
+
+ private:
+  void close_last(BlockListener* listener) {
+    open_ = false;
+    if (listener) listener->closed(blocks_.size() - 1, blocks_.back());
+  }
+  std::vector<AssistantBlock> blocks_;
+  bool open_ = false;  // the last block still grows
+};
+
+}  // namespace dsv41

@@ -1,0 +1,258 @@
+// The OpenAI Responses API (POST /v1/responses, stateless): a malformed corpus (4xx in OpenAI's
+// error shape, never 5xx), the input items -> V4.1 prompt mapping against the chat encoder fed the
+// equivalent chat messages (reasoning + function call + output round trip), the stream's events
+// rebuilding the non-streamed response in every chunking of a reasoning + DSML output, and the
+// official `openai` client's responses.create / responses.stream on a scripted model and on the
+// real binary.
+#include <gtest/gtest.h>
+
+#include "core/rng.h"
+#include "io/test_util.h"
+#include "server/generation_protocol.h"
+#include "server/responses_api.h"
+#include "server/server_harness.h"
+#include "text/chat.h"
+#include "text/json_ordered.h"
+
+namespace dsv41 {
+namespace {
+
+using namespace server_testing;
+
+bool is_openai_error(const std::string& body) {
+  auto j = parse_json_ordered(body);
+  if (!j || !j->is_object() || !j->contains("error")) return false;
+  const OJson& e = (*j)["error"];
+  return e.is_object() && e["message"].is_string() && e.contains("type") && e.contains("param");
+}
+
+std::vector<std::string> malformed_responses() {
+  const std::string m = R"("model":"scripted")", in = R"("input":"hi")";
+  std::vector<std::string> v = {"", "{", "[]", "null", "{" + m + "}", "{" + in + "}"};
+  for (const std::string f :
+       std::vector<std::string>{R"("model":1)",
+                                R"("model":"other")",
+                                R"("store":true)",
+                                R"("store":"no")",
+                                R"("previous_response_id":"resp_1")",
+                                R"("conversation":"c")",
+                                R"("background":true)",
+                                R"("max_output_tokens":0)",
+                                R"("max_output_tokens":"5")",
+                                R"("max_output_tokens":1e30)",
+                                R"("max_output_tokens":100000000)",
+                                R"("temperature":3)",
+                                R"("top_p":0)",
+                                R"("stream":1)",
+                                R"("instructions":1)",
+                                R"("tools":{})",
+                                R"("tools":[1])",
+                                R"("tools":[{"type":"web_search"}])",
+                                R"("tools":[{"type":"function"}])",
+                                R"("tools":[{"type":"function","name":"f","parameters":1}])",
+                                R"("tools":[{"type":"function","name":"f","description":2}])",
+                                R"("tool_choice":"required")",
+                                R"("tool_choice":{"type":"function","name":"f"})",
+                                R"("reasoning":1)",
+                                R"("reasoning":{"effort":"huge"})",
+                                R"("reasoning":{"effort":3})",
+                                R"("text":{"format":{"type":"json_schema"}})",
+                                R"("text":1)",
+                                R"("metadata":1)",
+                                R"("parallel_tool_calls":"x")"}) {
+    v.push_back("{" + m + "," + in + "," + f + "}");
+  }
+  for (
+      const std::string i : std::vector<std::string>{
+          R"("input":1)",
+          R"("input":[])",
+          R"("input":{})",
+          R"("input":[1])",
+          R"("input":[{}])",
+          R"("input":[{"role":"tool","content":"x"}])",
+          R"("input":[{"role":"user"}])",
+          R"("input":[{"role":"user","content":1}])",
+          R"("input":[{"role":"user","content":[1]}])",
+          R"("input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}])",
+          R"("input":[{"role":"user","content":[{"type":"input_file"}]}])",
+          R"("input":[{"role":"user","content":[{"type":"input_text"}]}])",
+          R"("input":[{"role":"user","content":[{"type":"magic","text":"x"}]}])",
+          R"("input":[{"type":"function_call","name":"f","arguments":"{}"}])",
+          R"("input":[{"type":"function_call","call_id":"c","arguments":"{}"}])",
+          R"("input":[{"type":"function_call","call_id":"c","name":"f","arguments":{}}])",
+          R"("input":[{"type":"function_call_output","output":"x"}])",
+          R"("input":[{"type":"function_call_output","call_id":"c"}])",
+          R"("input":[{"type":"function_call_output","call_id":"c","output":[{"type":"input_image"}]}])",
+          R"("input":[{"type":"reasoning","summary":1}])",
+          R"("input":[{"type":"reasoning","summary":[{"type":"summary_text"}]}])",
+          R"("input":[{"type":"item_reference","id":"msg_1"}])",
+          R"("input":[{"type":"wat"}])",
+          R"("input":[{"type":1}])"}) {
+    v.push_back("{" + m + "," + i + "}");
+  }
+  return v;
+}
+
+TEST(Responses, MalformedRequestsGet4xxInOpenAisShape) {
+  InProcess s;
+  auto c = s.client();
+  const auto corpus = malformed_responses();
+  for (const std::string& body : corpus) {
+    auto r = c.Post("/v1/responses", body, "application/json");
+    ASSERT_TRUE(r) << body;
+    EXPECT_GE(r->status, 400) << body;
+    EXPECT_LT(r->status, 500) << body << " -> " << r->body;
+    EXPECT_TRUE(is_openai_error(r->body)) << body << " -> " << r->body;
+  }
+  auto store = c.Post("/v1/responses", R"({"model":"scripted","input":"x","store":true})",
+                      "application/json");
+  ASSERT_TRUE(store);
+  EXPECT_NE(store->body.find(R"("param":"store")"), std::string::npos) << store->body;
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  std::printf("malformed Responses requests checked: %zu\n", corpus.size());
+}
+
+// Input items of a reasoning + function call + output conversation encode byte for byte as the
+// chat encoder does for the same turns.
+TEST(Responses, RoundTripEncodesAsTheChatEncoder) {
+  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+  ASSERT_TRUE(tok.is_ok());
+  ServedModel model;
+  model.name = "m";
+  model.max_context = 1 << 20;
+  const OJson body = *parse_json_ordered(R"({
+    "model": "m", "instructions": "Be exact.", "reasoning": {"effort": "low"},
+    "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    "input": [
+      {"role": "user", "content": "Weather in Paris?"},
+      {"type": "reasoning", "id": "rs_1", "summary": [],
+       "content": [{"type": "reasoning_text", "text": "I should call the tool."}]},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me check."}]},
+      {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "21 C"},
+      {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow?"},
+                                   {"type": "input_text", "text": "In Lyon too."}]}]})");
+  GenerationJob job;
+  auto err = parse_responses_request(body, model, **tok, job);
+  ASSERT_FALSE(err.has_value()) << err->message;
+  std::vector<ChatMessage> msgs(5);
+  msgs[0].role = "system";
+  msgs[0].content = "Be exact.";
+  msgs[1].role = "user";
+  msgs[1].content = "Weather in Paris?";
+  msgs[2].role = "assistant";
+  msgs[2].content = "Let me check.";
+  msgs[2].reasoning = "I should call the tool.";
+  msgs[2].tool_calls.push_back({"call_1", "get_weather", OJson("{\"city\": \"Paris\"}")});
+  msgs[3].role = "tool";
+  msgs[3].tool_call_id = "call_1";
+  msgs[3].content = "21 C";
+  msgs[4].role = "user";
+  msgs[4].content = "And tomorrow?\n\nIn Lyon too.";  // parts joined as chat content parts
+  attach_tools(
+      msgs,
+      {*parse_json_ordered(
+          R"({"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}})")});
+  ChatOptions opt;
+  opt.reasoning_effort = 25;  // "low"
+  auto expect = encode_chat(msgs, opt);
+  ASSERT_TRUE(expect.is_ok());
+  EXPECT_EQ(job.request.prompt, (*tok)->encode(*expect));
+  EXPECT_TRUE(job.thinking);
+  EXPECT_TRUE(job.extract_tools);
+  EXPECT_NE(expect->find("I should call the tool."), std::string::npos);
+}
+
+TEST(Responses, StreamedEventsRebuildTheResponseInEveryChunking) {
+  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+  ASSERT_TRUE(tok.is_ok());
+  GenerationJob job;
+  job.chat = job.thinking = job.extract_tools = true;
+  job.model = "m";
+  job.echo = OJson::object();
+  const std::string text = kScriptText;
+  auto api = openai_responses_api();
+  auto whole = api->writer(job, **tok, "x", 0);
+  RequestOutput all;
+  all.text = text;
+  all.finished = true;
+  all.reason = FinishReason::kStop;
+  whole->add(0, all);
+  const OJson response = *parse_json_ordered(whole->body());
+  const OJson& output = response["output"];
+  ASSERT_EQ(output.size(), 3u) << response.dump();
+  EXPECT_EQ(output[0]["content"][0]["text"], "I should call the tool.");
+  EXPECT_EQ(output[1]["content"][0]["text"], "Let me check.");
+  EXPECT_EQ(output[2]["name"], "get_weather");
+  EXPECT_EQ(*parse_json_ordered(output[2]["arguments"].get<std::string>()),
+            *parse_json_ordered(R"({"city":"Paris","days":3})"));
+  EXPECT_EQ(response["status"], "completed");
+  Rng rng(6);
+  for (int trial = 0; trial < 200; ++trial) {
+    auto w = api->writer(job, **tok, "x", 0);
+    std::vector<std::string> frames = w->stream_begin();
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t n = trial < 8 ? std::size_t(trial + 1) : 1 + rng.below(8);
+      RequestOutput o;
+      o.text = text.substr(at, n);
+      at += o.text.size();
+      auto f = w->stream_output(0, o);
+      frames.insert(frames.end(), f.begin(), f.end());
+    }
+    RequestOutput end;
+    end.finished = true;
+    end.reason = FinishReason::kStop;
+    auto f = w->stream_output(0, end);
+    frames.insert(frames.end(), f.begin(), f.end());
+    f = w->stream_end();
+    frames.insert(frames.end(), f.begin(), f.end());
+    // Deltas per output index add up to the final texts; sequence numbers count up from 0.
+    std::map<int, std::string> texts;
+    OJson last;
+    for (std::size_t k = 0; k < frames.size(); ++k) {
+      const std::string& fr = frames[k];
+      const std::size_t nl = fr.find('\n');
+      last = *parse_json_ordered(fr.substr(nl + 7, fr.size() - nl - 9));
+      ASSERT_EQ(last["type"].get<std::string>(), fr.substr(7, nl - 7));
+      ASSERT_EQ(last["sequence_number"].get<std::size_t>(), k);
+      const std::string type = last["type"];
+      if (type == "response.output_text.delta" || type == "response.reasoning_text.delta" ||
+          type == "response.function_call_arguments.delta")
+        texts[last["output_index"].get<int>()] += last["delta"].get<std::string>();
+    }
+    ASSERT_EQ(last["type"], "response.completed");
+    ASSERT_EQ(last["response"]["output"].dump(), output.dump()) << "trial " << trial;
+    ASSERT_EQ(texts[0], "I should call the tool.");
+    ASSERT_EQ(texts[1], "Let me check.");
+    ASSERT_EQ(texts[2], output[2]["arguments"].get<std::string>());
+  }
+}
+
+TEST(Responses, ScriptedToolCallsAndReasoningThroughTheOpenAiClient) {
+  InProcess s;
+  auto [code, out] =
+      run_command(node_client(s.port, "scripted", "tools", "openai_responses_test.mjs"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+TEST(Responses, OpenAiClientEndToEndOnTheRealBinary) {
+  testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/tiny";
+  mt.preset = "tiny";
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  ServeProcess p;
+  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log"));
+  auto [code, out] = run_command(node_client(p.port, "tiny", "basic", "openai_responses_test.mjs"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
+}
+
+}  // namespace
+}  // namespace dsv41
