@@ -262,28 +262,12 @@ std::optional<ApiError> parse_sampling(Fields& f, const OJson& body, SamplingPar
 
 }  // namespace
 
-std::optional<ApiError> parse_messages_request(const OJson& body, const ServedModel& model,
-                                               const Tokenizer& tok, bool count_only,
-                                               GenerationJob& job) {
-  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tokens,
+                                              bool count_only, ChatRequest& chat,
+                                              bool& extract_tools) {
   Fields f(body);
-  const OJson* m = f.get("model");
-  if (!m) return bad("model", "required field missing");
-  if (!m->is_string()) return bad("model", "must be a string");
-  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
-  job.model = model.name;
-  job.chat = true;
-  int64_t max_tokens = 0;
-  if (!count_only) {
-    if (!f.get("max_tokens")) return bad("max_tokens", "required field missing");
-    if (!f.integer("max_tokens", 1, std::numeric_limits<int32_t>::max(), max_tokens)) return f.err;
-    job.request.sampling.max_tokens = static_cast<int>(max_tokens);
-    job.max_tokens_param = "max_tokens";
-    if (!f.boolean("stream", job.stream)) return f.err;
-  }
-  if (auto e = parse_sampling(f, body, job.request.sampling)) return e;
-
-  std::vector<ChatMessage> msgs;
+  std::vector<ChatMessage>& msgs = chat.messages;
+  ChatOptions& opt = chat.options;
   if (const OJson* sys = f.get("system")) {
     ChatMessage s;
     s.role = "system";
@@ -312,21 +296,50 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
                  "only 'auto' and 'none' are supported (V4.1 has no forced tool call), got '" +
                      tool_choice + "'");
   }
-  ChatOptions opt;
   if (auto e = convert_thinking(body.contains("thinking") ? body["thinking"] : OJson(nullptr),
                                 max_tokens, count_only, opt))
     return e;
   if (msgs.empty()) return bad("messages", "no message with content");  // guard: cannot happen
   // A final assistant message is a prefill the answer continues (Anthropic's rule).
+  opt.continue_final_message = msgs.back().role == "assistant";
+  extract_tools = has_tools && tool_choice != "none";
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_messages_request(const OJson& body, const ServedModel& model,
+                                               const Tokenizer& tok, bool count_only,
+                                               GenerationJob& job) {
+  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  Fields f(body);
+  const OJson* m = f.get("model");
+  if (!m) return bad("model", "required field missing");
+  if (!m->is_string()) return bad("model", "must be a string");
+  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
+  job.model = model.name;
+  job.chat = true;
+  int64_t max_tokens = 0;
+  if (!count_only) {
+    if (!f.get("max_tokens")) return bad("max_tokens", "required field missing");
+    if (!f.integer("max_tokens", 1, std::numeric_limits<int32_t>::max(), max_tokens)) return f.err;
+    job.request.sampling.max_tokens = static_cast<int>(max_tokens);
+    job.max_tokens_param = "max_tokens";
+    if (!f.boolean("stream", job.stream)) return f.err;
+  }
+  if (auto e = parse_sampling(f, body, job.request.sampling)) return e;
+
+  ChatRequest chat;
+  bool extract_tools = false;
+  if (auto e = messages_conversation(body, max_tokens, count_only, chat, extract_tools)) return e;
+  const std::vector<ChatMessage>& msgs = chat.messages;
+  const ChatOptions& opt = chat.options;
   const ChatMessage& last = msgs.back();
-  opt.continue_final_message = last.role == "assistant";
   auto prompt = encode_chat(msgs, opt);
   if (!prompt) return bad("messages", prompt.status().message());
   // Generation starts inside the reasoning in thinking mode, unless a prefill already closed it.
   job.thinking = opt.thinking && (!opt.continue_final_message ||
                                   (last.reasoning && !last.reasoning->empty() &&
                                    last.content.value_or("").empty() && last.tool_calls.empty()));
-  job.extract_tools = has_tools && tool_choice != "none";
+  job.extract_tools = extract_tools;
   job.request.prompt = tok.encode(*prompt);
   return check_prompt_length(job, model, "messages");
 }

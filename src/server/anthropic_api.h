@@ -9,12 +9,20 @@
 #include <string>
 
 #include "server/openai_api.h"  // ApiError, GenerationJob, ServedModel
+#include "text/chat.h"
 
 namespace dsv41 {
 
 // {"type": "error", "error": {"type", "message"}}, the type from the status (invalid_request_error,
 // not_found_error, request_too_large, rate_limit_error, api_error, overloaded_error).
 std::string anthropic_error_body(const ApiError& e);
+
+// The conversation of a Messages body as the chat encoder takes it (system, messages, tools
+// attached; options: thinking and effort, continue_final_message for a final assistant prefill);
+// what parse_messages_request encodes. `max_tokens` bounds thinking.budget_tokens.
+std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tokens,
+                                              bool count_only, ChatRequest& chat,
+                                              bool& extract_tools);
 
 // Parses a Messages request into `job` (chat prompt tokenized); `count_only`: the count_tokens
 // body (no max_tokens, nothing generated).

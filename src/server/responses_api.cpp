@@ -233,31 +233,12 @@ std::optional<ApiError> check_stateless(Fields& f) {
 
 }  // namespace
 
-std::optional<ApiError> parse_responses_request(const OJson& body, const ServedModel& model,
-                                                const Tokenizer& tok, GenerationJob& job) {
-  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+std::optional<ApiError> responses_conversation(const OJson& body, ChatRequest& chat,
+                                               bool& extract_tools, OJson& reasoning_echo,
+                                               std::string& tool_choice) {
   Fields f(body);
-  const OJson* m = f.get("model");
-  if (!m) return bad("model", "required field missing");
-  if (!m->is_string()) return bad("model", "must be a string");
-  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
-  job.model = model.name;
-  job.chat = true;
-  if (auto e = check_stateless(f)) return e;
-  if (!f.boolean("stream", job.stream)) return f.err;
-  SamplingParams& s = job.request.sampling;
-  if (!f.number("temperature", 0, 2, false, s.temperature)) return f.err;
-  if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
-  int64_t max_tokens =
-      model.default_max_tokens > 0 ? model.default_max_tokens : std::numeric_limits<int32_t>::max();
-  if (!f.integer("max_output_tokens", 1, std::numeric_limits<int32_t>::max(), max_tokens))
-    return f.err;
-  s.max_tokens = static_cast<int>(max_tokens);
-  if (f.get("max_output_tokens")) job.max_tokens_param = "max_output_tokens";
-  bool parallel = true;
-  if (!f.boolean("parallel_tool_calls", parallel)) return f.err;
-
-  std::vector<ChatMessage> msgs;
+  std::vector<ChatMessage>& msgs = chat.messages;
+  ChatOptions& opt = chat.options;
   if (const OJson* ins = f.get("instructions")) {
     if (!ins->is_string()) return bad("instructions", "must be a string");
     ChatMessage sys;
@@ -283,20 +264,54 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
     if (auto e = convert_tools(*t, tools)) return e;
   const bool has_tools = !tools.empty();
   attach_tools(msgs, std::move(tools));
-  std::string tool_choice = "auto";
+  tool_choice = "auto";
   if (const OJson* tc = f.get("tool_choice")) {
     if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
       return bad("tool_choice",
                  "only \"auto\" and \"none\" are supported (V4.1 has no forced tool call)");
     tool_choice = tc->get<std::string>();
   }
-  ChatOptions opt;
-  OJson reasoning_echo;
   if (auto e = convert_reasoning(f.get("reasoning"), opt, reasoning_echo)) return e;
+  extract_tools = has_tools && tool_choice != "none";
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_responses_request(const OJson& body, const ServedModel& model,
+                                                const Tokenizer& tok, GenerationJob& job) {
+  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  Fields f(body);
+  const OJson* m = f.get("model");
+  if (!m) return bad("model", "required field missing");
+  if (!m->is_string()) return bad("model", "must be a string");
+  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
+  job.model = model.name;
+  job.chat = true;
+  if (auto e = check_stateless(f)) return e;
+  if (!f.boolean("stream", job.stream)) return f.err;
+  SamplingParams& s = job.request.sampling;
+  if (!f.number("temperature", 0, 2, false, s.temperature)) return f.err;
+  if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
+  int64_t max_tokens =
+      model.default_max_tokens > 0 ? model.default_max_tokens : std::numeric_limits<int32_t>::max();
+  if (!f.integer("max_output_tokens", 1, std::numeric_limits<int32_t>::max(), max_tokens))
+    return f.err;
+  s.max_tokens = static_cast<int>(max_tokens);
+  if (f.get("max_output_tokens")) job.max_tokens_param = "max_output_tokens";
+  bool parallel = true;
+  if (!f.boolean("parallel_tool_calls", parallel)) return f.err;
+
+  ChatRequest chat;
+  bool extract_tools = false;
+  OJson reasoning_echo;
+  std::string tool_choice;
+  if (auto e = responses_conversation(body, chat, extract_tools, reasoning_echo, tool_choice))
+    return e;
+  const std::vector<ChatMessage>& msgs = chat.messages;
+  const ChatOptions& opt = chat.options;
   auto prompt = encode_chat(msgs, opt);
   if (!prompt) return bad("input", prompt.status().message());
   job.thinking = opt.thinking;
-  job.extract_tools = has_tools && tool_choice != "none";
+  job.extract_tools = extract_tools;
   job.request.prompt = tok.encode(*prompt);
   const OJson* ins = f.get("instructions");
   const OJson* tl = f.get("tools");

@@ -3,6 +3,7 @@
 // marker's length of delay.
 #include "text/dsml_parser.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "text/special_tokens.h"
@@ -110,6 +111,19 @@ void AssistantStreamParser::step(std::vector<AssistantEvent>& out) {
   for (;;) {
     if (state_ == State::kReasoning) {
       std::size_t pos = buf_.find(tokens::kThinkEnd);
+      // A calls block before any </think> ends the reasoning too: the model skipped the marker
+      // (seen at high effort; the call would otherwise be lost inside the reasoning).
+      const std::size_t calls = tool_calls_ ? buf_.find(kCallsOpen) : std::string::npos;
+      if (calls != std::string::npos && (pos == std::string::npos || calls < pos)) {
+        std::string reasoning = buf_.substr(0, calls);
+        if (reasoning.size() >= 2 && reasoning.compare(reasoning.size() - 2, 2, "\n\n") == 0)
+          reasoning.resize(reasoning.size() - 2);
+        emit(AssistantEvent::Kind::kReasoning, std::move(reasoning), out);
+        buf_.erase(0, calls + kCallsOpen.size());
+        state_ = State::kCalls;
+        ++unclosed_reasoning_calls_;
+        continue;
+      }
       if (pos != std::string::npos) {
         emit(AssistantEvent::Kind::kReasoning, buf_.substr(0, pos), out);
         buf_.erase(0, pos + std::string_view(tokens::kThinkEnd).size());
@@ -117,6 +131,9 @@ void AssistantStreamParser::step(std::vector<AssistantEvent>& out) {
         continue;
       }
       std::size_t hold = partial_suffix(buf_, tokens::kThinkEnd);
+      if (tool_calls_)
+        hold = std::max(
+            {hold, partial_suffix(buf_, kCallsOpenAfterBlank), partial_suffix(buf_, kCallsOpen)});
       emit(AssistantEvent::Kind::kReasoning, buf_.substr(0, buf_.size() - hold), out);
       buf_.erase(0, buf_.size() - hold);
       return;

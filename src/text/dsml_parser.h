@@ -45,6 +45,8 @@ class AssistantStreamParser {
   bool reasoning_unterminated() const { return reasoning_unterminated_; }  // set by finish()
   bool calls_truncated() const { return calls_truncated_; }                // set by finish()
   int malformed_calls() const { return malformed_calls_; }
+  // Calls blocks that began inside the reasoning (no </think> before them): taken as calls.
+  int unclosed_reasoning_calls() const { return unclosed_reasoning_calls_; }
 
  private:
   enum class State { kReasoning, kContent, kCalls };
@@ -58,6 +60,7 @@ class AssistantStreamParser {
   bool reasoning_unterminated_ = false;
   bool calls_truncated_ = false;
   int malformed_calls_ = 0;
+  int unclosed_reasoning_calls_ = 0;
 };
 
 struct ParsedAssistant {

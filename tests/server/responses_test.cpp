@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "io/test_util.h"
+#include "server/anthropic_api.h"
 #include "server/generation_protocol.h"
 #include "server/responses_api.h"
 #include "server/server_harness.h"
@@ -164,6 +165,95 @@ TEST(Responses, RoundTripEncodesAsTheChatEncoder) {
   EXPECT_TRUE(job.thinking);
   EXPECT_TRUE(job.extract_tools);
   EXPECT_NE(expect->find("I should call the tool."), std::string::npos);
+}
+
+// The reference encoder's tool round trip (tests/data/chat/reference_1: an assistant turn with
+// reasoning and a tool call, the tool's result, the final answer with reasoning), rewritten as an
+// Anthropic Messages body and as Responses input items, encodes byte for byte as the reference did.
+TEST(Responses, ThreeApisEncodeTheReferenceToolRoundTripByteForByte) {
+  const std::string dir = std::string(DSV41_TEST_DATA) + "/chat/reference_1";
+  const OJson ref = *parse_json_ordered(testing::read_file(dir + ".json"));
+  const std::string expected = testing::read_file(dir + ".expected.txt");
+  OJson anthropic = {{"thinking", {{"type", "enabled"}, {"budget_tokens", 8192}}}};  // effort 50
+  OJson a_tools = OJson::array(), r_tools = OJson::array(), a_msgs = OJson::array(),
+        items = OJson::array();
+  for (const OJson& t : ref["tools"]) {
+    const OJson& fn = t["function"];
+    a_tools.push_back({{"name", fn["name"]},
+                       {"description", fn["description"]},
+                       {"input_schema", fn["parameters"]}});
+    r_tools.push_back({{"type", "function"},
+                       {"name", fn["name"]},
+                       {"description", fn["description"]},
+                       {"parameters", fn["parameters"]}});
+  }
+  OJson responses = {{"reasoning", {{"effort", "medium"}}}};  // effort 50
+  for (const OJson& m : ref["messages"]) {
+    const std::string role = m["role"];
+    if (role == "system") {
+      anthropic["system"] = m["content"];
+      responses["instructions"] = m["content"];
+    } else if (role == "user") {
+      a_msgs.push_back({{"role", "user"}, {"content", m["content"]}});
+      items.push_back({{"role", "user"}, {"content", m["content"]}});
+    } else if (role == "tool") {
+      a_msgs.push_back({{"role", "user"},
+                        {"content", OJson::array({{{"type", "tool_result"},
+                                                   {"tool_use_id", m["tool_call_id"]},
+                                                   {"content", m["content"]}}})}});
+      items.push_back({{"type", "function_call_output"},
+                       {"call_id", m["tool_call_id"]},
+                       {"output", m["content"]}});
+    } else {
+      OJson blocks = OJson::array();
+      if (m.contains("reasoning")) {
+        blocks.push_back({{"type", "thinking"}, {"thinking", m["reasoning"]}, {"signature", ""}});
+        items.push_back(
+            {{"type", "reasoning"},
+             {"summary", OJson::array()},
+             {"content", OJson::array({{{"type", "reasoning_text"}, {"text", m["reasoning"]}}})}});
+      }
+      if (m.contains("content") && !m["content"].is_null()) {
+        blocks.push_back({{"type", "text"}, {"text", m["content"]}});
+        items.push_back(
+            {{"type", "message"},
+             {"role", "assistant"},
+             {"content", OJson::array({{{"type", "output_text"}, {"text", m["content"]}}})}});
+      }
+      for (const OJson& c : m.value("tool_calls", OJson::array())) {
+        const OJson& fn = c["function"];
+        blocks.push_back({{"type", "tool_use"},
+                          {"id", c["id"]},
+                          {"name", fn["name"]},
+                          {"input", *parse_json_ordered(fn["arguments"].get<std::string>())}});
+        items.push_back({{"type", "function_call"},
+                         {"call_id", c["id"]},
+                         {"name", fn["name"]},
+                         {"arguments", fn["arguments"]}});
+      }
+      a_msgs.push_back({{"role", "assistant"}, {"content", blocks}});
+    }
+  }
+  anthropic["tools"] = a_tools;
+  anthropic["messages"] = a_msgs;
+  responses["tools"] = r_tools;
+  responses["input"] = items;
+  // The fixture ends with the final answer (add_generation_prompt false), which neither API can
+  // ask for: their conversations are encoded with the fixture's options.
+  ChatRequest a, r;
+  bool tools_a = false, tools_r = false;
+  OJson echo;
+  std::string choice;
+  ASSERT_FALSE(messages_conversation(anthropic, 10000, false, a, tools_a).has_value());
+  ASSERT_FALSE(responses_conversation(responses, r, tools_r, echo, choice).has_value());
+  for (ChatRequest* c : {&a, &r}) {
+    c->options.add_generation_prompt = false;
+    c->options.continue_final_message = false;
+    auto text = encode_chat(c->messages, c->options);
+    ASSERT_TRUE(text.is_ok()) << text.status().message();
+    EXPECT_EQ(*text, expected) << (c == &a ? "Anthropic Messages" : "Responses");
+  }
+  EXPECT_TRUE(tools_a && tools_r);
 }
 
 TEST(Responses, StreamedEventsRebuildTheResponseInEveryChunking) {

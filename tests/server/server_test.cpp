@@ -25,6 +25,7 @@
 #include "io/test_util.h"
 #include "model/tiny_checkpoint.h"
 #include "model/tiny_converted.h"
+#include "server/generation_protocol.h"
 #include "server/http_server.h"
 #include "server/server_harness.h"
 #include "text/json_ordered.h"
@@ -441,6 +442,65 @@ TEST(Server, ToolCallsAndReasoningThroughTheOpenAiClient) {
   auto [code, out] = run_command(node_client(s.port, "scripted", "tools"));
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+// Chat completions' stream of a reasoning + text + DSML output, in every chunking (1-8 bytes,
+// markers cut anywhere): reasoning_content, content and the tool call add up to the non-streamed
+// message, and the finish reason is tool_calls.
+TEST(Server, ChatStreamEqualsTheMessageInEveryChunking) {
+  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+  ASSERT_TRUE(tok.is_ok());
+  GenerationJob job;
+  job.chat = job.thinking = job.extract_tools = true;
+  job.model = "m";
+  const std::string text = kScriptText;
+  auto api = openai_chat_api();
+  auto whole = api->writer(job, **tok, "x", 0);
+  RequestOutput all;
+  all.text = text;
+  all.finished = true;
+  all.reason = FinishReason::kStop;
+  whole->add(0, all);
+  const OJson msg = (*parse_json_ordered(whole->body()))["choices"][0]["message"];
+  ASSERT_EQ(msg["reasoning_content"], "I should call the tool.");
+  ASSERT_EQ(msg["content"], "Let me check.");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  Rng rng(8);
+  for (int trial = 0; trial < 200; ++trial) {
+    auto w = api->writer(job, **tok, "x", 0);
+    std::vector<std::string> frames = w->stream_begin();
+    for (std::size_t at = 0; at < text.size();) {
+      RequestOutput o;
+      o.text = text.substr(at, trial < 8 ? std::size_t(trial + 1) : 1 + rng.below(8));
+      at += o.text.size();
+      auto f = w->stream_output(0, o);
+      frames.insert(frames.end(), f.begin(), f.end());
+    }
+    RequestOutput end;
+    end.finished = true;
+    end.reason = FinishReason::kStop;
+    auto f = w->stream_output(0, end);
+    frames.insert(frames.end(), f.begin(), f.end());
+    f = w->stream_end();
+    frames.insert(frames.end(), f.begin(), f.end());
+    ASSERT_EQ(frames.back(), "data: [DONE]\n\n");
+    std::string reasoning, content, finish;
+    OJson calls = OJson::array();
+    for (std::size_t k = 0; k + 1 < frames.size(); ++k) {
+      const OJson c = *parse_json_ordered(frames[k].substr(6, frames[k].size() - 8));
+      const OJson& ch = c["choices"][0];
+      const OJson& d = ch["delta"];
+      if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content")) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls")) calls.push_back(d["tool_calls"][0]);
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+    ASSERT_EQ(reasoning, msg["reasoning_content"]) << "trial " << trial;
+    ASSERT_EQ(content, msg["content"]) << "trial " << trial;
+    ASSERT_EQ(calls.size(), 1u);
+    ASSERT_EQ(calls[0]["function"].dump(), msg["tool_calls"][0]["function"].dump());
+    ASSERT_EQ(finish, "tool_calls");
+  }
 }
 
 TEST(Server, TokenizeDetokenizeModelsHealthMetrics) {

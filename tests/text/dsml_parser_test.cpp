@@ -186,5 +186,44 @@ TEST(Dsml, MalformedCallsAreKeptAsContent) {
   EXPECT_EQ(s.content, "");
 }
 
+// A model that skips </think> and opens the calls block inside its reasoning (the failure other
+// V4.1 servers report as tool calls lost at high effort): the block still ends the reasoning and
+// its calls come back, in every chunking; without tools declared it stays reasoning text.
+TEST(Dsml, CallsBlockInsideTheReasoningStillGivesTheCalls) {
+  const Turn call_turn{"", "", {{"get_weather", R"({"location": "Paris"})"}}};
+  std::string block =
+      generated_text(call_turn, false);  // "\n\n<｜DSML｜ calls>...</｜DSML｜ calls>"
+  ASSERT_EQ(block.rfind("\n\n<｜DSML｜ calls>", 0), 0u) << block;
+  const std::string gen = "I will look it up." + block;
+  for (std::size_t chunk = 1; chunk <= 9; ++chunk) {
+    AssistantStreamParser parser(true);
+    std::vector<AssistantEvent> events;
+    for (std::size_t i = 0; i < gen.size(); i += chunk)
+      parser.feed(std::string_view(gen).substr(i, chunk), events);
+    parser.finish(events);
+    std::string reasoning, content;
+    std::vector<DsmlToolCall> calls;
+    for (auto& e : events) {
+      if (e.kind == AssistantEvent::Kind::kReasoning) reasoning += e.text;
+      if (e.kind == AssistantEvent::Kind::kContent) content += e.text;
+      if (e.kind == AssistantEvent::Kind::kToolCall) calls.push_back(e.call);
+    }
+    EXPECT_EQ(reasoning, "I will look it up.") << "chunk " << chunk;
+    EXPECT_EQ(content, "") << "chunk " << chunk;
+    ASSERT_EQ(calls.size(), 1u) << "chunk " << chunk;
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments["location"], "Paris");
+    EXPECT_EQ(parser.unclosed_reasoning_calls(), 1);
+    EXPECT_FALSE(parser.reasoning_unterminated());
+  }
+  AssistantStreamParser no_tools(true, false);
+  std::vector<AssistantEvent> events;
+  no_tools.feed(gen, events);
+  no_tools.finish(events);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, AssistantEvent::Kind::kReasoning);
+  EXPECT_EQ(events[0].text, gen);
+}
+
 }  // namespace
 }  // namespace dsv41
