@@ -58,6 +58,7 @@ class RequestChannel {
     pending_.error = std::move(error);
     pending_.prompt_tokens = prompt_tokens;
     pending_.completion_tokens = completion_tokens;
+    pending_.cached_prompt_tokens = cached_;
     has_news_ = true;
     cv_.notify_all();
   }
@@ -70,7 +71,14 @@ class RequestChannel {
     return true;
   }
 
+  // Engine thread only: prompt tokens its first admission found in the prefix cache.
+  void set_cached(int64_t n) { cached_ = n; }
+  bool cached_known() const { return cached_known_; }
+  void mark_cached_known() { cached_known_ = true; }
+
  private:
+  int64_t cached_ = 0;
+  bool cached_known_ = false;
   uint64_t id_;
   uint64_t first_sibling_;
   GenerationRequest request_;
@@ -345,6 +353,10 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     if (Status st = backend_->open(s.id); !st) return;  // opened at slice time, failing there
     s.open = true;
     s.computed = backend_->attach_cached_prefix(s.id, a.tokens, a.ch->request().cache_salt);
+    if (!a.ch->cached_known()) {  // the first admission's hit (a preempted one re-attaches its own)
+      a.ch->set_cached(std::min(s.computed, a.prompt_len));
+      a.ch->mark_cached_known();
+    }
   };
   const StepPlan plan = sched_.plan(limits_, *backend_, admit);
   preemptions_.fetch_add(plan.preempted);

@@ -52,6 +52,7 @@ struct RequestOutput {
   std::string error;  // kError
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // of the prompt, taken from the prefix cache (not computed)
 };
 
 class RequestChannel;  // engine-side state shared with a RequestHandle

@@ -63,6 +63,7 @@ class BlockGrouper {
     if (open_) close_last(listener);
   }
   const std::vector<AssistantBlock>& blocks() const { return blocks_; }
+  bool is_open() const { return open_; }  // the last block may still grow
   int tool_calls() const {
     int n = 0;
     for (const auto& b : blocks_) n += b.kind == AssistantBlock::Kind::kToolCall;

@@ -64,6 +64,7 @@ std::optional<ApiError> reasoning_text(const OJson& item, const std::string& par
       const auto text = part.is_object() ? part.find("text") : part.end();
       if (!part.is_object() || text == part.end() || !text->is_string())
         return bad(fmt::format("{}.{}[{}].text", param, key, j), "must be a string");
+      if (j > 0) out += "\n\n";
       out += text->get<std::string>();
     }
     if (!out.empty()) break;
@@ -139,8 +140,11 @@ std::optional<ApiError> convert_item(const OJson& item, const std::string& p,
   if (type == "reasoning") {
     std::string text;
     if (auto e = reasoning_text(item, p, text)) return e;
-    ChatMessage& a = assistant_turn(msgs, false);
-    a.reasoning = std::move(text);
+    // Consecutive reasoning items belong to one turn: their texts join (before its message).
+    const bool more = !msgs.empty() && msgs.back().role == "assistant" &&
+                      msgs.back().content.value_or("").empty() && msgs.back().tool_calls.empty();
+    ChatMessage& a = assistant_turn(msgs, more);
+    a.reasoning = a.reasoning && !a.reasoning->empty() ? *a.reasoning + "\n\n" + text : text;
     return std::nullopt;
   }
   if (type == "item_reference")
@@ -220,11 +224,13 @@ std::optional<ApiError> check_stateless(Fields& f) {
   if (!f.boolean("background", background)) return f.err;
   if (background) return bad("background", "background responses are not supported");
   if (const OJson* text = f.get("text")) {
-    const OJson* fmt_ =
-        text->is_object() && text->contains("format") ? &(*text)["format"] : nullptr;
-    if (!text->is_object() ||
-        (fmt_ && !fmt_->is_null() && !(fmt_->is_object() && fmt_->value("type", "") == "text")))
-      return bad("text.format", "only {\"type\": \"text\"} is supported");
+    if (!text->is_object()) return bad("text", "must be an object");
+    const auto fm = text->find("format");
+    if (fm != text->end() && !fm->is_null()) {
+      const auto type = fm->is_object() ? fm->find("type") : fm->end();
+      if (!fm->is_object() || type == fm->end() || !type->is_string() || *type != "text")
+        return bad("text.format", "only {\"type\": \"text\"} is supported");
+    }
   }
   if (const OJson* md = f.get("metadata"); md && !md->is_object())
     return bad("metadata", "must be an object");
@@ -335,8 +341,13 @@ namespace {
 // first delta arrives and completes it when another follows.
 class ResponsesWriter final : public ResponseWriter, BlockListener {
  public:
-  ResponsesWriter(const GenerationJob& job, const std::string& id, int64_t created)
-      : job_(job), id_(id), created_(created), parser_(job.thinking, job.extract_tools) {}
+  ResponsesWriter(const GenerationJob& job, const Tokenizer& tok, const std::string& id,
+                  int64_t created)
+      : job_(job),
+        tok_(tok),
+        id_(id),
+        created_(created),
+        parser_(job.thinking, job.extract_tools) {}
 
   std::vector<std::string> stream_begin() override {
     OJson r = response_json("in_progress");
@@ -425,19 +436,36 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
   void absorb(const RequestOutput& out, BlockListener* listener) {
     std::vector<AssistantEvent> events;
     parser_.feed(out.text, events);
+    if (out.finished) parser_.finish(events);
+    count_reasoning_tokens(out);
+    grouper_.feed(events, listener);
     if (out.finished) {
-      parser_.finish(events);
-      reason_ = out.reason;  // before the last item closes: its status depends on it
+      reason_ = out.reason;
       prompt_tokens_ = out.prompt_tokens;
       completion_tokens_ = out.completion_tokens;
+      cached_tokens_ = out.cached_prompt_tokens;
+      // Only the item still open when max_output_tokens cut the answer is incomplete.
+      if (reason_ == FinishReason::kLength && grouper_.is_open())
+        incomplete_item_ = int64_t(grouper_.blocks().size()) - 1;
+      grouper_.close(listener);
     }
-    grouper_.feed(events, listener);
-    if (out.finished) grouper_.close(listener);
   }
-  // The last item of a response cut by max_output_tokens is incomplete; the others completed.
+  // Reasoning tokens: those generated until the reasoning ended, the one completing </think> (or,
+  // with tools, a calls tag: parser's rule) included; found token by token in the tokens' text.
+  void count_reasoning_tokens(const RequestOutput& out) {
+    static const std::string kEnd = "</think>", kCalls = "<｜DSML｜ calls>";
+    for (const OutputToken& t : out.tokens) {
+      if (!in_reasoning_) return;
+      ++reasoning_tokens_;
+      tail_ += tok_.token_bytes(t.token);
+      if (tail_.find(kEnd) != std::string::npos ||
+          (job_.extract_tools && tail_.find(kCalls) != std::string::npos))
+        in_reasoning_ = false;
+      if (tail_.size() > 64) tail_.erase(0, tail_.size() - 32);  // markers are shorter than 32
+    }
+  }
   std::string final_item_status(std::size_t i) const {
-    return reason_ == FinishReason::kLength && i + 1 == grouper_.blocks().size() ? "incomplete"
-                                                                                 : "completed";
+    return int64_t(i) == incomplete_item_ ? "incomplete" : "completed";
   }
   std::string item_id(std::size_t i, const AssistantBlock& b) const {
     const char* prefix = b.kind == AssistantBlock::Kind::kReasoning ? "rs"
@@ -500,20 +528,26 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
     r["usage"] = status == "in_progress"
                      ? OJson(nullptr)
                      : OJson{{"input_tokens", prompt_tokens_},
+                             {"input_tokens_details", {{"cached_tokens", cached_tokens_}}},
                              {"output_tokens", completion_tokens_},
+                             {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens_}}},
                              {"total_tokens", prompt_tokens_ + completion_tokens_}};
     return r;
   }
 
   const GenerationJob& job_;
+  const Tokenizer& tok_;
   std::string id_;
   int64_t created_;
+  std::string tail_;  // the last generated bytes (reasoning_tokens)
   AssistantStreamParser parser_;
   BlockGrouper grouper_;
   std::vector<std::string> frames_;
   int64_t sequence_ = 0;
   FinishReason reason_ = FinishReason::kNone;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  int64_t incomplete_item_ = -1;
+  bool in_reasoning_ = job_.thinking;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0, reasoning_tokens_ = 0;
 };
 
 class ResponsesApi final : public GenerationApi {
@@ -523,9 +557,9 @@ class ResponsesApi final : public GenerationApi {
                                 GenerationJob& job) const override {
     return parse_responses_request(body, model, tok, job);
   }
-  std::unique_ptr<ResponseWriter> writer(const GenerationJob& job, const Tokenizer&,
+  std::unique_ptr<ResponseWriter> writer(const GenerationJob& job, const Tokenizer& tok,
                                          const std::string& id, int64_t created) const override {
-    return std::make_unique<ResponsesWriter>(job, id, created);
+    return std::make_unique<ResponsesWriter>(job, tok, id, created);
   }
   std::string error_body(const ApiError& e) const override { return dsv41::error_body(e); }
 };

@@ -116,12 +116,14 @@ void AssistantStreamParser::step(std::vector<AssistantEvent>& out) {
       const std::size_t calls = tool_calls_ ? buf_.find(kCallsOpen) : std::string::npos;
       if (calls != std::string::npos && (pos == std::string::npos || calls < pos)) {
         std::string reasoning = buf_.substr(0, calls);
-        if (reasoning.size() >= 2 && reasoning.compare(reasoning.size() - 2, 2, "\n\n") == 0)
+        reasoning_calls_tag_ = kCallsOpen;
+        if (reasoning.size() >= 2 && reasoning.compare(reasoning.size() - 2, 2, "\n\n") == 0) {
           reasoning.resize(reasoning.size() - 2);
+          reasoning_calls_tag_ = "\n\n" + kCallsOpen;
+        }
         emit(AssistantEvent::Kind::kReasoning, std::move(reasoning), out);
         buf_.erase(0, calls + kCallsOpen.size());
         state_ = State::kCalls;
-        ++unclosed_reasoning_calls_;
         continue;
       }
       if (pos != std::string::npos) {
@@ -137,6 +139,16 @@ void AssistantStreamParser::step(std::vector<AssistantEvent>& out) {
       emit(AssistantEvent::Kind::kReasoning, buf_.substr(0, buf_.size() - hold), out);
       buf_.erase(0, buf_.size() - hold);
       return;
+    }
+    if (state_ == State::kContent && drop_think_end_) {
+      // After a calls block that began in the reasoning, the model's late </think> is not content.
+      const std::size_t i = skip_space(buf_, 0);
+      const std::string_view rest = std::string_view(buf_).substr(i);
+      const std::string_view end = tokens::kThinkEnd;
+      if (rest.size() < end.size() && end.substr(0, rest.size()) == rest) return;  // wait
+      if (rest.substr(0, end.size()) == end) buf_.erase(0, i + end.size());
+      drop_think_end_ = false;
+      continue;
     }
     if (state_ == State::kContent && !tool_calls_) {
       emit(AssistantEvent::Kind::kContent, std::move(buf_), out);
@@ -173,7 +185,15 @@ bool AssistantStreamParser::step_calls(std::vector<AssistantEvent>& out) {
   if (rest.empty()) return false;
   if (starts_with(rest, 0, kCallsClose)) {
     buf_.erase(0, i + kCallsClose.size());
-    state_ = State::kContent;  // text after the block (normally none) is content again
+    state_ = State::kContent;             // text after the block (normally none) is content again
+    if (!reasoning_calls_tag_.empty()) {  // an empty block that began in the reasoning
+      ++unclosed_reasoning_calls_;
+      reasoning_calls_tag_.clear();
+      drop_think_end_ = true;
+    } else if (from_reasoning_) {
+      drop_think_end_ = true;
+    }
+    from_reasoning_ = false;
     return true;
   }
   if (starts_with(rest, 0, kInvokeOpen)) {
@@ -181,8 +201,22 @@ bool AssistantStreamParser::step_calls(std::vector<AssistantEvent>& out) {
     if (end == std::string_view::npos) return false;
     std::string_view invoke = rest.substr(0, end + kInvokeClose.size());
     if (auto call = parse_invoke(invoke)) {
+      if (!reasoning_calls_tag_.empty()) {  // a real call: the block that began in the reasoning
+        ++unclosed_reasoning_calls_;        // is taken as calls from here on
+        reasoning_calls_tag_.clear();
+        from_reasoning_ = true;
+      }
       AssistantEvent e{AssistantEvent::Kind::kToolCall, {}, std::move(*call)};
       out.push_back(std::move(e));
+    } else if (!reasoning_calls_tag_.empty()) {
+      // The tag in the reasoning opened no call (the model wrote about it): all of it was
+      // reasoning, and the reasoning goes on.
+      emit(AssistantEvent::Kind::kReasoning,
+           reasoning_calls_tag_ + buf_.substr(0, i + invoke.size()), out);
+      buf_.erase(0, i + invoke.size());
+      reasoning_calls_tag_.clear();
+      state_ = State::kReasoning;
+      return true;
     } else {
       ++malformed_calls_;
       emit(AssistantEvent::Kind::kContent, std::string(invoke), out);
@@ -195,6 +229,12 @@ bool AssistantStreamParser::step_calls(std::vector<AssistantEvent>& out) {
     return rest.size() < tag.size() && tag.compare(0, rest.size(), rest) == 0;
   };
   if (could_become(kCallsClose) || could_become(kInvokeOpen)) return false;
+  if (!reasoning_calls_tag_.empty()) {  // the tag in the reasoning opened no block: reasoning
+    emit(AssistantEvent::Kind::kReasoning, reasoning_calls_tag_, out);
+    reasoning_calls_tag_.clear();
+    state_ = State::kReasoning;
+    return true;
+  }
   // Anything else inside the block is malformed: hand the rest back as content.
   ++malformed_calls_;
   emit(AssistantEvent::Kind::kContent, buf_, out);
@@ -213,6 +253,11 @@ void AssistantStreamParser::finish(std::vector<AssistantEvent>& out) {
       emit(AssistantEvent::Kind::kContent, std::move(buf_), out);
       break;
     case State::kCalls:
+      if (!reasoning_calls_tag_.empty()) {  // a tag in unterminated reasoning, no call after it
+        reasoning_unterminated_ = true;
+        emit(AssistantEvent::Kind::kReasoning, reasoning_calls_tag_ + buf_, out);
+        break;
+      }
       // Cut inside the block: an unfinished call is not returned (its arguments are incomplete).
       calls_truncated_ = true;
       break;

@@ -45,7 +45,8 @@ class AssistantStreamParser {
   bool reasoning_unterminated() const { return reasoning_unterminated_; }  // set by finish()
   bool calls_truncated() const { return calls_truncated_; }                // set by finish()
   int malformed_calls() const { return malformed_calls_; }
-  // Calls blocks that began inside the reasoning (no </think> before them): taken as calls.
+  // Calls blocks that began inside the reasoning (no </think> before them) and held a call (or
+  // closed empty): taken as calls.
   int unclosed_reasoning_calls() const { return unclosed_reasoning_calls_; }
 
  private:
@@ -61,6 +62,11 @@ class AssistantStreamParser {
   bool calls_truncated_ = false;
   int malformed_calls_ = 0;
   int unclosed_reasoning_calls_ = 0;
+  // A calls tag met inside the reasoning, with the blank line before it: held until the block
+  // shows a real invoke (then it is a calls block) or not (then it all was reasoning text).
+  std::string reasoning_calls_tag_;
+  bool from_reasoning_ = false;  // the current calls block began in the reasoning
+  bool drop_think_end_ = false;  // after such a block: a late </think> is dropped, not content
 };
 
 struct ParsedAssistant {

@@ -544,10 +544,16 @@ TEST(Engine, PrefixCacheHitsAnswerExactlyAndSkipThePrompt) {
   EXPECT_GE(st.prefix_hit_tokens, 200) << "of " << r.prompt.size();
   EXPECT_EQ(st.prefix_queries, 2);
   EXPECT_TRUE(first == second);
+  // The request's own output says how much of its prompt came from the cache.
+  const Collected third = collect(*e->submit(r), 20s);
+  EXPECT_GE(third.last.cached_prompt_tokens, 200);
+  EXPECT_LT(third.last.cached_prompt_tokens, int64_t(r.prompt.size()));
   GenerationRequest salted = r;
   salted.cache_salt = "tenant-b";
-  EXPECT_TRUE(produce(*e->submit(salted)) == first);
-  EXPECT_EQ(settled(*e).prefix_hit_tokens, st.prefix_hit_tokens);
+  const Collected other = collect(*e->submit(salted), 20s);
+  EXPECT_EQ(other.last.cached_prompt_tokens, 0);
+  EXPECT_EQ(other.tokens, first.tokens);
+  EXPECT_EQ(settled(*e).prefix_hit_tokens, st.prefix_hit_tokens + third.last.cached_prompt_tokens);
   auto plain = make(false);
   EXPECT_TRUE(produce(*plain->submit(r)) == first);
   EXPECT_EQ(settled(*plain).prefix_hit_tokens, 0);

@@ -45,6 +45,7 @@ async function basic() {
   check(r.output.every((o) => o.type === 'message'), 'effort none: message items only');
   check(typeof r.output_text === 'string' && r.output_text.length > 0, 'output_text');
   check(r.usage.input_tokens > 0 && r.usage.output_tokens >= 1 && r.usage.output_tokens <= 8, 'usage');
+  check(typeof r.usage.input_tokens_details?.cached_tokens === 'number' && r.usage.output_tokens_details?.reasoning_tokens === 0, 'usage details (no reasoning)');
 
   const stream = client.responses.stream(req);
   let deltas = '';
@@ -85,6 +86,8 @@ async function toolsMode() {
   const call = r.output[2];
   check(call.name === 'get_weather' && JSON.parse(call.arguments).city === 'Paris' && call.call_id.startsWith('call_'), `function_call ${call.arguments}`);
   check(r.status === 'completed', 'status completed');
+  const rt = r.usage.output_tokens_details.reasoning_tokens;
+  check(rt > 0 && rt < r.usage.output_tokens, `reasoning_tokens ${rt} of ${r.usage.output_tokens}`);
 
   const seen = new Set();
   const stream = client.responses.stream(req);
@@ -108,6 +111,7 @@ async function toolsMode() {
   check(none.output.every((o) => o.type !== 'function_call') && none.output_text.includes('invoke'), 'tool_choice none');
   const short = await client.responses.create({ ...req, max_output_tokens: 3 });
   check(short.status === 'incomplete' && short.incomplete_details?.reason === 'max_output_tokens', 'incomplete at max_output_tokens');
+  check(short.output.length === 1 && short.output[0].status === 'incomplete', 'the cut item is incomplete');
   await expectError(client.responses.create({ ...req, tool_choice: 'required' }), OpenAI.BadRequestError, 400, 'tool_choice', 'tool_choice required refused');
 }
 

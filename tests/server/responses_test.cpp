@@ -59,6 +59,8 @@ std::vector<std::string> malformed_responses() {
                                 R"("reasoning":{"effort":3})",
                                 R"("text":{"format":{"type":"json_schema"}})",
                                 R"("text":1)",
+                                R"("text":{"format":{"type":5}})",
+                                R"("text":{"format":1})",
                                 R"("metadata":1)",
                                 R"("parallel_tool_calls":"x")"}) {
     v.push_back("{" + m + "," + in + "," + f + "}");

@@ -225,5 +225,48 @@ TEST(Dsml, CallsBlockInsideTheReasoningStillGivesTheCalls) {
   EXPECT_EQ(events[0].text, gen);
 }
 
+// Reasoning that only mentions the calls tag stays reasoning (and what follows its </think> is
+// content); a real block opened in the reasoning and followed by the model's late </think> gives
+// its call, and the late marker is not content. Every chunking.
+TEST(Dsml, CallsTagInTheReasoningThatOpensNoCallStaysReasoning) {
+  const Turn call_turn{"", "", {{"get_weather", R"({"location": "Paris"})"}}};
+  const std::string block = generated_text(call_turn, false);
+  const std::string tag = "<｜DSML｜ calls>";
+  struct Case {
+    std::string gen, reasoning, content;
+    std::size_t calls;
+  };
+  const std::vector<Case> cases = {
+      {"I could write " + tag + " here, but no.</think>Answer.",
+       "I could write " + tag + " here, but no.", "Answer.", 0},
+      {"Mention\n\n" + tag +
+           "\n<｜DSML｜ invoke name=\"x\">oops</｜DSML｜ invoke> done.</think>Fine.",
+       "Mention\n\n" + tag + "\n<｜DSML｜ invoke name=\"x\">oops</｜DSML｜ invoke> done.", "Fine.",
+       0},
+      {"Plan." + block + "\n</think>\n", "Plan.", "\n", 1},
+      {"Unfinished " + tag, "Unfinished " + tag, "", 0},
+  };
+  for (const Case& c : cases)
+    for (std::size_t chunk = 1; chunk <= 9; ++chunk) {
+      AssistantStreamParser parser(true);
+      std::vector<AssistantEvent> events;
+      for (std::size_t i = 0; i < c.gen.size(); i += chunk)
+        parser.feed(std::string_view(c.gen).substr(i, chunk), events);
+      parser.finish(events);
+      std::string reasoning, content;
+      std::size_t calls = 0;
+      for (auto& e : events) {
+        if (e.kind == AssistantEvent::Kind::kReasoning) reasoning += e.text;
+        if (e.kind == AssistantEvent::Kind::kContent) content += e.text;
+        calls += e.kind == AssistantEvent::Kind::kToolCall;
+      }
+      EXPECT_EQ(reasoning, c.reasoning) << c.gen << " chunk " << chunk;
+      EXPECT_EQ(content, c.content) << c.gen << " chunk " << chunk;
+      EXPECT_EQ(calls, c.calls) << c.gen << " chunk " << chunk;
+      EXPECT_EQ(parser.unclosed_reasoning_calls(), int(c.calls)) << c.gen;
+      EXPECT_EQ(parser.malformed_calls(), 0) << c.gen;
+    }
+}
+
 }  // namespace
 }  // namespace dsv41
