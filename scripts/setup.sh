@@ -11,6 +11,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libicu-dev libonig-dev libcpp-httplib-dev libdnnl-dev
+  clang
 )
 command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
@@ -21,7 +22,8 @@ for p in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${#missing[@]} Debian packages (compiler and build tools, the C++"
-  echo "setup: libraries dsv41 links, GoogleTest, node/npm for the test client): ${missing[*]}"
+  echo "setup: libraries dsv41 links, GoogleTest, clang for the sanitized fuzz build, node/npm for"
+  echo "setup: the test clients): ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   echo "setup: apt-get update"
   apt-get update

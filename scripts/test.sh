@@ -1,9 +1,32 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh clone: set-up, build, then every test (unit, ASan+UBSan hardening,
-# CLI) through CTest. The last lines are CTest's summary.
+# The whole test suite from a fresh clone: set-up, then two builds and their tests through CTest:
+# build/ (g++, Release: unit, engine, server, CLI tests) and build-fuzz/ (clang, ASan+UBSan: the
+# hardening suites, every fuzz target on its seeds and committed regression inputs, then a few
+# seconds of fuzzing each; tests/fuzz). Without clang the hardening suites are built sanitized
+# with g++ in build/ instead and the fuzz targets are skipped (said so). The last lines are the
+# CTest summary of both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
-cd build
-ctest --output-on-failure -j"$(nproc)" --timeout 600
+if command -v clang++ >/dev/null 2>&1; then
+  bash scripts/build.sh -DDSV41_ASAN_TESTS=OFF
+  CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSV41_FUZZ=ON \
+    -DDSV41_BUILD_TESTS=OFF >/dev/null
+  cmake --build build-fuzz --target sanitized -j"$(nproc)"
+else
+  echo "test: clang++ not found: hardening suites sanitized with g++, fuzz targets not built"
+  bash scripts/build.sh -DDSV41_ASAN_TESTS=ON
+fi
+status=0
+fuzz_status=0
+if [ -d build-fuzz ] && command -v clang++ >/dev/null 2>&1; then
+  echo "test: the sanitized build (build-fuzz)"
+  (cd build-fuzz && ctest --output-on-failure -j"$(nproc)" --timeout 600) || fuzz_status=1
+  echo "test: the main build (build)"
+fi
+(cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600) || status=1
+if [ $fuzz_status -ne 0 ]; then
+  echo "test: FAILED in the sanitized build (build-fuzz): see its CTest output above"
+  status=1
+fi
+exit $status

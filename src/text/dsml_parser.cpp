@@ -235,12 +235,11 @@ bool AssistantStreamParser::step_calls(std::vector<AssistantEvent>& out) {
     state_ = State::kReasoning;
     return true;
   }
-  // Anything else inside the block is malformed: hand the rest back as content.
+  // Anything else inside the block is malformed: the text from here is content again (a later
+  // calls tag in it opens a block, whatever the chunking that brought it).
   ++malformed_calls_;
-  emit(AssistantEvent::Kind::kContent, buf_, out);
-  buf_.clear();
   state_ = State::kContent;
-  return false;
+  return true;
 }
 
 void AssistantStreamParser::finish(std::vector<AssistantEvent>& out) {

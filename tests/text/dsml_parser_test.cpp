@@ -268,5 +268,33 @@ TEST(Dsml, CallsTagInTheReasoningThatOpensNoCallStaysReasoning) {
     }
 }
 
+// Found by fuzz_dsml_stream (tests/fuzz/regressions/dsml_stream): a malformed calls block followed
+// by a real one. The malformed text used to be handed back with everything buffered after it, so
+// a later block was parsed or not depending on how the text was chunked; now the text after the
+// malformed part is content again whatever the chunking, and the later block gives its call.
+TEST(Dsml, MalformedBlockThenARealOneGivesTheSameInEveryChunking) {
+  const Turn call_turn{"", "", {{"f", R"({"a": 1})"}}};
+  const std::string block = generated_text(call_turn, false);
+  const std::string gen = "Text.\n\n<｜DSML｜ calls>\n<｜DSML｜ junk here" + block;
+  const ParsedAssistant whole = parse_assistant_text(gen, false);
+  ASSERT_EQ(whole.tool_calls.size(), 1u) << whole.content;
+  EXPECT_EQ(whole.malformed_calls, 1);
+  for (std::size_t chunk = 1; chunk <= 11; ++chunk) {
+    AssistantStreamParser parser(false);
+    std::vector<AssistantEvent> events;
+    for (std::size_t i = 0; i < gen.size(); i += chunk)
+      parser.feed(std::string_view(gen).substr(i, chunk), events);
+    parser.finish(events);
+    std::string content;
+    std::size_t calls = 0;
+    for (auto& e : events) {
+      if (e.kind == AssistantEvent::Kind::kContent) content += e.text;
+      calls += e.kind == AssistantEvent::Kind::kToolCall;
+    }
+    EXPECT_EQ(content, whole.content) << "chunk " << chunk;
+    EXPECT_EQ(calls, 1u) << "chunk " << chunk;
+  }
+}
+
 }  // namespace
 }  // namespace dsv41

@@ -1,0 +1,100 @@
+// libFuzzer target: raw bytes on a connection to the HTTP layer (request line, headers, body) of an
+// in-process server over a scripted model; whatever arrives, the server answers with a status
+// below 500 or closes the connection, and stays up. The engine's model loaders are stubbed: this
+// binary never loads a model (it links the engine and server without the model/ops libraries).
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "engine/model_loading.h"
+#include "engine/scripted_runner.h"
+#include "fuzz_util.h"
+#include "server/http_server.h"
+
+namespace dsv41 {
+
+Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string&) {
+  return Status::error("fuzz: no model");
+}
+Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string&,
+                                                      const FastRunnerOptions&) {
+  return Status::error("fuzz: no model");
+}
+
+namespace {
+
+// Answers with a fixed short chain of tokens (then EOS), a few per request.
+class Chain final : public testing::ScriptedRunner {
+ public:
+  explicit Chain(int32_t vocab) : vocab_(vocab) {}
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t max_context() const override { return 512; }
+  Status forward(SeqId, int64_t, const std::vector<int32_t>& tokens,
+                 std::vector<float>& logits) override {
+    logits.assign(std::size_t(vocab_), 0.f);
+    logits[std::size_t((tokens.back() * 7 + 3) % vocab_)] = 30.f;
+    return Status::ok();
+  }
+
+ private:
+  int32_t vocab_;
+};
+
+struct Server {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<HttpServer> http;
+  std::thread thread;
+  int port = 0;
+  Server() {
+    auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+    if (!tok) std::abort();
+    const int32_t vocab = (*tok)->vocab_size();
+    EngineOptions eo;
+    eo.max_queue = 64;
+    auto e = Engine::create(std::make_unique<Chain>(vocab), std::move(*tok), eo);
+    if (!e) std::abort();
+    engine = std::move(*e);
+    ServerOptions so;
+    so.port = 0;
+    so.model_name = "m";
+    so.max_body_bytes = 1 << 16;
+    so.default_max_tokens = 4;
+    http = std::make_unique<HttpServer>(*engine, so);
+    if (!http->bind()) std::abort();
+    port = http->port();
+    thread = std::thread([this] { http->serve(); });
+  }
+};
+
+// The status of the first response on a fresh connection after sending `bytes` (0: none came).
+int exchange(int port, const uint8_t* data, std::size_t size) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) std::abort();
+  timeval tv{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)!send(fd, data, size, MSG_NOSIGNAL);
+  shutdown(fd, SHUT_WR);  // the request ends here: the server must not wait for more
+  char buf[64] = {};
+  const ssize_t got = recv(fd, buf, sizeof buf - 1, 0);
+  close(fd);
+  if (got < 12 || std::string_view(buf, 9) != "HTTP/1.1 ") return 0;
+  return std::atoi(buf + 9);
+}
+
+}  // namespace
+}  // namespace dsv41
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  // Never destroyed: libFuzzer exits from inside a run, with the serving thread still up.
+  static dsv41::Server* server = new dsv41::Server;
+  const int status = dsv41::exchange(server->port, data, size);
+  if (status >= 500) dsv41::fuzz::invariant_failed("the server answered 5xx");
+  return 0;
+}
