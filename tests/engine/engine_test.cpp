@@ -429,6 +429,20 @@ std::string tiny_converted(const testing::TempDir& dir) {
   return testing::make_tiny_converted(dir, 3);
 }
 
+// The fast engine on a converted checkpoint, a 50 MB pool, the prefix cache on or off.
+std::unique_ptr<Engine> cached_engine(const std::string& conv, bool cache, int64_t budget,
+                                      int max_queue = 256) {
+  EngineOptions opt;
+  opt.model_dir = conv;
+  opt.fast.kv_cache_gb = 0.05;
+  opt.fast.prefix_cache = cache;
+  opt.max_num_batched_tokens = budget;
+  opt.max_queue = max_queue;
+  auto e = Engine::load(opt);
+  EXPECT_TRUE(e.is_ok()) << e.status().message();
+  return std::move(*e);
+}
+
 struct Produced {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
@@ -517,16 +531,7 @@ TEST(Engine, FastRequestsAreTheSameAloneBatchedAndPreempted) {
 TEST(Engine, PrefixCacheHitsAnswerExactlyAndSkipThePrompt) {
   testing::TempDir dir;
   const std::string conv = tiny_converted(dir);
-  auto make = [&](bool cache) {
-    EngineOptions opt;
-    opt.model_dir = conv;
-    opt.fast.kv_cache_gb = 0.05;
-    opt.fast.prefix_cache = cache;
-    opt.max_num_batched_tokens = 64;
-    auto e = Engine::load(opt);
-    EXPECT_TRUE(e.is_ok()) << e.status().message();
-    return std::move(*e);
-  };
+  auto make = [&](bool cache) { return cached_engine(conv, cache, 64); };
   GenerationRequest r;
   Rng rng(8);
   auto e = make(true);
@@ -566,17 +571,8 @@ TEST(Engine, PrefixCacheHitsAnswerExactlyAndSkipThePrompt) {
 TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsOwnRequest) {
   testing::TempDir dir;
   const std::string conv = tiny_converted(dir);
-  auto make = [&](bool cache) {
-    EngineOptions opt;
-    opt.model_dir = conv;
-    opt.fast.kv_cache_gb = 0.05;
-    opt.fast.prefix_cache = cache;
-    opt.max_num_batched_tokens = 2048;  // room for all three prompts in one step
-    opt.max_queue = 8;
-    auto e = Engine::load(opt);
-    EXPECT_TRUE(e.is_ok()) << e.status().message();
-    return std::move(*e);
-  };
+  // Room for all three prompts in one step, a queue of 8.
+  auto make = [&](bool cache) { return cached_engine(conv, cache, 2048, 8); };
   auto e = make(true);
   GenerationRequest r;
   Rng rng(9);

@@ -8,30 +8,17 @@
 //   round trip (the assistant turn with its thinking and tool_use blocks, then the tool_result).
 // Prints one line per check; exits 1 on the first failure.
 import Anthropic from '@anthropic-ai/sdk';
+import { check, expectError, runMode } from './check.mjs';
 
 const [base, model, mode] = process.argv.slice(2);
 const client = new Anthropic({ baseURL: base, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
 
-function check(cond, what) {
-  if (!cond) {
-    console.error(`FAIL: ${what}`);
-    process.exit(1);
-  }
-  console.log(`ok: ${what}`);
-}
-
-async function expectError(promise, cls, status, type, what) {
-  try {
-    await promise;
-  } catch (e) {
-    check(e instanceof cls, `${what}: ${cls.name} (got ${e.constructor.name}: ${e.message})`);
-    check(e.status === status, `${what}: status ${status} (got ${e.status})`);
+// Anthropic's error shape: {"type": "error", "error": {"type", "message"}}.
+const expectTypedError = (promise, cls, status, type, what) =>
+  expectError(promise, cls, status, what, (e) => {
     check(e.error?.type === 'error' && e.error?.error?.type === type, `${what}: error type ${type} (got ${JSON.stringify(e.error)})`);
     check(typeof e.error.error.message === 'string' && e.error.error.message.length > 0, `${what}: error message`);
-    return;
-  }
-  check(false, `${what}: expected an error`);
-}
+  });
 
 const tools = [{
   name: 'get_weather',
@@ -76,11 +63,11 @@ async function basic() {
   const tr = await client.messages.create({ model, max_tokens: 5, messages: history, tools });
   check(['end_turn', 'max_tokens', 'tool_use'].includes(tr.stop_reason), 'tools round trip answers');
 
-  await expectError(client.messages.create({ model: 'nope', max_tokens: 4, messages }), Anthropic.NotFoundError, 404, 'not_found_error', 'unknown model');
-  await expectError(client.messages.create({ model, max_tokens: 4, messages, temperature: 5 }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'temperature range');
-  await expectError(client.messages.create({ model, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAAA' } }] }] }),
+  await expectTypedError(client.messages.create({ model: 'nope', max_tokens: 4, messages }), Anthropic.NotFoundError, 404, 'not_found_error', 'unknown model');
+  await expectTypedError(client.messages.create({ model, max_tokens: 4, messages, temperature: 5 }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'temperature range');
+  await expectTypedError(client.messages.create({ model, max_tokens: 4, messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAAA' } }] }] }),
     Anthropic.BadRequestError, 400, 'invalid_request_error', 'image blocks refused');
-  await expectError(client.messages.create({ model, max_tokens: 1000000000, messages }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'max_tokens beyond the context');
+  await expectTypedError(client.messages.create({ model, max_tokens: 1000000000, messages }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'max_tokens beyond the context');
 }
 
 async function toolsMode() {
@@ -124,14 +111,7 @@ async function toolsMode() {
   // tool_choice none: the DSML block stays plain text.
   const none = await client.messages.create({ ...req, tool_choice: { type: 'none' } });
   check(none.content.every((b) => b.type !== 'tool_use') && none.stop_reason === 'end_turn', 'tool_choice none');
-  await expectError(client.messages.create({ ...req, tool_choice: { type: 'any' } }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'tool_choice any refused');
+  await expectTypedError(client.messages.create({ ...req, tool_choice: { type: 'any' } }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'tool_choice any refused');
 }
 
-try {
-  if (mode === 'tools') await toolsMode();
-  else await basic();
-  console.log('all checks passed');
-} catch (e) {
-  console.error(`FAIL: exception ${e?.constructor?.name}: ${e?.message}`);
-  process.exit(1);
-}
+await runMode(mode, { basic, tools: toolsMode });

@@ -7,30 +7,17 @@
 //   checks reasoning_content and tool_calls, streamed and not.
 // Prints one line per check; exits 1 on the first failure.
 import OpenAI from 'openai';
+import { check, expectError, runMode } from './check.mjs';
 
 const [base, model, mode] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: base, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
 
-function check(cond, what) {
-  if (!cond) {
-    console.error(`FAIL: ${what}`);
-    process.exit(1);
-  }
-  console.log(`ok: ${what}`);
-}
-
-async function expectError(promise, cls, status, param, what) {
-  try {
-    await promise;
-  } catch (e) {
-    check(e instanceof cls, `${what}: ${cls.name} (got ${e.constructor.name})`);
-    check(e.status === status, `${what}: status ${status} (got ${e.status})`);
+// OpenAI errors name the parameter at fault.
+const expectParamError = (promise, cls, status, param, what) =>
+  expectError(promise, cls, status, what, (e) => {
     check(e.error && typeof e.error.message === 'string' && e.error.message.length > 0, `${what}: error.message`);
     if (param !== undefined) check(e.error.param === param, `${what}: error.param ${param} (got ${e.error.param})`);
-    return;
-  }
-  check(false, `${what}: expected an error`);
-}
+  });
 
 const tools = [{
   type: 'function',
@@ -46,7 +33,7 @@ async function basic() {
   check(models.data.length === 1 && models.data[0].id === model, 'models.list names the served model');
   const one = await client.models.retrieve(model);
   check(one.id === model && one.object === 'model', 'models.retrieve returns the served model');
-  await expectError(client.models.retrieve('nope'), OpenAI.NotFoundError, 404, undefined, 'models.retrieve of an unknown model');
+  await expectParamError(client.models.retrieve('nope'), OpenAI.NotFoundError, 404, undefined, 'models.retrieve of an unknown model');
 
   const c = await client.completions.create({ model, prompt: 'hello world', max_tokens: 6, logprobs: 2, seed: 7 });
   check(c.object === 'text_completion' && typeof c.choices[0].text === 'string', 'completion text');
@@ -126,10 +113,10 @@ async function basic() {
   const tr = await client.chat.completions.create({ model, messages: history, tools, max_tokens: 5 });
   check(['stop', 'length', 'tool_calls'].includes(tr.choices[0].finish_reason), 'tools round trip answers');
 
-  await expectError(client.chat.completions.create({ model: 'nope', messages }), OpenAI.NotFoundError, 404, 'model', 'unknown model');
-  await expectError(client.chat.completions.create({ model, messages, temperature: 5 }), OpenAI.BadRequestError, 400, 'temperature', 'temperature range');
-  await expectError(client.completions.create({ model, prompt: [999999999] }), OpenAI.BadRequestError, 400, 'prompt', 'token id outside the vocabulary');
-  await expectError(client.completions.create({ model, prompt: 'hi', max_tokens: 1000000000 }), OpenAI.BadRequestError, 400, 'max_tokens', 'max_tokens beyond the context');
+  await expectParamError(client.chat.completions.create({ model: 'nope', messages }), OpenAI.NotFoundError, 404, 'model', 'unknown model');
+  await expectParamError(client.chat.completions.create({ model, messages, temperature: 5 }), OpenAI.BadRequestError, 400, 'temperature', 'temperature range');
+  await expectParamError(client.completions.create({ model, prompt: [999999999] }), OpenAI.BadRequestError, 400, 'prompt', 'token id outside the vocabulary');
+  await expectParamError(client.completions.create({ model, prompt: 'hi', max_tokens: 1000000000 }), OpenAI.BadRequestError, 400, 'max_tokens', 'max_tokens beyond the context');
 
   // Token-id prompts (JSON numbers the server's parser stores as unsigned) and stop_token_ids.
   for (const prompt of [[0], [5, 6, 7], [[5, 6, 7]]]) {
@@ -174,11 +161,4 @@ async function toolsMode() {
   check(!none.choices[0].message.tool_calls && none.choices[0].message.content.includes('invoke'), 'tool_choice none');
 }
 
-try {
-  if (mode === 'tools') await toolsMode();
-  else await basic();
-  console.log('all checks passed');
-} catch (e) {
-  console.error(`FAIL: exception ${e?.constructor?.name}: ${e?.message}`);
-  process.exit(1);
-}
+await runMode(mode, { basic, tools: toolsMode });

@@ -8,29 +8,15 @@
 //   (reasoning, message and function_call items back in, with the function_call_output).
 // Prints one line per check; exits 1 on the first failure.
 import OpenAI from 'openai';
+import { check, expectError, runMode } from './check.mjs';
 
 const [base, model, mode] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: base, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
 
-function check(cond, what) {
-  if (!cond) {
-    console.error(`FAIL: ${what}`);
-    process.exit(1);
-  }
-  console.log(`ok: ${what}`);
-}
-
-async function expectError(promise, cls, status, param, what) {
-  try {
-    await promise;
-  } catch (e) {
-    check(e instanceof cls, `${what}: ${cls.name} (got ${e.constructor.name}: ${e.message})`);
-    check(e.status === status, `${what}: status ${status} (got ${e.status})`);
+const expectParamError = (promise, cls, status, param, what) =>
+  expectError(promise, cls, status, what, (e) => {
     if (param !== undefined) check(e.error?.param === param, `${what}: param ${param} (got ${e.error?.param})`);
-    return;
-  }
-  check(false, `${what}: expected an error`);
-}
+  });
 
 const tools = [{
   type: 'function', name: 'get_weather', description: 'Get the weather for a city',
@@ -68,11 +54,11 @@ async function basic() {
   const tr = await client.responses.create({ model, input: history, tools, max_output_tokens: 5 });
   check(['completed', 'incomplete'].includes(tr.status), 'function call round trip answers');
 
-  await expectError(client.responses.create({ ...req, store: true }), OpenAI.BadRequestError, 400, 'store', 'store refused');
-  await expectError(client.responses.create({ ...req, previous_response_id: r.id }), OpenAI.BadRequestError, 400, 'previous_response_id', 'previous_response_id refused');
-  await expectError(client.responses.create({ ...req, model: 'nope' }), OpenAI.NotFoundError, 404, 'model', 'unknown model');
-  await expectError(client.responses.create({ ...req, temperature: 5 }), OpenAI.BadRequestError, 400, 'temperature', 'temperature range');
-  await expectError(client.responses.create({ ...req, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'https://x/y.png' }] }] }),
+  await expectParamError(client.responses.create({ ...req, store: true }), OpenAI.BadRequestError, 400, 'store', 'store refused');
+  await expectParamError(client.responses.create({ ...req, previous_response_id: r.id }), OpenAI.BadRequestError, 400, 'previous_response_id', 'previous_response_id refused');
+  await expectParamError(client.responses.create({ ...req, model: 'nope' }), OpenAI.NotFoundError, 404, 'model', 'unknown model');
+  await expectParamError(client.responses.create({ ...req, temperature: 5 }), OpenAI.BadRequestError, 400, 'temperature', 'temperature range');
+  await expectParamError(client.responses.create({ ...req, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'https://x/y.png' }] }] }),
     OpenAI.BadRequestError, 400, 'input[0].content[0].type', 'images refused');
 }
 
@@ -112,14 +98,7 @@ async function toolsMode() {
   const short = await client.responses.create({ ...req, max_output_tokens: 3 });
   check(short.status === 'incomplete' && short.incomplete_details?.reason === 'max_output_tokens', 'incomplete at max_output_tokens');
   check(short.output.length === 1 && short.output[0].status === 'incomplete', 'the cut item is incomplete');
-  await expectError(client.responses.create({ ...req, tool_choice: 'required' }), OpenAI.BadRequestError, 400, 'tool_choice', 'tool_choice required refused');
+  await expectParamError(client.responses.create({ ...req, tool_choice: 'required' }), OpenAI.BadRequestError, 400, 'tool_choice', 'tool_choice required refused');
 }
 
-try {
-  if (mode === 'tools') await toolsMode();
-  else await basic();
-  console.log('all checks passed');
-} catch (e) {
-  console.error(`FAIL: exception ${e?.constructor?.name}: ${e?.message}`);
-  process.exit(1);
-}
+await runMode(mode, { basic, tools: toolsMode });

@@ -176,35 +176,7 @@ TEST(Anthropic, RoundTripEncodesAsTheChatEncoder) {
         {"type": "text", "text": "And tomorrow?"}, {"type": "text", "text": "In Lyon too."}]}]})");
   GenerationJob job;
   ASSERT_FALSE(parse_messages_request(body, model, **tok, false, job).has_value());
-  std::vector<ChatMessage> msgs(5);
-  msgs[0].role = "system";
-  msgs[0].content = "Be exact.";
-  msgs[1].role = "user";
-  msgs[1].content = "Weather in Paris?";
-  msgs[2].role = "assistant";
-  msgs[2].content = "Let me check.";
-  msgs[2].reasoning = "I should call the tool.";
-  msgs[2].tool_calls.push_back(
-      {"toolu_1", "get_weather", *parse_json_ordered(R"({"city":"Paris"})")});
-  msgs[3].role = "tool";
-  msgs[3].tool_call_id = "toolu_1";
-  msgs[3].content = "21 C";
-  msgs[4].role = "user";
-  msgs[4].content = "And tomorrow?\n\nIn Lyon too.";  // blocks joined as chat content parts
-  attach_tools(
-      msgs,
-      {*parse_json_ordered(
-          R"({"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}})")});
-  ChatOptions opt;
-  opt.thinking = true;
-  opt.reasoning_effort = 25;  // a 2,048-token budget
-  auto expect = encode_chat(msgs, opt);
-  ASSERT_TRUE(expect.is_ok());
-  EXPECT_EQ(job.request.prompt, (*tok)->encode(*expect));
-  EXPECT_TRUE(job.thinking);
-  EXPECT_TRUE(job.extract_tools);
-  // The reasoning of the tool-call turn is in the prompt (tools present: nothing is dropped).
-  EXPECT_NE(expect->find("I should call the tool."), std::string::npos);
+  expect_weather_round_trip(**tok, job, "toolu_1", *parse_json_ordered(R"({"city":"Paris"})"));
 }
 
 // Parses the SSE events of a Messages stream into the message they describe.
@@ -241,20 +213,11 @@ OJson assemble_stream(const std::vector<std::string>& frames, std::vector<std::s
 }
 
 TEST(Anthropic, StreamedBlocksEqualTheMessageInEveryChunking) {
-  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
-  ASSERT_TRUE(tok.is_ok());
-  GenerationJob job;
-  job.chat = job.thinking = job.extract_tools = true;
-  job.model = "m";
-  const std::string text = kScriptText;
+  const auto tok = tiny_tokenizer();
+  const GenerationJob job = reasoning_tools_job();
   auto api = anthropic_messages_api();
-  auto whole = api->writer(job, **tok, "x", 0);
-  RequestOutput all;
-  all.text = text;
-  all.finished = true;
-  all.reason = FinishReason::kStop;
-  all.completion_tokens = 40;
-  whole->add(0, all);
+  auto whole = api->writer(job, *tok, "x", 0);
+  whole->add(0, whole_output(kScriptText));
   const OJson message = *parse_json_ordered(whole->body());
   ASSERT_EQ(message["content"].size(), 3u) << message.dump();
   EXPECT_EQ(message["content"][0]["thinking"], "I should call the tool.");
@@ -262,29 +225,10 @@ TEST(Anthropic, StreamedBlocksEqualTheMessageInEveryChunking) {
   EXPECT_EQ(message["content"][2]["input"]["days"], 3);
   EXPECT_EQ(message["stop_reason"], "tool_use");
   Rng rng(4);
-  for (int trial = 0; trial < 200; ++trial) {
-    auto w = api->writer(job, **tok, "x", 0);
-    std::vector<std::string> frames = w->stream_begin();
-    std::size_t at = 0;
-    while (at < text.size()) {
-      // Chunks of 1..8 bytes (trials below 8: all of that size), cut anywhere, markers included.
-      const std::size_t n = trial < 8 ? std::size_t(trial + 1) : 1 + rng.below(8);
-      RequestOutput o;
-      o.text = text.substr(at, n);
-      at += o.text.size();
-      auto f = w->stream_output(0, o);
-      frames.insert(frames.end(), f.begin(), f.end());
-    }
-    RequestOutput end;
-    end.finished = true;
-    end.reason = FinishReason::kStop;
-    end.completion_tokens = 40;
-    auto f = w->stream_output(0, end);
-    frames.insert(frames.end(), f.begin(), f.end());
-    f = w->stream_end();
-    frames.insert(frames.end(), f.begin(), f.end());
+  for (int trial = 0; trial < 200; ++trial) {  // chunks cut anywhere, markers included
+    auto w = api->writer(job, *tok, "x", 0);
     std::vector<std::string> types;
-    const OJson got = assemble_stream(frames, types);
+    const OJson got = assemble_stream(stream_in_chunks(*w, kScriptText, trial, rng), types);
     ASSERT_EQ(got["content"].dump(), message["content"].dump()) << "trial " << trial;
     ASSERT_EQ(got["stop_reason"], "tool_use");
     ASSERT_EQ(types.front(), "message_start");
@@ -294,25 +238,11 @@ TEST(Anthropic, StreamedBlocksEqualTheMessageInEveryChunking) {
 
 TEST(Anthropic, ScriptedToolCallsAndReasoningThroughTheAnthropicClient) {
   InProcess s;
-  auto [code, out] =
-      run_command(node_client(s.port, "scripted", "tools", "anthropic_client_test.mjs"));
-  EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+  expect_node_client_passes(s.port, "scripted", "tools", "anthropic_client_test.mjs");
 }
 
 TEST(Anthropic, AnthropicClientEndToEndOnTheRealBinary) {
-  testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/tiny";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
-  ServeProcess p;
-  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log"));
-  auto [code, out] = run_command(node_client(p.port, "tiny", "basic", "anthropic_client_test.mjs"));
-  EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
-  kill(p.pid, SIGTERM);
-  EXPECT_EQ(p.wait_exit(), 0);
+  expect_node_client_passes_on_real_binary("anthropic_client_test.mjs");
 }
 
 }  // namespace

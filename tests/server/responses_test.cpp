@@ -141,32 +141,7 @@ TEST(Responses, RoundTripEncodesAsTheChatEncoder) {
   GenerationJob job;
   auto err = parse_responses_request(body, model, **tok, job);
   ASSERT_FALSE(err.has_value()) << err->message;
-  std::vector<ChatMessage> msgs(5);
-  msgs[0].role = "system";
-  msgs[0].content = "Be exact.";
-  msgs[1].role = "user";
-  msgs[1].content = "Weather in Paris?";
-  msgs[2].role = "assistant";
-  msgs[2].content = "Let me check.";
-  msgs[2].reasoning = "I should call the tool.";
-  msgs[2].tool_calls.push_back({"call_1", "get_weather", OJson("{\"city\": \"Paris\"}")});
-  msgs[3].role = "tool";
-  msgs[3].tool_call_id = "call_1";
-  msgs[3].content = "21 C";
-  msgs[4].role = "user";
-  msgs[4].content = "And tomorrow?\n\nIn Lyon too.";  // parts joined as chat content parts
-  attach_tools(
-      msgs,
-      {*parse_json_ordered(
-          R"({"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}})")});
-  ChatOptions opt;
-  opt.reasoning_effort = 25;  // "low"
-  auto expect = encode_chat(msgs, opt);
-  ASSERT_TRUE(expect.is_ok());
-  EXPECT_EQ(job.request.prompt, (*tok)->encode(*expect));
-  EXPECT_TRUE(job.thinking);
-  EXPECT_TRUE(job.extract_tools);
-  EXPECT_NE(expect->find("I should call the tool."), std::string::npos);
+  expect_weather_round_trip(**tok, job, "call_1", OJson("{\"city\": \"Paris\"}"));
 }
 
 // The reference encoder's tool round trip (tests/data/chat/reference_1: an assistant turn with
@@ -259,20 +234,11 @@ TEST(Responses, ThreeApisEncodeTheReferenceToolRoundTripByteForByte) {
 }
 
 TEST(Responses, StreamedEventsRebuildTheResponseInEveryChunking) {
-  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
-  ASSERT_TRUE(tok.is_ok());
-  GenerationJob job;
-  job.chat = job.thinking = job.extract_tools = true;
-  job.model = "m";
-  job.echo = OJson::object();
-  const std::string text = kScriptText;
+  const auto tok = tiny_tokenizer();
+  const GenerationJob job = reasoning_tools_job();
   auto api = openai_responses_api();
-  auto whole = api->writer(job, **tok, "x", 0);
-  RequestOutput all;
-  all.text = text;
-  all.finished = true;
-  all.reason = FinishReason::kStop;
-  whole->add(0, all);
+  auto whole = api->writer(job, *tok, "x", 0);
+  whole->add(0, whole_output(kScriptText));
   const OJson response = *parse_json_ordered(whole->body());
   const OJson& output = response["output"];
   ASSERT_EQ(output.size(), 3u) << response.dump();
@@ -284,23 +250,8 @@ TEST(Responses, StreamedEventsRebuildTheResponseInEveryChunking) {
   EXPECT_EQ(response["status"], "completed");
   Rng rng(6);
   for (int trial = 0; trial < 200; ++trial) {
-    auto w = api->writer(job, **tok, "x", 0);
-    std::vector<std::string> frames = w->stream_begin();
-    for (std::size_t at = 0; at < text.size();) {
-      const std::size_t n = trial < 8 ? std::size_t(trial + 1) : 1 + rng.below(8);
-      RequestOutput o;
-      o.text = text.substr(at, n);
-      at += o.text.size();
-      auto f = w->stream_output(0, o);
-      frames.insert(frames.end(), f.begin(), f.end());
-    }
-    RequestOutput end;
-    end.finished = true;
-    end.reason = FinishReason::kStop;
-    auto f = w->stream_output(0, end);
-    frames.insert(frames.end(), f.begin(), f.end());
-    f = w->stream_end();
-    frames.insert(frames.end(), f.begin(), f.end());
+    auto w = api->writer(job, *tok, "x", 0);
+    const std::vector<std::string> frames = stream_in_chunks(*w, kScriptText, trial, rng);
     // Deltas per output index add up to the final texts; sequence numbers count up from 0.
     std::map<int, std::string> texts;
     OJson last;
@@ -325,25 +276,11 @@ TEST(Responses, StreamedEventsRebuildTheResponseInEveryChunking) {
 
 TEST(Responses, ScriptedToolCallsAndReasoningThroughTheOpenAiClient) {
   InProcess s;
-  auto [code, out] =
-      run_command(node_client(s.port, "scripted", "tools", "openai_responses_test.mjs"));
-  EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+  expect_node_client_passes(s.port, "scripted", "tools", "openai_responses_test.mjs");
 }
 
 TEST(Responses, OpenAiClientEndToEndOnTheRealBinary) {
-  testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/tiny";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
-  ServeProcess p;
-  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log"));
-  auto [code, out] = run_command(node_client(p.port, "tiny", "basic", "openai_responses_test.mjs"));
-  EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
-  kill(p.pid, SIGTERM);
-  EXPECT_EQ(p.wait_exit(), 0);
+  expect_node_client_passes_on_real_binary("openai_responses_test.mjs");
 }
 
 }  // namespace

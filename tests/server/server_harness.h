@@ -20,10 +20,15 @@
 #include <string>
 #include <thread>
 
+#include "core/rng.h"
 #include "engine/engine.h"
 #include "engine/scripted_runner.h"
+#include "io/test_util.h"
 #include "model/tiny_checkpoint.h"
+#include "server/generation_protocol.h"
 #include "server/http_server.h"
+#include "text/chat.h"
+#include "text/json_ordered.h"
 #include "text/tokenizer_file.h"
 
 namespace dsv41::server_testing {
@@ -234,5 +239,106 @@ struct ServeProcess {
     }
   }
 };
+
+// The weather conversation the API round-trip tests send (system, a question, an assistant turn
+// with reasoning, text and a tool call, the tool's result, a two-part question) as chat messages,
+// the call's id and arguments as the API under test carries them; checks that `job` (parsed from
+// the API's body) has the prompt the chat encoder gives them at reasoning effort 25, in thinking
+// mode with tools.
+inline void expect_weather_round_trip(const Tokenizer& tok, const GenerationJob& job,
+                                      const std::string& call_id, OJson arguments) {
+  std::vector<ChatMessage> msgs(5);
+  msgs[0].role = "system";
+  msgs[0].content = "Be exact.";
+  msgs[1].role = "user";
+  msgs[1].content = "Weather in Paris?";
+  msgs[2].role = "assistant";
+  msgs[2].content = "Let me check.";
+  msgs[2].reasoning = "I should call the tool.";
+  msgs[2].tool_calls.push_back({call_id, "get_weather", std::move(arguments)});
+  msgs[3].role = "tool";
+  msgs[3].tool_call_id = call_id;
+  msgs[3].content = "21 C";
+  msgs[4].role = "user";
+  msgs[4].content = "And tomorrow?\n\nIn Lyon too.";  // parts joined as chat content parts
+  attach_tools(msgs, {*parse_json_ordered(R"({"name":"get_weather","description":"Weather",
+      "parameters":{"type":"object","properties":{"city":{"type":"string"}}}})")});
+  ChatOptions opt;
+  opt.reasoning_effort = 25;
+  auto expect = encode_chat(msgs, opt);
+  ASSERT_TRUE(expect.is_ok());
+  EXPECT_EQ(job.request.prompt, tok.encode(*expect));
+  EXPECT_TRUE(job.thinking);
+  EXPECT_TRUE(job.extract_tools);
+  // The reasoning of the tool-call turn is in the prompt (tools present: nothing is dropped).
+  EXPECT_NE(expect->find("I should call the tool."), std::string::npos);
+}
+
+// The tiny tokenizer, for writer tests.
+inline std::unique_ptr<Tokenizer> tiny_tokenizer() {
+  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+  EXPECT_TRUE(tok.is_ok());
+  return std::move(*tok);
+}
+
+// A chat job whose output starts in the reasoning and may call tools (kScriptText's shape).
+inline GenerationJob reasoning_tools_job() {
+  GenerationJob job;
+  job.chat = job.thinking = job.extract_tools = true;
+  job.model = "m";
+  job.echo = OJson::object();
+  return job;
+}
+
+// The finished output of `text` in one piece (reason stop).
+inline RequestOutput whole_output(const std::string& text) {
+  RequestOutput o;
+  o.text = text;
+  o.finished = true;
+  o.reason = FinishReason::kStop;
+  o.completion_tokens = 40;
+  return o;
+}
+
+// Every frame a writer streams for `text` in chunks (trial < 8: all of trial + 1 bytes; later
+// trials 1-8 bytes drawn from rng), then the finish and the end frames.
+inline std::vector<std::string> stream_in_chunks(ResponseWriter& w, const std::string& text,
+                                                 int trial, Rng& rng) {
+  std::vector<std::string> frames = w.stream_begin();
+  auto add = [&](std::vector<std::string> f) { frames.insert(frames.end(), f.begin(), f.end()); };
+  for (std::size_t at = 0; at < text.size();) {
+    RequestOutput o;
+    o.text = text.substr(at, trial < 8 ? std::size_t(trial + 1) : 1 + rng.below(8));
+    at += o.text.size();
+    add(w.stream_output(0, o));
+  }
+  RequestOutput end = whole_output("");
+  add(w.stream_output(0, end));
+  add(w.stream_end());
+  return frames;
+}
+
+// Runs tests/js/SCRIPT in `mode` against a server on `port` and expects every check to pass.
+inline void expect_node_client_passes(int port, const std::string& model, const std::string& mode,
+                                      const std::string& script) {
+  auto [code, out] = run_command(node_client(port, model, mode, script));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+// The real `dsv41 serve` on a fresh tiny checkpoint, driven by tests/js/SCRIPT in mode "basic";
+// then SIGTERM must end it with status 0.
+inline void expect_node_client_passes_on_real_binary(const std::string& script) {
+  dsv41::testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/tiny";
+  mt.preset = "tiny";
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  ServeProcess p;
+  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log"));
+  expect_node_client_passes(p.port, "tiny", "basic", script);
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
+}
 
 }  // namespace dsv41::server_testing

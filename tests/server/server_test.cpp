@@ -448,41 +448,19 @@ TEST(Server, ToolCallsAndReasoningThroughTheOpenAiClient) {
 // markers cut anywhere): reasoning_content, content and the tool call add up to the non-streamed
 // message, and the finish reason is tool_calls.
 TEST(Server, ChatStreamEqualsTheMessageInEveryChunking) {
-  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
-  ASSERT_TRUE(tok.is_ok());
-  GenerationJob job;
-  job.chat = job.thinking = job.extract_tools = true;
-  job.model = "m";
-  const std::string text = kScriptText;
+  const auto tok = tiny_tokenizer();
+  const GenerationJob job = reasoning_tools_job();
   auto api = openai_chat_api();
-  auto whole = api->writer(job, **tok, "x", 0);
-  RequestOutput all;
-  all.text = text;
-  all.finished = true;
-  all.reason = FinishReason::kStop;
-  whole->add(0, all);
+  auto whole = api->writer(job, *tok, "x", 0);
+  whole->add(0, whole_output(kScriptText));
   const OJson msg = (*parse_json_ordered(whole->body()))["choices"][0]["message"];
   ASSERT_EQ(msg["reasoning_content"], "I should call the tool.");
   ASSERT_EQ(msg["content"], "Let me check.");
   ASSERT_EQ(msg["tool_calls"].size(), 1u);
   Rng rng(8);
   for (int trial = 0; trial < 200; ++trial) {
-    auto w = api->writer(job, **tok, "x", 0);
-    std::vector<std::string> frames = w->stream_begin();
-    for (std::size_t at = 0; at < text.size();) {
-      RequestOutput o;
-      o.text = text.substr(at, trial < 8 ? std::size_t(trial + 1) : 1 + rng.below(8));
-      at += o.text.size();
-      auto f = w->stream_output(0, o);
-      frames.insert(frames.end(), f.begin(), f.end());
-    }
-    RequestOutput end;
-    end.finished = true;
-    end.reason = FinishReason::kStop;
-    auto f = w->stream_output(0, end);
-    frames.insert(frames.end(), f.begin(), f.end());
-    f = w->stream_end();
-    frames.insert(frames.end(), f.begin(), f.end());
+    auto w = api->writer(job, *tok, "x", 0);
+    const std::vector<std::string> frames = stream_in_chunks(*w, kScriptText, trial, rng);
     ASSERT_EQ(frames.back(), "data: [DONE]\n\n");
     std::string reasoning, content, finish;
     OJson calls = OJson::array();

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Soak test of a running `dsv41 serve` (scripts/soak.sh starts one): steady concurrent load over
+loopback for MINUTES (streamed and whole chat / completions / Messages / Responses requests, a
+share of them cancelled midway by closing the socket, a share malformed), sampling the server's
+RSS every 10 s. Prints one JSON line per sample and a summary; exits 1 on any 5xx, on KV blocks
+still in use once idle, on foreign reads, or on RSS growth after warm-up beyond the tolerance.
+Usage: soak.py PORT PID MINUTES"""
+import http.client
+import json
+import random
+import re
+import sys
+import threading
+import time
+
+PORT, PID, MINUTES = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+CONCURRENCY = 8
+lock = threading.Lock()
+counts = {"ok": 0, "4xx": 0, "5xx": 0, "cancelled": 0, "errors": 0}
+stop = threading.Event()
+
+
+def rss_kb():
+    with open(f"/proc/{PID}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def metrics():
+    c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    out = {}
+    for name in ("dsv41_kv_blocks_used", "dsv41_kv_foreign_reads_total", "dsv41_running_requests",
+                 "dsv41_queue_length"):
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        out[name] = float(m.group(1)) if m else None
+    return out
+
+
+def body(rng):
+    words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "epsilon"]) for _ in range(rng.randint(3, 60)))
+    kind = rng.randrange(5)
+    stream = rng.random() < 0.5
+    if kind == 0:
+        return "/v1/completions", {"model": "dsv41-demo", "prompt": words, "max_tokens": rng.randint(1, 24),
+                                   "stream": stream, "temperature": rng.choice([0, 0.8]), "seed": rng.randint(0, 99)}
+    if kind == 1:
+        return "/v1/chat/completions", {"model": "dsv41-demo", "messages": [{"role": "user", "content": words}],
+                                        "max_tokens": rng.randint(1, 24), "stream": stream, "n": rng.choice([1, 1, 2]),
+                                        "chat_template_kwargs": {"thinking": rng.random() < 0.5}}
+    if kind == 2:
+        return "/v1/messages", {"model": "dsv41-demo", "max_tokens": rng.randint(1, 24), "stream": stream,
+                                "messages": [{"role": "user", "content": words}]}
+    if kind == 3:
+        return "/v1/responses", {"model": "dsv41-demo", "input": words, "max_output_tokens": rng.randint(1, 24),
+                                 "stream": stream}
+    # A shared long prefix (prefix cache hits and evictions).
+    return "/v1/completions", {"model": "dsv41-demo", "prompt": "shared " * 300 + words, "max_tokens": 4}
+
+
+MALFORMED = [b"{", b"[]", b'{"model":"dsv41-demo"}', b'{"model":"dsv41-demo","prompt":[-1]}',
+             b'{"model":"dsv41-demo","messages":[{"role":"user","content":[]}],"max_tokens":2}',
+             b'{"model":"dsv41-demo","input":"x","store":true}', b"\xff\xfe"]
+
+
+def worker(seed):
+    rng = random.Random(seed)
+    while not stop.is_set():
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
+            if rng.random() < 0.1:
+                path = rng.choice(["/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses"])
+                c.request("POST", path, body=rng.choice(MALFORMED), headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                r.read()
+                status, cancelled = r.status, False
+            else:
+                path, b = body(rng)
+                c.request("POST", path, body=json.dumps(b), headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                status, cancelled = r.status, False
+                if rng.random() < 0.15:  # hang up midway: the request must be cancelled
+                    r.read(16)
+                    cancelled = True
+                else:
+                    r.read()
+            c.close()
+            with lock:
+                if cancelled:
+                    counts["cancelled"] += 1
+                elif status >= 500:
+                    counts["5xx"] += 1
+                elif status >= 400:
+                    counts["4xx"] += 1
+                else:
+                    counts["ok"] += 1
+        except Exception as e:  # a connection error counts against the server
+            with lock:
+                counts["errors"] += 1
+            print(json.dumps({"error": repr(e)}), flush=True)
+            time.sleep(0.5)
+
+
+threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(CONCURRENCY)]
+for t in threads:
+    t.start()
+t0 = time.time()
+samples = []
+while time.time() - t0 < MINUTES * 60:
+    time.sleep(10)
+    s = {"t_s": round(time.time() - t0), "rss_mb": round(rss_kb() / 1024, 1)}
+    with lock:
+        s.update(counts)
+    samples.append(s)
+    print(json.dumps(s), flush=True)
+stop.set()
+for t in threads:
+    t.join(timeout=150)
+for _ in range(60):  # idle: every block back
+    m = metrics()
+    if m["dsv41_running_requests"] == 0 and m["dsv41_queue_length"] == 0:
+        break
+    time.sleep(1)
+m = metrics()
+warm = [s["rss_mb"] for s in samples if s["t_s"] >= min(120, MINUTES * 30)]
+growth = (max(warm) - warm[0]) if warm else 0.0
+summary = {"minutes": MINUTES, "requests": dict(counts), "rss_first_mb": samples[0]["rss_mb"] if samples else None,
+           "rss_after_warmup_mb": warm[0] if warm else None, "rss_max_after_warmup_mb": max(warm) if warm else None,
+           "rss_last_mb": samples[-1]["rss_mb"] if samples else None, "rss_growth_after_warmup_mb": round(growth, 1),
+           "kv_blocks_used_idle": m["dsv41_kv_blocks_used"], "kv_foreign_reads": m["dsv41_kv_foreign_reads_total"]}
+print(json.dumps({"summary": summary}), flush=True)
+bad = counts["5xx"] > 0 or counts["errors"] > 0 or m["dsv41_kv_blocks_used"] not in (0, 0.0) or \
+    (m["dsv41_kv_foreign_reads_total"] or 0) > 0 or growth > 64
+sys.exit(1 if bad else 0)
