@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Soak test (docs/hardening.md): starts `dsv41 serve` on the demo model (scripts/run-demo.sh's,
-# made on first use; a 0.5 GB KV pool, so the prefix cache evicts) on a free port and runs tests/soak/soak.py against it for MINUTES (default
-# 30): steady load of 8 concurrent clients, streamed and whole requests on every generation API,
-# random client hang-ups, malformed requests mixed in; the server's RSS every 10 s. Exit 1 on any
-# 5xx or connection error, KV blocks left in use once idle, a foreign read, or RSS growing more
-# than 64 MB after warm-up.   bash scripts/soak.sh [MINUTES]
+# Soak test (docs/hardening.md): starts `dsv41 serve` on the demo model (made on first use) with
+# a 0.1 GB KV pool, so that the pool is in full use within the warm-up and the prefix cache
+# evicts, on a free port, and runs tests/soak/soak.py against it for MINUTES (default 30): 8
+# concurrent clients, streamed and whole requests on every generation API, random client hang-ups,
+# malformed requests mixed in; the server's RSS every 10 s. Exit 1 on any 5xx or connection
+# error, KV blocks left in use once idle, a foreign read, or RSS growing more than 64 MB after
+# warm-up (2 minutes).   bash scripts/soak.sh [MINUTES]   (DSV41_BIN: another build's binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES="${1:-30}"
-BIN=build/src/cli/dsv41
+BIN="${DSV41_BIN:-build/src/cli/dsv41}"  # DSV41_BIN: another build's binary
 [ -x "$BIN" ] || { echo "soak: build first (bash scripts/build.sh)"; exit 1; }
 LOG=$(mktemp /tmp/dsv41_soak_XXXX.log)
 # No --model: the demo model (made and converted on first use), served as dsv41-demo.
-"$BIN" serve --port 0 --kv-cache-gb 0.5 2>"$LOG" &
+"$BIN" serve --port 0 --kv-cache-gb 0.1 2>"$LOG" &
 PID=$!
 trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null || true' EXIT
 for _ in $(seq 1500); do  # up to 5 minutes (a first run makes the demo model)

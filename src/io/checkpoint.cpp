@@ -150,7 +150,15 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
       if (!fresh && name < it->second) it->second = name;
     }
     for (const auto& [shard, name] : first_tensor) {
-      if (!fs::exists(fs::path(dir) / shard))
+      // A name the file system refuses (found by fuzz_checkpoint_index: one over NAME_MAX made
+      // the throwing exists() end the process) is an error of the index.
+      std::error_code ec;
+      const bool exists = fs::exists(fs::path(dir) / shard, ec);
+      if (ec)
+        return Status::error(index_path + ": tensor '" + name + "' is in shard '" +
+                             shard.substr(0, 200) + (shard.size() > 200 ? "...'" : "'") +
+                             ", which cannot be looked up: " + ec.message());
+      if (!exists)
         return Status::error(index_path + ": tensor '" + name + "' is in shard '" + shard +
                              "', which does not exist in " + dir);
       shard_names.push_back(shard);

@@ -228,6 +228,10 @@ std::vector<IndexCase> index_cases() {
                R"({"weight_map":{"a":"../s1.safetensors"}})",
                {{"s1.safetensors", s1}},
                {"'a'", "plain file name"}});
+  c.push_back({"shard_name_too_long",  // found by fuzz_checkpoint_index: it threw
+               R"({"weight_map":{"a":")" + std::string(300, 'x') + R"(.safetensors"}})",
+               {{"s1.safetensors", s1}},
+               {"'a'", "cannot be looked up"}});
   c.push_back({"shard_name_not_string",
                R"({"weight_map":{"a":7}})",
                {{"s1.safetensors", s1}},
