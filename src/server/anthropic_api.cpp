@@ -58,27 +58,13 @@ namespace {
 // Text of a `content` that is a string or an array of text blocks (what system and tool_result
 // accept); anything else is refused naming the block.
 std::optional<ApiError> text_of(const OJson& v, const std::string& param, std::string& out) {
-  if (v.is_string()) {
-    out = v.get<std::string>();
-    return std::nullopt;
-  }
-  if (!v.is_array()) return bad(param, "must be a string or an array of text blocks");
-  for (std::size_t j = 0; j < v.size(); ++j) {
-    const std::string p = fmt::format("{}[{}]", param, j);
-    const OJson& b = v[j];
-    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
-      return bad(p, "must be a content block with a type");
-    const std::string type = b["type"].get<std::string>();
-    if (type == "image" || type == "document")
-      return bad(p + ".type",
-                 "'" + type + "' blocks are not supported (this model reads text only)");
-    if (type != "text")
-      return bad(p + ".type", "only text blocks are accepted here, got '" + type + "'");
-    if (!b.contains("text") || !b["text"].is_string()) return bad(p + ".text", "must be a string");
-    if (j > 0) out += "\n\n";  // blocks joined as chat completions join content parts
-    out += b["text"].get<std::string>();
-  }
-  return std::nullopt;
+  static const TextPartRules kRules{{{"text", "text"}},
+                                    {"image", "document"},
+                                    "text block",
+                                    "content block",
+                                    "block",
+                                    "only text blocks are accepted here, got '{}'"};
+  return join_text_parts(v, param, kRules, out);
 }
 
 // One Anthropic message -> ChatMessages: a user message's tool_result blocks become tool messages

@@ -125,29 +125,7 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
   return std::nullopt;
 }
 
-// The prompt must leave room in the context, and an explicit max_tokens must fit in that room (as
-// vLLM; a default max_tokens is only an upper bound, the engine stops at the context limit).
 }  // namespace
-
-std::optional<ApiError> check_prompt_length(const GenerationJob& job, const ServedModel& model,
-                                            const char* param) {
-  const auto n = static_cast<int64_t>(job.request.prompt.size());
-  if (n == 0) return bad(param, "the prompt is empty (0 tokens)");
-  if (n >= model.max_context)
-    return bad(param,
-               fmt::format("the prompt has {} tokens; this model's context limit is {} tokens "
-                           "(including the answer)",
-                           n, model.max_context),
-               "context_length_exceeded");
-  const int64_t max_tokens = job.request.sampling.max_tokens;
-  if (!job.max_tokens_param.empty() && max_tokens > model.max_context - n)
-    return bad(job.max_tokens_param,
-               fmt::format("{} is too large: this model's context limit is {} tokens and the "
-                           "prompt has {}, so at most {} can be generated ({} > {} - {})",
-                           max_tokens, model.max_context, n, model.max_context - n, max_tokens,
-                           model.max_context, n));
-  return std::nullopt;
-}
 
 namespace {
 

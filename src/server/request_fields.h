@@ -1,10 +1,12 @@
 // Helpers the request parsers of every API share: typed access to optional JSON fields with
-// errors naming the field, the 400 they produce, serialisation that never throws.
+// errors naming the field, the 400 they produce, serialisation that never throws, the context
+// check and text content parts (defined in request_fields.cpp).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -79,5 +81,24 @@ class Fields {
 // must fit in that room, as vLLM; `param` names the prompt's field in errors.
 std::optional<ApiError> check_prompt_length(const GenerationJob& job, const ServedModel& model,
                                             const char* param);
+
+// How one API's content lists read as text: the part types taken as text (and the field holding
+// it), the media types refused as unsupported, and the nouns its errors use.
+struct TextPartRules {
+  struct TextType {
+    std::string type, field;
+  };
+  std::vector<TextType> text_types;
+  std::vector<std::string> media_types;
+  std::string list_noun;     // "must be a string or an array of <list_noun>s"
+  std::string item_noun;     // "must be a <item_noun> with a type"
+  std::string short_noun;    // "'image' <short_noun>s are not supported"
+  std::string unknown_type;  // fmt pattern for any other type, {} = the type
+};
+
+// A `content` that is a string or a list of text parts, joined with a blank line (as chat
+// completions join content parts); anything else is a 400 naming the part.
+std::optional<ApiError> join_text_parts(const OJson& v, const std::string& param,
+                                        const TextPartRules& rules, std::string& out);
 
 }  // namespace dsv41

@@ -15,32 +15,17 @@
 namespace dsv41 {
 namespace {
 
-// The text of a message's `content`: a string or parts of the given text types; images, files and
+// The text of a message's `content`: a string or parts of the text types; images, files and
 // audio are refused naming the part.
 std::optional<ApiError> parts_text(const OJson& v, const std::string& param, std::string& out) {
-  if (v.is_string()) {
-    out = v.get<std::string>();
-    return std::nullopt;
-  }
-  if (!v.is_array()) return bad(param, "must be a string or an array of content parts");
-  for (std::size_t j = 0; j < v.size(); ++j) {
-    const std::string p = fmt::format("{}[{}]", param, j);
-    const OJson& part = v[j];
-    const auto type = part.is_object() ? part.find("type") : part.end();
-    if (!part.is_object() || type == part.end() || !type->is_string())
-      return bad(p, "must be a content part with a type");
-    const std::string t = type->get<std::string>();
-    if (t == "input_image" || t == "input_file" || t == "input_audio")
-      return bad(p + ".type", "'" + t + "' parts are not supported (this model reads text only)");
-    if (t != "input_text" && t != "output_text" && t != "text" && t != "refusal")
-      return bad(p + ".type", "unknown content part type '" + t + "'");
-    const char* field = t == "refusal" ? "refusal" : "text";
-    const auto text = part.find(field);
-    if (text == part.end() || !text->is_string()) return bad(p + "." + field, "must be a string");
-    if (j > 0) out += "\n\n";  // parts joined as chat completions join content parts
-    out += text->get<std::string>();
-  }
-  return std::nullopt;
+  static const TextPartRules kRules{
+      {{"input_text", "text"}, {"output_text", "text"}, {"text", "text"}, {"refusal", "refusal"}},
+      {"input_image", "input_file", "input_audio"},
+      "content part",
+      "content part",
+      "part",
+      "unknown content part type '{}'"};
+  return join_text_parts(v, param, kRules, out);
 }
 
 std::optional<ApiError> string_field(const OJson& item, const char* key, const std::string& param,
