@@ -454,6 +454,20 @@ Produced produce(RequestHandle h) {
   return {c.tokens, c.logprobs};
 }
 
+// A sampled request on a random prompt of `n` tokens (ignore_eos, logprobs of the chosen token).
+GenerationRequest random_sampled_request(Rng& rng, int32_t vocab, std::size_t n, int max_tokens,
+                                         double temperature, uint64_t seed) {
+  GenerationRequest r;
+  r.prompt.resize(n);
+  for (auto& t : r.prompt) t = int32_t(rng.below(uint64_t(vocab)));
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  r.sampling.temperature = temperature;
+  r.sampling.seed = seed;
+  r.sampling.logprobs = 0;
+  return r;
+}
+
 TEST(Engine, FastRequestsAreTheSameAloneBatchedAndPreempted) {
   testing::TempDir dir;
   const std::string conv = tiny_converted(dir);
@@ -532,16 +546,9 @@ TEST(Engine, PrefixCacheHitsAnswerExactlyAndSkipThePrompt) {
   testing::TempDir dir;
   const std::string conv = tiny_converted(dir);
   auto make = [&](bool cache) { return cached_engine(conv, cache, 64); };
-  GenerationRequest r;
   Rng rng(8);
   auto e = make(true);
-  r.prompt.resize(400);
-  for (auto& t : r.prompt) t = int32_t(rng.below(uint64_t(e->vocab_size())));
-  r.sampling.max_tokens = 10;
-  r.sampling.ignore_eos = true;
-  r.sampling.temperature = 0.8;
-  r.sampling.seed = 5;
-  r.sampling.logprobs = 0;
+  const GenerationRequest r = random_sampled_request(rng, e->vocab_size(), 400, 10, 0.8, 5);
   const Produced first = produce(*e->submit(r));
   EXPECT_EQ(settled(*e).prefix_hit_tokens, 0);
   const Produced second = produce(*e->submit(r));
@@ -574,15 +581,8 @@ TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsOwnRequest) {
   // Room for all three prompts in one step, a queue of 8.
   auto make = [&](bool cache) { return cached_engine(conv, cache, 2048, 8); };
   auto e = make(true);
-  GenerationRequest r;
   Rng rng(9);
-  r.prompt.resize(400);
-  for (auto& t : r.prompt) t = int32_t(rng.below(uint64_t(e->vocab_size())));
-  r.sampling.max_tokens = 12;
-  r.sampling.ignore_eos = true;
-  r.sampling.temperature = 0.9;
-  r.sampling.seed = 11;
-  r.sampling.logprobs = 0;
+  const GenerationRequest r = random_sampled_request(rng, e->vocab_size(), 400, 12, 0.9, 11);
   auto hs = e->submit(r, 3);
   ASSERT_TRUE(hs.is_ok()) << hs.status().message();
   ASSERT_EQ(hs->size(), 3u);

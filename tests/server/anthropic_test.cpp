@@ -115,12 +115,9 @@ TEST(Anthropic, MalformedMessagesGet4xxInAnthropicsShape) {
   InProcess s;
   auto c = s.client();
   const auto corpus = malformed_messages();
+  const auto is_error = [](const std::string& b) { return is_anthropic_error(b); };
   for (const std::string& body : corpus) {
-    auto r = c.Post("/v1/messages", body, "application/json");
-    ASSERT_TRUE(r) << body;
-    EXPECT_GE(r->status, 400) << body;
-    EXPECT_LT(r->status, 500) << body << " -> " << r->body;
-    EXPECT_TRUE(is_anthropic_error(r->body)) << body << " -> " << r->body;
+    expect_refused(c, "/v1/messages", body, is_error);
     // count_tokens reads the same body (max_tokens aside).
     auto n = c.Post("/v1/messages/count_tokens", body, "application/json");
     ASSERT_TRUE(n) << body;
@@ -146,20 +143,15 @@ TEST(Anthropic, MalformedMessagesGet4xxInAnthropicsShape) {
   ASSERT_TRUE(get);
   EXPECT_EQ(get->status, 405);
   EXPECT_TRUE(is_anthropic_error(get->body, "invalid_request_error")) << get->body;
-  auto h = c.Get("/health");
-  ASSERT_TRUE(h);
-  EXPECT_EQ(h->status, 200);
+  expect_healthy(c);
   std::printf("malformed Messages requests checked: %zu\n", corpus.size());
 }
 
 // The Messages request of a reasoning + tool call + result conversation encodes byte for byte as
 // the chat encoder does for the same turns given as OpenAI messages.
 TEST(Anthropic, RoundTripEncodesAsTheChatEncoder) {
-  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
-  ASSERT_TRUE(tok.is_ok());
-  ServedModel model;
-  model.name = "m";
-  model.max_context = 1 << 20;
+  const auto tok = tiny_tokenizer();
+  const ServedModel model = parser_model();
   const OJson body = *parse_json_ordered(R"({
     "model": "m", "max_tokens": 5000, "system": [{"type": "text", "text": "Be exact."}],
     "thinking": {"type": "enabled", "budget_tokens": 2048},
@@ -175,8 +167,8 @@ TEST(Anthropic, RoundTripEncodesAsTheChatEncoder) {
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "21 C"}]},
         {"type": "text", "text": "And tomorrow?"}, {"type": "text", "text": "In Lyon too."}]}]})");
   GenerationJob job;
-  ASSERT_FALSE(parse_messages_request(body, model, **tok, false, job).has_value());
-  expect_weather_round_trip(**tok, job, "toolu_1", *parse_json_ordered(R"({"city":"Paris"})"));
+  ASSERT_FALSE(parse_messages_request(body, model, *tok, false, job).has_value());
+  expect_weather_round_trip(*tok, job, "toolu_1", *parse_json_ordered(R"({"city":"Paris"})"));
 }
 
 // Parses the SSE events of a Messages stream into the message they describe.
@@ -216,9 +208,7 @@ TEST(Anthropic, StreamedBlocksEqualTheMessageInEveryChunking) {
   const auto tok = tiny_tokenizer();
   const GenerationJob job = reasoning_tools_job();
   auto api = anthropic_messages_api();
-  auto whole = api->writer(job, *tok, "x", 0);
-  whole->add(0, whole_output(kScriptText));
-  const OJson message = *parse_json_ordered(whole->body());
+  const OJson message = whole_body(*api, job, *tok, whole_output(kScriptText));
   ASSERT_EQ(message["content"].size(), 3u) << message.dump();
   EXPECT_EQ(message["content"][0]["thinking"], "I should call the tool.");
   EXPECT_EQ(message["content"][1]["text"], "Let me check.");

@@ -100,31 +100,20 @@ TEST(Responses, MalformedRequestsGet4xxInOpenAisShape) {
   InProcess s;
   auto c = s.client();
   const auto corpus = malformed_responses();
-  for (const std::string& body : corpus) {
-    auto r = c.Post("/v1/responses", body, "application/json");
-    ASSERT_TRUE(r) << body;
-    EXPECT_GE(r->status, 400) << body;
-    EXPECT_LT(r->status, 500) << body << " -> " << r->body;
-    EXPECT_TRUE(is_openai_error(r->body)) << body << " -> " << r->body;
-  }
+  for (const std::string& body : corpus) expect_refused(c, "/v1/responses", body, is_openai_error);
   auto store = c.Post("/v1/responses", R"({"model":"scripted","input":"x","store":true})",
                       "application/json");
   ASSERT_TRUE(store);
   EXPECT_NE(store->body.find(R"("param":"store")"), std::string::npos) << store->body;
-  auto h = c.Get("/health");
-  ASSERT_TRUE(h);
-  EXPECT_EQ(h->status, 200);
+  expect_healthy(c);
   std::printf("malformed Responses requests checked: %zu\n", corpus.size());
 }
 
 // Input items of a reasoning + function call + output conversation encode byte for byte as the
 // chat encoder does for the same turns.
 TEST(Responses, RoundTripEncodesAsTheChatEncoder) {
-  auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
-  ASSERT_TRUE(tok.is_ok());
-  ServedModel model;
-  model.name = "m";
-  model.max_context = 1 << 20;
+  const auto tok = tiny_tokenizer();
+  const ServedModel model = parser_model();
   const OJson body = *parse_json_ordered(R"({
     "model": "m", "instructions": "Be exact.", "reasoning": {"effort": "low"},
     "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
@@ -139,9 +128,9 @@ TEST(Responses, RoundTripEncodesAsTheChatEncoder) {
       {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow?"},
                                    {"type": "input_text", "text": "In Lyon too."}]}]})");
   GenerationJob job;
-  auto err = parse_responses_request(body, model, **tok, job);
+  auto err = parse_responses_request(body, model, *tok, job);
   ASSERT_FALSE(err.has_value()) << err->message;
-  expect_weather_round_trip(**tok, job, "call_1", OJson("{\"city\": \"Paris\"}"));
+  expect_weather_round_trip(*tok, job, "call_1", OJson("{\"city\": \"Paris\"}"));
 }
 
 // The reference encoder's tool round trip (tests/data/chat/reference_1: an assistant turn with
@@ -237,9 +226,7 @@ TEST(Responses, StreamedEventsRebuildTheResponseInEveryChunking) {
   const auto tok = tiny_tokenizer();
   const GenerationJob job = reasoning_tools_job();
   auto api = openai_responses_api();
-  auto whole = api->writer(job, *tok, "x", 0);
-  whole->add(0, whole_output(kScriptText));
-  const OJson response = *parse_json_ordered(whole->body());
+  const OJson response = whole_body(*api, job, *tok, whole_output(kScriptText));
   const OJson& output = response["output"];
   ASSERT_EQ(output.size(), 3u) << response.dump();
   EXPECT_EQ(output[0]["content"][0]["text"], "I should call the tool.");

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -279,6 +280,44 @@ inline std::unique_ptr<Tokenizer> tiny_tokenizer() {
   auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
   EXPECT_TRUE(tok.is_ok());
   return std::move(*tok);
+}
+
+// A served model with room for any prompt, for the request parsers run without a server.
+inline ServedModel parser_model() {
+  ServedModel model;
+  model.name = "m";
+  model.max_context = 1 << 20;
+  return model;
+}
+
+// The body a writer renders for the whole of `output` at once, parsed.
+inline OJson whole_body(const GenerationApi& api, const GenerationJob& job, const Tokenizer& tok,
+                        const RequestOutput& output) {
+  auto w = api.writer(job, tok, "x", 0);
+  w->add(0, output);
+  return *parse_json_ordered(w->body());
+}
+
+// One body of a malformed corpus: a 4xx whose body is the API's error shape (`is_error`), with no
+// JSON-library internals in its message. DSV41_SHOW_CORPUS=1 prints each answer.
+inline void expect_refused(httplib::Client& c, const std::string& path, const std::string& body,
+                           const std::function<bool(const std::string&)>& is_error) {
+  const std::string shown = path + " " + body.substr(0, 200);
+  auto r = c.Post(path, body, "application/json");
+  ASSERT_TRUE(r) << "no response for " << shown;
+  EXPECT_GE(r->status, 400) << shown;
+  EXPECT_LT(r->status, 500) << shown << " -> " << r->body;
+  EXPECT_TRUE(is_error(r->body)) << shown << " -> " << r->body.substr(0, 300);
+  EXPECT_EQ(r->body.find("json.exception"), std::string::npos) << shown << " -> " << r->body;
+  if (std::getenv("DSV41_SHOW_CORPUS"))
+    std::printf("%d %s\n", r->status, r->body.substr(0, 160).c_str());
+}
+
+// After a corpus: the server still answers /health.
+inline void expect_healthy(httplib::Client& c) {
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
 }
 
 // A chat job whose output starts in the reasoning and may call tools (kScriptText's shape).

@@ -198,16 +198,7 @@ TEST(Server, MalformedCorpusGets4xxWithErrorJsonAndServerStaysHealthy) {
   ASSERT_GE(corpus.size(), 100u);
   int checked = 0;
   for (const Bad& b : corpus) {
-    auto r = c.Post(b.path, b.body, "application/json");
-    ASSERT_TRUE(r) << "no response for " << b.path << " " << b.body.substr(0, 200);
-    EXPECT_GE(r->status, 400) << b.path << " " << b.body.substr(0, 200);
-    EXPECT_LT(r->status, 500) << b.path << " " << b.body.substr(0, 200) << " -> " << r->body;
-    EXPECT_TRUE(is_error_json(r->body))
-        << b.path << " " << b.body.substr(0, 200) << " -> " << r->body.substr(0, 300);
-    EXPECT_EQ(r->body.find("json.exception"), std::string::npos)  // no library internals
-        << b.path << " " << b.body.substr(0, 200) << " -> " << r->body.substr(0, 300);
-    if (std::getenv("DSV41_SHOW_CORPUS"))
-      std::printf("%d %s\n", r->status, r->body.substr(0, 160).c_str());
+    expect_refused(c, b.path, b.body, is_error_json);
     ++checked;
   }
   // GET on a POST route (405, see WrongMethodIs405WithAllow) and an unknown GET.
@@ -224,9 +215,7 @@ TEST(Server, MalformedCorpusGets4xxWithErrorJsonAndServerStaysHealthy) {
     std::string reply = raw_exchange(s.port, raw);
     EXPECT_TRUE(reply.rfind("HTTP/1.1 4", 0) == 0) << raw << " -> " << reply.substr(0, 100);
   }
-  auto h = c.Get("/health");
-  ASSERT_TRUE(h);
-  EXPECT_EQ(h->status, 200);
+  expect_healthy(c);
   auto ok = c.Post("/v1/completions", R"({"model":"scripted","prompt":"hi","max_tokens":3})",
                    "application/json");
   ASSERT_TRUE(ok);
@@ -451,9 +440,7 @@ TEST(Server, ChatStreamEqualsTheMessageInEveryChunking) {
   const auto tok = tiny_tokenizer();
   const GenerationJob job = reasoning_tools_job();
   auto api = openai_chat_api();
-  auto whole = api->writer(job, *tok, "x", 0);
-  whole->add(0, whole_output(kScriptText));
-  const OJson msg = (*parse_json_ordered(whole->body()))["choices"][0]["message"];
+  const OJson msg = whole_body(*api, job, *tok, whole_output(kScriptText))["choices"][0]["message"];
   ASSERT_EQ(msg["reasoning_content"], "I should call the tool.");
   ASSERT_EQ(msg["content"], "Let me check.");
   ASSERT_EQ(msg["tool_calls"].size(), 1u);
