@@ -360,6 +360,12 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
   };
   const StepPlan plan = sched_.plan(limits_, *backend_, admit);
   preemptions_.fetch_add(plan.preempted);
+  // The counts submit() checks the queue against, as of this plan: this step publishes outputs,
+  // and a client that sees its request's first token must find it counted as running, not as
+  // still waiting (the loop's own update comes after the step; found by the sanitized build,
+  // whose slower steps widened the gap).
+  running_.store(sched_.running());
+  waiting_.store(sched_.waiting());
   if (plan.run.empty()) {
     // Nothing fits although no sequence runs: the waiting head cannot run (submission refuses
     // such requests, so this is a guard against a hang, not a path).
