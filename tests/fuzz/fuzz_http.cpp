@@ -1,28 +1,19 @@
 // libFuzzer target: raw bytes on a connection to the HTTP layer (request line, headers, body) of an
 // in-process server over a scripted model; whatever arrives, the server answers with a status
-// below 500 or closes the connection, and stays up. The engine's model loaders are stubbed: this
-// binary never loads a model (it links the engine and server without the model/ops libraries).
+// below 500 or closes the connection, and stays up. It never loads a model.
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <thread>
 
-#include "engine/model_loading.h"
 #include "engine/scripted_runner.h"
 #include "fuzz_util.h"
 #include "server/http_server.h"
 
 namespace dsv41 {
-
-Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string&) {
-  return Status::error("fuzz: no model");
-}
-Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string&,
-                                                      const FastRunnerOptions&) {
-  return Status::error("fuzz: no model");
-}
 
 namespace {
 
@@ -69,7 +60,8 @@ struct Server {
   }
 };
 
-// The status of the first response on a fresh connection after sending `bytes` (0: none came).
+// The status of the first response on a fresh connection after sending `bytes` (0: the server
+// closed without one, or sent something that is not a status line).
 int exchange(int port, const uint8_t* data, std::size_t size) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -88,13 +80,19 @@ int exchange(int port, const uint8_t* data, std::size_t size) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (fd < 0) dsv41::fuzz::invariant_failed("the server stopped accepting connections");
-  timeval tv{1, 0};
+  // The request ends at our shutdown, so the server has all it will get: it must answer or close
+  // at once. A generation here is at most the scripted model's 512-token context (milliseconds);
+  // 5 s without either is a hang.
+  timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   (void)!send(fd, data, size, MSG_NOSIGNAL);
   shutdown(fd, SHUT_WR);  // the request ends here: the server must not wait for more
   char buf[64] = {};
   const ssize_t got = recv(fd, buf, sizeof buf - 1, 0);
+  const int recv_errno = errno;
   close(fd);
+  if (got < 0 && (recv_errno == EAGAIN || recv_errno == EWOULDBLOCK))
+    dsv41::fuzz::invariant_failed("the server neither answered nor closed within 5 s");
   if (got < 12 || std::string_view(buf, 9) != "HTTP/1.1 ") return 0;
   return std::atoi(buf + 9);
 }

@@ -18,17 +18,46 @@
 #include "model/reference/reference_runner.h"
 #include "model/tiny_checkpoint.h"
 
-// Counts heap allocations of this test program (the hot-path test reads the counter).
+// Counts heap allocations of this test program (the hot-path test reads the counter). Every
+// unaligned form is replaced, plain and array, throwing and nothrow (std::stable_sort's buffer is a
+// nothrow new), so that each allocation is freed by its own family; under ASan a form left to the
+// runtime would be freed here with free() and reported as a mismatch. The aligned forms stay the
+// runtime's, new and delete alike.
 static std::atomic<int64_t> g_allocations{0};
-void* operator new(std::size_t n) {
+static void* counted_alloc(std::size_t n) noexcept {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
+  return std::malloc(n ? n : 1);
+}
+void* operator new(std::size_t n) {
+  if (void* p = counted_alloc(n)) return p;
   throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+  if (void* p = counted_alloc(n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  return counted_alloc(n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  return counted_alloc(n);
 }
 void operator delete(void* p) noexcept {
   std::free(p);
 }
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
 void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
   std::free(p);
 }
 

@@ -389,8 +389,10 @@ const std::vector<std::pair<int64_t, int64_t>> kGemmShapes = {
 const std::vector<int64_t> kGemmTokens = {1, 15, 16, 17, 40, 400};  // 400: two super-blocks
 
 TEST_P(KernelTier, Fp8Gemm) {
-  for (auto [out, in] : kGemmShapes)
+  for (const auto& shape : kGemmShapes)
     for (int64_t ntok : kGemmTokens) {
+      // Plain copies, not structured bindings: clang 14 cannot capture those in the lambdas below.
+      int64_t out = shape.first, in = shape.second;
       if (in == 96) in = 40;  // a tail inside one scale block
       const int64_t sin = (in + 31) / 32;
       std::vector<uint8_t> w(std::size_t(out * in)), s(std::size_t((out + 31) / 32 * sin));
@@ -417,8 +419,10 @@ TEST_P(KernelTier, Fp8Gemm) {
 }
 
 TEST_P(KernelTier, Bf16Gemm) {
-  for (auto [out, in] : kGemmShapes)
+  for (const auto& shape : kGemmShapes)
     for (int64_t ntok : kGemmTokens) {
+      // Plain copies, not structured bindings: clang 14 cannot capture those in the lambdas below.
+      int64_t out = shape.first, in = shape.second;
       if (in == 96) in = 77;  // not a multiple of 8
       std::vector<uint16_t> w(std::size_t(out * in));
       for (auto& b : w) b = float_to_bf16(g_.normal());
@@ -532,8 +536,10 @@ TEST_P(KernelTier, BatchGemvsEqualOneTokenBitForBit) {
 }
 
 TEST_P(KernelTier, Mxfp4Gemm) {
-  for (auto [out, in] : kGemmShapes)
+  for (const auto& shape : kGemmShapes)
     for (int64_t ntok : kGemmTokens) {
+      // Plain copies, not structured bindings: clang 14 cannot capture those in the lambdas below.
+      int64_t out = shape.first, in = shape.second;
       std::vector<uint8_t> w(std::size_t(out * in / 2)), s(std::size_t(out * in / 32));
       for (auto& b : w) b = g_.byte();
       for (auto& b : s) b = g_.e8m0();
@@ -603,8 +609,8 @@ TEST_P(KernelTier, RopeBitIdenticalToTheReference) {
 }
 
 TEST_P(KernelTier, IndexerScoresOverPackedKeys) {
-  for (const auto& [nh, di] :
-       std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {4, 64}, {32, 128}}) {
+  for (const auto& shape : std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {4, 64}, {32, 128}}) {
+    const int64_t nh = shape.first, di = shape.second;  // copies: captured below (clang 14)
     const int64_t row = index_key_bytes(di);
     for (int64_t nkeys : {1, 7, 300}) {
       std::vector<uint8_t> q(static_cast<std::size_t>(nh * row)),
