@@ -1,12 +1,36 @@
 // libFuzzer target: a generation request body through each API's parser to token ids (OpenAI
 // completions and chat with tools, Anthropic Messages and count_tokens, OpenAI Responses); the
 // first byte picks the API. An accepted request must have a prompt that fits the context, and its
-// response writer must take a reasoning + DSML answer, streamed and whole.
+// response writer must take a reasoning + DSML answer: streamed, as SSE events of JSON; whole, as a
+// JSON body with the call when tools are declared.
 #include "fuzz_util.h"
 #include "server/anthropic_api.h"
 #include "server/generation_protocol.h"
 #include "server/responses_api.h"
 #include "text/json_ordered.h"
+
+namespace {
+
+// Every stream frame is one SSE event (an optional `event:` line, one `data:` line, a blank line)
+// whose data is JSON or OpenAI's [DONE].
+void check_frames(const std::vector<std::string>& frames) {
+  using dsv41::fuzz::invariant_failed;
+  for (const std::string& f : frames) {
+    std::size_t data = f.rfind("data: ", 0) == 0 ? 0 : std::string::npos;
+    if (const std::size_t nl = f.find('\n');
+        data == std::string::npos && f.rfind("event: ", 0) == 0 && nl != std::string::npos &&
+        f.compare(nl + 1, 6, "data: ") == 0)
+      data = nl + 1;
+    if (f.size() < 8 || f.compare(f.size() - 2, 2, "\n\n") != 0 || data == std::string::npos)
+      invariant_failed("a stream frame is not one SSE event");
+    const std::string payload = f.substr(data + 6, f.size() - 2 - (data + 6));
+    if (payload.find('\n') != std::string::npos) invariant_failed("a frame's data spans lines");
+    if (payload != "[DONE]" && !dsv41::parse_json_ordered(payload))
+      invariant_failed("a stream frame's data is not JSON");
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   using namespace dsv41;
@@ -51,7 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (!api) return 0;
   auto stream = api->writer(job, tok, "f", 0);
   auto whole = api->writer(job, tok, "f", 0);
-  (void)stream->stream_begin();
+  check_frames(stream->stream_begin());
   RequestOutput out;
   out.text =
       "Let me think.</think>Answer.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n</｜DSML｜ "
@@ -59,10 +83,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   out.finished = true;
   out.reason = FinishReason::kStop;
   for (std::size_t c = 0; c < std::size_t(std::max(1, job.n)); ++c) {
-    (void)stream->stream_output(c, out);
+    check_frames(stream->stream_output(c, out));
     whole->add(c, out);
   }
-  (void)stream->stream_end();
-  if (!parse_json_ordered(whole->body())) fuzz::invariant_failed("a response body is not JSON");
+  check_frames(stream->stream_end());
+  const std::string answer = whole->body();
+  if (!parse_json_ordered(answer)) fuzz::invariant_failed("a response body is not JSON");
+  // With tools declared the DSML block is a call named f, not text.
+  if (job.extract_tools && answer.find(R"("name":"f")") == std::string::npos)
+    fuzz::invariant_failed("a declared tool's call is missing from the response");
   return 0;
 }

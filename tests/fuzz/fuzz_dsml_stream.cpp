@@ -1,14 +1,25 @@
 // libFuzzer target: the assistant stream parser (reasoning / content / DSML tool calls) fed the
 // input in chunkings drawn from its first bytes; every chunking must give exactly what the one-shot
-// parse gives (the server streams whatever chunks the detokenizer produces).
+// parse gives, the order of reasoning, content and calls included (the server streams whatever
+// chunks the detokenizer produces, and the Messages and Responses writers make blocks of the runs).
 #include "fuzz_util.h"
 #include "text/dsml_parser.h"
 
 namespace {
 
+// What the parser returned, in order: runs of one kind (reasoning 'r', content 'c') with adjacent
+// text of the same kind merged, and each tool call ('t') on its own, so a chunking that moved text
+// across a block boundary or reordered reasoning, content and calls changes it.
 struct Result {
-  std::string reasoning, content, calls;
+  std::vector<std::pair<char, std::string>> runs;
   bool operator==(const Result&) const = default;
+  void add(char kind, const std::string& text) {
+    if (kind != 't' && text.empty()) return;
+    if (kind != 't' && !runs.empty() && runs.back().first == kind)
+      runs.back().second += text;
+    else
+      runs.emplace_back(kind, text);
+  }
 };
 
 Result run(std::string_view text, bool thinking, bool tools, uint32_t seed) {
@@ -16,11 +27,11 @@ Result run(std::string_view text, bool thinking, bool tools, uint32_t seed) {
   std::vector<dsv41::AssistantEvent> events;
   Result r;
   auto take = [&] {
+    using Kind = dsv41::AssistantEvent::Kind;
     for (auto& e : events) {
-      if (e.kind == dsv41::AssistantEvent::Kind::kReasoning) r.reasoning += e.text;
-      if (e.kind == dsv41::AssistantEvent::Kind::kContent) r.content += e.text;
-      if (e.kind == dsv41::AssistantEvent::Kind::kToolCall)
-        r.calls += e.call.name + "(" + e.call.arguments_json() + ");";
+      if (e.kind == Kind::kReasoning) r.add('r', e.text);
+      if (e.kind == Kind::kContent) r.add('c', e.text);
+      if (e.kind == Kind::kToolCall) r.add('t', e.call.name + "(" + e.call.arguments_json() + ")");
     }
     events.clear();
   };
