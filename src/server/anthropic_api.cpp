@@ -327,6 +327,8 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
                                    last.content.value_or("").empty() && last.tool_calls.empty()));
   job.extract_tools = extract_tools;
   job.request.prompt = tok.encode(*prompt);
+  // count_tokens answers for any length: a prompt over the context is what a client asks it about.
+  if (count_only) return std::nullopt;
   return check_prompt_length(job, model, "messages");
 }
 

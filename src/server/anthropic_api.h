@@ -25,7 +25,7 @@ std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tok
                                               bool& extract_tools);
 
 // Parses a Messages request into `job` (chat prompt tokenized); `count_only`: the count_tokens
-// body (no max_tokens, nothing generated).
+// body (no max_tokens, nothing generated, any length: the context limit is not checked).
 std::optional<ApiError> parse_messages_request(const OJson& body, const ServedModel& model,
                                                const Tokenizer& tok, bool count_only,
                                                GenerationJob& job);

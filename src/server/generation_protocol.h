@@ -1,6 +1,6 @@
-// The seam between the HTTP layer and one generation API (OpenAI completions/chat, Anthropic
-// Messages): the API parses a request body into a GenerationJob and renders the engine's output
-// as its own response body or stream frames; http_server.cpp owns submission, polling,
+// The seam between the HTTP layer and one generation API (OpenAI completions / chat / Responses,
+// Anthropic Messages): the API parses a request body into a GenerationJob and renders the engine's
+// output as its own response body or stream frames; http_server.cpp owns submission, polling,
 // heartbeats, cancellation on disconnect, metrics and the access log, the same for every API.
 #pragma once
 

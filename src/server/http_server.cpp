@@ -208,7 +208,7 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
   auto reject = [&](const ApiError& e) {
     send_error_for(req.path, res, e);
     res.set_header("Connection", "close");
-    metrics.request_done(label, e.status, 0);
+    metrics.request_done(label, e.status);
     return httplib::Server::HandlerResponse::Handled;
   };
   if (req.has_header("Content-Length")) {
@@ -250,9 +250,11 @@ void HttpServer::Impl::routes() {
   svr.set_payload_max_length(opt.max_body_bytes);
   // One access-log line per request: generation answers are logged when httplib is done with them
   // (release(), with their token counts and the status the client really got); the rest here.
-  svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
-    const bool generation = req.path == "/v1/completions" || req.path == "/v1/chat/completions" ||
-                            req.path == "/v1/messages";
+  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    bool generation = false;
+    for (const GenerationApi* api :
+         {completions_api.get(), chat_api.get(), messages_api.get(), responses_api.get()})
+      generation = generation || req.path == api->endpoint();
     if (!(generation && res.status == 200))
       log::info("access: {} {} {}", req.method, req.path, res.status);
   });
@@ -290,7 +292,7 @@ void HttpServer::Impl::routes() {
         req.path, res,
         make_error(res.status, msg, res.status < 500 ? "invalid_request_error" : "internal_error"));
     metrics.request_done(req.path.empty() ? "?" : (res.status == 404 ? "unknown" : req.path),
-                         res.status, 0);
+                         res.status);
   });
   svr.set_exception_handler(
       [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
@@ -307,21 +309,21 @@ void HttpServer::Impl::routes() {
 
   on("GET", "/health", "/health", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
-    metrics.request_done("/health", 200, 0);
+    metrics.request_done("/health", 200);
   });
   on("GET", "/v1/models", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(models_body(model, started), "application/json");
-    metrics.request_done("/v1/models", 200, 0);
+    metrics.request_done("/v1/models", 200);
   });
   on("GET", "/v1/models/(.+)", "/v1/models/{id}",
      [this](const httplib::Request& req, httplib::Response& res) {
        if (req.matches[1] != model.name) {
          send_error(res, model_not_found(req.matches[1], model));
-         metrics.request_done("/v1/models/{id}", 404, 0);
+         metrics.request_done("/v1/models/{id}", 404);
          return;
        }
        res.set_content(model_body(model, started), "application/json");
-       metrics.request_done("/v1/models/{id}", 200, 0);
+       metrics.request_done("/v1/models/{id}", 200);
      });
   on("GET", "/metrics", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
     EngineStats s = engine.stats();
@@ -420,7 +422,7 @@ void HttpServer::Impl::release(StreamState& st, const std::string& endpoint) {
   in_flight.fetch_sub(1);
   const double secs = std::chrono::duration<double>(Clock::now() - st.t0).count();
   const int status = st.finished || st.failed ? 200 : 499;
-  metrics.request_done(endpoint, status, secs);
+  metrics.generation_done(endpoint, status, secs);
   log::info("access: POST {} {} prompt_tokens={} completion_tokens={} {:.3f}s", endpoint, status,
             st.prompt_tokens, st.completion_tokens, secs);
 }
@@ -433,7 +435,7 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   auto fail = [&](const ApiError& e) {
     res.status = e.status;
     res.set_content(api.error_body(e), "application/json");
-    metrics.request_done(endpoint, e.status, 0);
+    metrics.request_done(endpoint, e.status);
   };
   OJson body;
   if (auto e = parse_body(req, body)) return fail(*e);
@@ -513,7 +515,7 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
             return heartbeat(*st, sink, " ");
           const bool done = note(which, out);
           st->writer->add(which, out);
-          st->failed = failure() != nullptr;
+          st->failed = st->failed || (out.finished && out.reason == FinishReason::kError);
           if (!done && !st->failed) return heartbeat(*st, sink, " ");
           std::string answer;
           if (const StreamState::Choice* bad = failure()) {
@@ -534,7 +536,7 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [st, note, failure](std::size_t, httplib::DataSink& sink) {
+      [st, note](std::size_t, httplib::DataSink& sink) {
         auto send = [&](const std::vector<std::string>& frames) {
           st->last_write = Clock::now();
           for (const std::string& f : frames)
@@ -560,8 +562,7 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
           if (!send(st->writer->stream_output(which, out)))
             return false;  // client gone: the releaser cancels
           if (!done) return true;
-          if (!send(failure() ? std::vector<std::string>{} : st->writer->stream_end()))
-            return false;
+          if (!send(st->writer->stream_end())) return false;  // (a failure returned above)
         }
         sink.done();
         return true;
@@ -573,7 +574,7 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
   OJson body;
   auto fail = [&](const ApiError& e) {
     send_error(res, e);
-    metrics.request_done("/tokenize", e.status, 0);
+    metrics.request_done("/tokenize", e.status);
   };
   if (auto e = parse_body(req, body)) return fail(*e);
   std::string text;
@@ -600,7 +601,7 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
   out["max_model_len"] = engine.max_context();
   out["tokens"] = ids;
   res.set_content(out.dump(), "application/json");
-  metrics.request_done("/tokenize", 200, 0);
+  metrics.request_done("/tokenize", 200);
 }
 
 // Anthropic's count_tokens: the prompt a Messages request would run, counted ({"input_tokens"}).
@@ -609,7 +610,7 @@ void HttpServer::Impl::count_tokens(const httplib::Request& req, httplib::Respon
   auto fail = [&](const ApiError& e) {
     res.status = e.status;
     res.set_content(anthropic_error_body(e), "application/json");
-    metrics.request_done(endpoint, e.status, 0);
+    metrics.request_done(endpoint, e.status);
   };
   OJson body;
   if (auto e = parse_body(req, body)) return fail(*e);
@@ -618,14 +619,14 @@ void HttpServer::Impl::count_tokens(const httplib::Request& req, httplib::Respon
   OJson out = OJson::object();
   out["input_tokens"] = job.request.prompt.size();
   res.set_content(out.dump(), "application/json");
-  metrics.request_done(endpoint, 200, 0);
+  metrics.request_done(endpoint, 200);
 }
 
 void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
   OJson body;
   auto fail = [&](const ApiError& e) {
     send_error(res, e);
-    metrics.request_done("/detokenize", e.status, 0);
+    metrics.request_done("/detokenize", e.status);
   };
   if (auto e = parse_body(req, body)) return fail(*e);
   auto t = body.find("tokens");
@@ -657,7 +658,7 @@ void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response
   OJson out = OJson::object();
   out["prompt"] = *text;
   res.set_content(out.dump(-1, ' ', false, OJson::error_handler_t::replace), "application/json");
-  metrics.request_done("/detokenize", 200, 0);
+  metrics.request_done("/detokenize", 200);
 }
 
 HttpServer::HttpServer(Engine& engine, ServerOptions options)

@@ -7,11 +7,15 @@
 
 namespace dsv41 {
 
-void Metrics::request_done(const std::string& endpoint, int status, double seconds) {
+void Metrics::request_done(const std::string& endpoint, int status) {
   std::lock_guard<std::mutex> lock(mu_);
   ++requests_[{endpoint, status}];
-  if (endpoint == "/v1/completions" || endpoint == "/v1/chat/completions")
-    duration_.observe(seconds);
+}
+
+void Metrics::generation_done(const std::string& endpoint, int status, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{endpoint, status}];
+  duration_.observe(seconds);
 }
 
 void Metrics::first_token(double seconds) {
@@ -80,6 +84,13 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
         "Prompt tokens found cached (not computed).", engine.prefix_hit_tokens);
   value(out, "dsv41_engine_steps_total", "counter", "Model steps (batches) the engine ran.",
         engine.steps_total);
+  value(
+      out, "dsv41_engine_prompt_tokens_total", "counter",
+      "Prompt tokens of the requests whose prompt the engine has computed (cached ones included).",
+      engine.prompt_tokens_total);
+  value(out, "dsv41_engine_generated_tokens_total", "counter",
+        "Tokens the engine generated, counted as they are sampled (unfinished requests too).",
+        engine.generated_tokens_total);
   histogram(out, "dsv41_request_duration_seconds", "Generation request latency, end to end.",
             duration_);
   histogram(out, "dsv41_time_to_first_token_seconds",

@@ -17,7 +17,11 @@ struct EngineStats;
 
 class Metrics {
  public:
-  void request_done(const std::string& endpoint, int status, double seconds);
+  // A request answered with `status` (counted per endpoint and status).
+  void request_done(const std::string& endpoint, int status);
+  // A generation request the engine ran: counted, and its end-to-end time in the duration
+  // histogram.
+  void generation_done(const std::string& endpoint, int status, double seconds);
   void first_token(double seconds);
   // `n` tokens arrived `seconds` after the previous ones (each counted at seconds / n).
   void inter_token(double seconds, int64_t n);

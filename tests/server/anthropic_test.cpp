@@ -28,18 +28,25 @@ bool is_anthropic_error(const std::string& body, const char* type = nullptr) {
   return !type || e["type"] == type;
 }
 
-std::vector<std::string> malformed_messages() {
+// A malformed Messages body; `generation_only`: bad only as a generation request (max_tokens,
+// stream, a thinking budget over max_tokens), a valid count_tokens body.
+struct MalformedBody {
+  std::string body;
+  bool generation_only = false;
+};
+
+std::vector<MalformedBody> malformed_messages() {
   const std::string m = R"("model":"scripted")", mt = R"("max_tokens":8)";
   const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
-  std::vector<std::string> v = {"",
-                                "{",
-                                "[]",
-                                "null",
-                                "\"x\"",
-                                "{\"model\":}",
-                                "{" + m + "}",
-                                "{" + m + "," + mt + "}",
-                                "{" + m + "," + msgs + "}"};
+  std::vector<MalformedBody> v = {{""},
+                                  {"{"},
+                                  {"[]"},
+                                  {"null"},
+                                  {"\"x\""},
+                                  {"{\"model\":}"},
+                                  {"{" + m + "}"},
+                                  {"{" + m + "," + mt + "}"},
+                                  {"{" + m + "," + msgs + "}", true}};
   for (const std::string f :
        std::vector<std::string>{R"("model":1)",
                                 R"("model":"other")",
@@ -78,7 +85,10 @@ std::vector<std::string> malformed_messages() {
                                 R"("thinking":{"type":"enabled","budget_tokens":10})",
                                 R"("thinking":{"type":"enabled","budget_tokens":"2000"})",
                                 R"("thinking":{"type":"enabled","budget_tokens":4096})"}) {
-    v.push_back("{" + m + "," + mt + "," + msgs + "," + f + "}");
+    const bool generation_only = f.rfind(R"("max_tokens")", 0) == 0 ||
+                                 f.rfind(R"("stream")", 0) == 0 ||
+                                 f.find("\"budget_tokens\":4096") != std::string::npos;
+    v.push_back({"{" + m + "," + mt + "," + msgs + "," + f + "}", generation_only});
   }
   for (
       const std::string mm : std::vector<std::string>{
@@ -90,6 +100,7 @@ std::vector<std::string> malformed_messages() {
           R"("messages":[{"role":"user"}])",
           R"("messages":[{"role":"user","content":1}])",
           R"("messages":[{"role":"user","content":[1]}])",
+          R"("messages":[{"role":"user","content":[]}])",  // once read back() of an empty list
           R"("messages":[{"role":"user","content":[{"text":"x"}]}])",
           R"("messages":[{"role":"user","content":[{"type":"text"}]}])",
           R"("messages":[{"role":"user","content":[{"type":"image","source":{}}]}])",
@@ -106,7 +117,7 @@ std::vector<std::string> malformed_messages() {
           R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"thinking"}]}])",
           R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"a"}]}])",
           R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"magic"}]}])"}) {
-    v.push_back("{" + m + "," + mt + "," + mm + "}");
+    v.push_back({"{" + m + "," + mt + "," + mm + "}"});
   }
   return v;
 }
@@ -116,14 +127,21 @@ TEST(Anthropic, MalformedMessagesGet4xxInAnthropicsShape) {
   auto c = s.client();
   const auto corpus = malformed_messages();
   const auto is_error = [](const std::string& b) { return is_anthropic_error(b); };
-  for (const std::string& body : corpus) {
+  int count_refused = 0;
+  for (const auto& [body, generation_only] : corpus) {
     expect_refused(c, "/v1/messages", body, is_error);
-    // count_tokens reads the same body (max_tokens aside).
+    // count_tokens reads the same body (max_tokens and stream aside): refused alike, or counted.
+    if (!generation_only) {
+      expect_refused(c, "/v1/messages/count_tokens", body, is_error);
+      ++count_refused;
+      continue;
+    }
     auto n = c.Post("/v1/messages/count_tokens", body, "application/json");
     ASSERT_TRUE(n) << body;
-    EXPECT_LT(n->status, 500) << body << " -> " << n->body;
-    if (n->status != 200) EXPECT_TRUE(is_anthropic_error(n->body)) << body << " -> " << n->body;
+    EXPECT_EQ(n->status, 200) << body << " -> " << n->body;
+    EXPECT_NE(n->body.find("input_tokens"), std::string::npos) << n->body;
   }
+  EXPECT_GE(count_refused, 60);
   // Status and type pairs.
   auto unknown =
       c.Post("/v1/messages",
@@ -143,6 +161,19 @@ TEST(Anthropic, MalformedMessagesGet4xxInAnthropicsShape) {
   ASSERT_TRUE(get);
   EXPECT_EQ(get->status, 405);
   EXPECT_TRUE(is_anthropic_error(get->body, "invalid_request_error")) << get->body;
+  // A prompt over the context (2,048 here) is refused for generation and counted by count_tokens.
+  std::string words;
+  for (int i = 0; i < 3000; ++i) words += " word";
+  const std::string longer =
+      R"({"model":"scripted","max_tokens":4,"messages":[{"role":"user","content":")" + words +
+      R"("}]})";
+  auto too_long = c.Post("/v1/messages", longer, "application/json");
+  ASSERT_TRUE(too_long);
+  EXPECT_EQ(too_long->status, 400) << too_long->body;
+  auto counted = c.Post("/v1/messages/count_tokens", longer, "application/json");
+  ASSERT_TRUE(counted);
+  ASSERT_EQ(counted->status, 200) << counted->body;
+  EXPECT_GT((*parse_json_ordered(counted->body))["input_tokens"].get<int64_t>(), 2048);
   expect_healthy(c);
   std::printf("malformed Messages requests checked: %zu\n", corpus.size());
 }

@@ -19,6 +19,8 @@
 #include <map>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "core/rng.h"
 #include "engine/engine.h"
 #include "engine/scripted_runner.h"
@@ -498,6 +500,45 @@ TEST(Server, TokenizeDetokenizeModelsHealthMetrics) {
     EXPECT_NE(metrics->body.find(name), std::string::npos) << name << "\n" << metrics->body;
 }
 
+// Every generation endpoint's requests land in the end-to-end duration histogram (and only the
+// requests the engine ran: a refused body is counted by status, not timed).
+TEST(Server, EveryGenerationApiIsTimedInTheDurationHistogram) {
+  InProcess s;
+  auto c = s.client();
+  const std::pair<const char*, const char*> requests[] = {
+      {"/v1/completions", R"({"model":"scripted","prompt":"hi","max_tokens":3})"},
+      {"/v1/chat/completions",
+       R"({"model":"scripted","messages":[{"role":"user","content":"x"}],"max_tokens":3})"},
+      {"/v1/messages",
+       R"({"model":"scripted","max_tokens":3,"messages":[{"role":"user","content":"x"}]})"},
+      {"/v1/responses", R"({"model":"scripted","input":"x","max_output_tokens":3})"}};
+  for (const auto& [path, body] : requests) {
+    auto r = c.Post(path, body, "application/json");
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 200) << path << " -> " << r->body;
+  }
+  auto refused = c.Post("/v1/messages", R"({"model":"scripted"})", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  // A response is timed when httplib is done with it, which may follow the client's read.
+  std::string body;
+  for (int i = 0; i < 200; ++i) {
+    body = c.Get("/metrics")->body;
+    if (body.find("dsv41_request_duration_seconds_count 4\n") != std::string::npos) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_NE(body.find("dsv41_request_duration_seconds_count 4\n"), std::string::npos) << body;
+  for (const auto& [path, unused] : requests)
+    EXPECT_NE(
+        body.find(fmt::format("dsv41_requests_total{{endpoint=\"{}\",status=\"200\"}} 1", path)),
+        std::string::npos)
+        << path << "\n"
+        << body;
+  EXPECT_NE(body.find(R"(dsv41_requests_total{endpoint="/v1/messages",status="400"} 1)"),
+            std::string::npos)
+      << body;
+}
+
 // Continuous batching through HTTP: 8 concurrent chat requests share the engine's steps (one at a
 // time they would take 8x the steps of one).
 TEST(Server, ConcurrentRequestsRunInTheSameSteps) {
@@ -701,8 +742,6 @@ TEST(Server, ChaosOnTheFastPathKeepsRequestsIsolatedAndExact) {
   EXPECT_GT(st.kv_blocks_total, 0);
 }
 
-// More concurrent streams than the old fixed pool of 32 HTTP threads: all 48 run at once in the
-// engine (the HTTP pool is sized from the engine's limits), none waits for a thread.
 // OpenAI's n on the fast path: n choices (indices 0..n-1), choice i equal to the same request
 // with seed + i; usage counts the prompt once and every choice's tokens; a stream carries each
 // choice's chunks under its index, one finish per choice, then one usage chunk, then [DONE].
@@ -793,6 +832,8 @@ TEST(Server, ParallelSamplesAreChoicesEachEqualToItsSeed) {
   EXPECT_EQ(s.engine->stats().kv_foreign_reads, 0);
 }
 
+// More concurrent streams than the old fixed pool of 32 HTTP threads: all 48 run at once in the
+// engine (the HTTP pool is sized from the engine's limits), none waits for a thread.
 TEST(Server, FortyEightConcurrentStreamsRunTogether) {
   InProcess s(/*sleep_ms=*/10);
   std::atomic<bool> done{false};

@@ -2,7 +2,8 @@
 """Soak test of a running `dsv41 serve` (scripts/soak.sh starts one): steady concurrent load over
 loopback for MINUTES (streamed and whole chat / completions / Messages / Responses requests, a
 share of them cancelled midway by closing the socket, a share malformed), sampling the server's
-RSS every 10 s. Prints one JSON line per sample and a summary; exits 1 on any 5xx, on KV blocks
+RSS every 10 s. Prints one JSON line per sample and a summary; exits 1 on any 5xx, on a malformed
+body not answered 4xx or a well-formed one not answered 200, on connection errors, on KV blocks
 still in use once idle, on foreign reads, or on RSS growth after warm-up beyond the tolerance.
 Usage: soak.py PORT PID MINUTES"""
 import http.client
@@ -16,7 +17,7 @@ import time
 PORT, PID, MINUTES = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 CONCURRENCY = 8
 lock = threading.Lock()
-counts = {"ok": 0, "4xx": 0, "5xx": 0, "cancelled": 0, "errors": 0}
+counts = {"ok": 0, "cancelled": 0, "429": 0, "4xx": 0, "5xx": 0, "unexpected": 0, "errors": 0}
 stop = threading.Event()
 
 
@@ -72,32 +73,37 @@ def worker(seed):
     while not stop.is_set():
         try:
             c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
-            if rng.random() < 0.1:
+            malformed = rng.random() < 0.1
+            cancelled = False
+            if malformed:
                 path = rng.choice(["/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses"])
                 c.request("POST", path, body=rng.choice(MALFORMED), headers={"Content-Type": "application/json"})
                 r = c.getresponse()
                 r.read()
-                status, cancelled = r.status, False
             else:
                 path, b = body(rng)
                 c.request("POST", path, body=json.dumps(b), headers={"Content-Type": "application/json"})
                 r = c.getresponse()
-                status, cancelled = r.status, False
                 if rng.random() < 0.15:  # hang up midway: the request must be cancelled
                     r.read(16)
                     cancelled = True
                 else:
                     r.read()
             c.close()
+            # The status first: a 5xx counts whether or not the client then hung up; a malformed
+            # body must get a 4xx, a well-formed one a 200.
             with lock:
-                if cancelled:
-                    counts["cancelled"] += 1
-                elif status >= 500:
+                if r.status >= 500:
                     counts["5xx"] += 1
-                elif status >= 400:
-                    counts["4xx"] += 1
+                elif malformed:
+                    counts["4xx" if 400 <= r.status < 500 else "unexpected"] += 1
+                elif r.status == 429:  # the queue was full: allowed, counted
+                    counts["429"] += 1
+                elif r.status != 200:
+                    counts["unexpected"] += 1
+                    print(json.dumps({"unexpected": r.status, "path": path}), flush=True)
                 else:
-                    counts["ok"] += 1
+                    counts["cancelled" if cancelled else "ok"] += 1
         except Exception as e:  # a connection error counts against the server
             with lock:
                 counts["errors"] += 1
@@ -133,6 +139,6 @@ summary = {"minutes": MINUTES, "requests": dict(counts), "rss_first_mb": samples
            "rss_last_mb": samples[-1]["rss_mb"] if samples else None, "rss_growth_after_warmup_mb": round(growth, 1),
            "kv_blocks_used_idle": m["dsv41_kv_blocks_used"], "kv_foreign_reads": m["dsv41_kv_foreign_reads_total"]}
 print(json.dumps({"summary": summary}), flush=True)
-bad = counts["5xx"] > 0 or counts["errors"] > 0 or m["dsv41_kv_blocks_used"] not in (0, 0.0) or \
+bad = counts["5xx"] > 0 or counts["errors"] > 0 or counts["unexpected"] > 0 or m["dsv41_kv_blocks_used"] not in (0, 0.0) or \
     (m["dsv41_kv_foreign_reads_total"] or 0) > 0 or growth > 64
 sys.exit(1 if bad else 0)
