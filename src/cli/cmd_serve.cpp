@@ -125,6 +125,12 @@ void add_serve(CLI::App& app, Runner* run) {
       }
       log::info("serve: listening on http://{}:{} (model \"{}\")", a->server.host, server.port(),
                 a->server.model_name);
+      // A browser reaches a server listening on every interface through loopback.
+      const std::string browse = a->server.host == "0.0.0.0" || a->server.host == "::"
+                                     ? std::string("127.0.0.1")
+                                     : a->server.host;
+      log::info("serve: chat page http://{}:{}/  dashboard http://{}:{}/dashboard", browse,
+                server.port(), browse, server.port());
       std::thread signals([&server, set] {
         int sig = 0;
         sigwait(&set, &sig);

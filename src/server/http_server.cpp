@@ -27,6 +27,7 @@
 #include "server/generation_protocol.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/web_assets.h"
 #include "text/byte_level.h"
 #include "text/chat.h"
 
@@ -329,6 +330,31 @@ void HttpServer::Impl::routes() {
     EngineStats s = engine.stats();
     res.set_content(metrics.render(s, in_flight.load()), "text/plain; version=0.0.4");
   });
+  // The chat page, the dashboard and their files, from the bytes built into the binary. The
+  // policy header keeps the page to this server: nothing is loaded from anywhere else.
+  auto page = [this](const WebAsset* a, const char* label, httplib::Response& res) {
+    if (!a) {
+      send_error(res, make_error(404, "no such file of the web page", "invalid_request_error"));
+      metrics.request_done(label, 404);
+      return;
+    }
+    res.set_header("Content-Security-Policy",
+                   "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(std::string(a->body), std::string(a->content_type));
+    metrics.request_done(label, 200);
+  };
+  on("GET", "/", "/", [page](const httplib::Request&, httplib::Response& res) {
+    page(find_web_asset("index.html"), "/", res);
+  });
+  on("GET", "/dashboard", "/dashboard", [page](const httplib::Request&, httplib::Response& res) {
+    page(find_web_asset("dashboard.html"), "/dashboard", res);
+  });
+  on("GET", "/web/([^/]+)", "/web/{file}",
+     [page](const httplib::Request& req, httplib::Response& res) {
+       page(find_web_asset(req.matches[1].str()), "/web/{file}", res);
+     });
   on("POST", "/v1/completions", "/v1/completions",
      [this](const httplib::Request& req, httplib::Response& res) {
        generation(req, res, *completions_api);

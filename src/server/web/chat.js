@@ -1,0 +1,273 @@
+// The chat page (GET /): a conversation kept in the page, each turn streamed from
+// /v1/chat/completions (stream_options.include_usage for the token count). Reasoning arrives as
+// delta.reasoning_content and is shown folded above the answer; tool calls as delta.tool_calls.
+// Everything is put on the page as text (textContent), never as HTML.
+'use strict';
+
+const $ = (id) => document.getElementById(id);
+const state = { model: null, history: [], controller: null };
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function scrollDown() {
+  const m = $('messages');
+  m.scrollTop = m.scrollHeight;
+}
+
+// An error from the server or the network, as the page shows it: status, the parameter named,
+// the message, and Retry-After for a full queue.
+function showError(text) {
+  $('messages').appendChild(el('div', 'error', text));
+  scrollDown();
+}
+
+async function errorText(res) {
+  let text = `HTTP ${res.status}`;
+  try {
+    const j = await res.json();
+    const e = j.error || {};
+    if (e.param) text += ` (parameter ${e.param})`;
+    text += `: ${e.message || JSON.stringify(j)}`;
+  } catch (err) {
+    text += ': the answer was not JSON';
+  }
+  const retry = res.headers.get('Retry-After');
+  if (res.status === 429 && retry) text += ` — retry after ${retry} s`;
+  return text;
+}
+
+async function loadModel() {
+  try {
+    const res = await fetch('/v1/models');
+    if (!res.ok) throw new Error(await errorText(res));
+    const j = await res.json();
+    state.model = j.data[0].id;
+    $('model').textContent = state.model;
+  } catch (err) {
+    showError(`Could not read /v1/models: ${err.message}`);
+  }
+}
+
+function numberField(body, id, integer) {
+  const v = $(id).value.trim();
+  if (v === '') return;
+  body[id] = integer ? parseInt(v, 10) : parseFloat(v);
+}
+
+// The request body for the conversation so far; throws with a message on a bad tools field.
+function requestBody() {
+  const messages = [];
+  const system = $('system').value.trim();
+  if (system) messages.push({ role: 'system', content: system });
+  messages.push(...state.history);
+  const body = { model: state.model, messages, stream: true,
+                 stream_options: { include_usage: true } };
+  const thinking = $('thinking').checked;
+  body.chat_template_kwargs = { thinking };
+  if (thinking && $('effort').value) body.reasoning_effort = $('effort').value;
+  numberField(body, 'temperature', false);
+  numberField(body, 'top_p', false);
+  numberField(body, 'max_tokens', true);
+  numberField(body, 'seed', true);
+  const stops = $('stop_sequences').value.split('\n').filter((s) => s.length > 0);
+  if (stops.length) body.stop = stops;
+  const tools = $('tools').value.trim();
+  if (tools) {
+    try {
+      body.tools = JSON.parse(tools);
+    } catch (err) {
+      throw new Error(`Tools: not valid JSON (${err.message})`);
+    }
+  }
+  return body;
+}
+
+function addUserMessage(text) {
+  const m = el('div', 'msg user');
+  m.appendChild(el('div', 'role', 'you'));
+  m.appendChild(el('div', 'content', text));
+  $('messages').appendChild(m);
+  scrollDown();
+}
+
+// The assistant's message as it streams: a folded reasoning block (shown once reasoning arrives),
+// the answer, tool calls, and a line of figures at the end.
+function assistantView() {
+  const m = el('div', 'msg assistant');
+  m.appendChild(el('div', 'role', 'assistant'));
+  const details = el('details', 'reasoning');
+  const summary = el('summary', null, 'Reasoning');
+  const reasoning = el('div', 'reasoning-text');
+  details.append(summary, reasoning);
+  details.hidden = true;
+  const content = el('div', 'content');
+  const tools = el('div', 'tools');
+  const stats = el('div', 'stats');
+  m.append(details, content, tools, stats);
+  $('messages').appendChild(m);
+  return { m, details, summary, reasoning, content, tools, stats };
+}
+
+function renderToolCalls(view, calls) {
+  view.tools.textContent = '';
+  for (const c of calls) {
+    const box = el('div', 'tool-call');
+    box.appendChild(el('span', 'tool-name', c.name));
+    box.appendChild(document.createTextNode(`(${c.arguments})`));
+    view.tools.appendChild(box);
+  }
+}
+
+// Reads the SSE stream of one answer, updating `view`; returns what the turn produced.
+async function readStream(res, view, t0) {
+  const out = { reasoning: '', content: '', calls: [], finish: null, usage: null, tFirst: null };
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf('\n\n')) >= 0) {
+      const frame = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      for (const line of frame.split('\n')) {
+        if (!line.startsWith('data: ')) continue;  // keep-alive comments
+        const data = line.slice(6);
+        if (data === '[DONE]') return out;
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw new Error(`The server stopped the answer: ${chunk.error.message}`);
+        if (chunk.usage) out.usage = chunk.usage;
+        const choice = chunk.choices && chunk.choices[0];
+        if (!choice) continue;
+        const d = choice.delta || {};
+        if ((d.reasoning_content || d.content || d.tool_calls) && out.tFirst === null)
+          out.tFirst = performance.now();
+        if (d.reasoning_content) {
+          out.reasoning += d.reasoning_content;
+          view.details.hidden = false;
+          view.reasoning.textContent = out.reasoning;
+          view.summary.textContent = `Reasoning (${out.reasoning.length} characters)`;
+        }
+        if (d.content) {
+          out.content += d.content;
+          view.content.textContent = out.content;
+        }
+        for (const tc of d.tool_calls || []) {
+          const call = out.calls[tc.index] || (out.calls[tc.index] = { id: '', name: '', arguments: '' });
+          if (tc.id) call.id = tc.id;
+          if (tc.function && tc.function.name) call.name += tc.function.name;
+          if (tc.function && tc.function.arguments) call.arguments += tc.function.arguments;
+          renderToolCalls(view, out.calls);
+        }
+        if (choice.finish_reason) out.finish = choice.finish_reason;
+        scrollDown();
+      }
+    }
+  }
+  return out;
+}
+
+function statsLine(out, t0, stopped) {
+  const now = performance.now();
+  const parts = [];
+  if (out.tFirst !== null) parts.push(`first token ${((out.tFirst - t0) / 1000).toFixed(2)} s`);
+  if (out.usage) {
+    const n = out.usage.completion_tokens;
+    parts.push(`${n} tokens`);
+    const secs = (now - (out.tFirst !== null ? out.tFirst : t0)) / 1000;
+    if (n > 1 && secs > 0) parts.push(`${((n - 1) / secs).toFixed(1)} tok/s`);
+    parts.push(`prompt ${out.usage.prompt_tokens} tokens`);
+  }
+  if (stopped) parts.push('stopped');
+  else if (out.finish) parts.push(`finish: ${out.finish}`);
+  return parts.join(' · ');
+}
+
+function setBusy(busy) {
+  $('send').disabled = busy;
+  $('stop').disabled = !busy;
+}
+
+async function send(text) {
+  let body;
+  try {
+    state.history.push({ role: 'user', content: text });
+    body = requestBody();
+  } catch (err) {
+    state.history.pop();
+    showError(err.message);
+    return;
+  }
+  addUserMessage(text);
+  const view = assistantView();
+  const t0 = performance.now();
+  state.controller = new AbortController();
+  setBusy(true);
+  let out = { reasoning: '', content: '', calls: [], finish: null, usage: null, tFirst: null };
+  let stopped = false;
+  try {
+    const res = await fetch('/v1/chat/completions', {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify(body), signal: state.controller.signal });
+    if (!res.ok) {
+      view.m.remove();
+      state.history.pop();  // the turn did not happen: it can be sent again
+      showError(await errorText(res));
+      return;
+    }
+    out = await readStream(res, view, t0);
+  } catch (err) {
+    if (err.name === 'AbortError') {
+      stopped = true;
+    } else {
+      showError(err.message);
+    }
+  } finally {
+    state.controller = null;
+    setBusy(false);
+  }
+  view.m.dataset.finish = stopped ? 'stopped' : (out.finish || '');
+  view.stats.textContent = statsLine(out, t0, stopped);
+  const turn = { role: 'assistant', content: out.content };
+  const calls = out.calls.filter((c) => c);
+  if (calls.length)
+    turn.tool_calls = calls.map((c) => ({ id: c.id, type: 'function',
+                                          function: { name: c.name, arguments: c.arguments } }));
+  state.history.push(turn);
+  scrollDown();
+}
+
+function init() {
+  loadModel();
+  $('composer').addEventListener('submit', (e) => {
+    e.preventDefault();
+    const text = $('prompt').value;
+    if (!text.trim() || state.controller || !state.model) return;
+    $('prompt').value = '';
+    send(text);
+  });
+  $('prompt').addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey) {
+      e.preventDefault();
+      $('composer').requestSubmit();
+    }
+  });
+  $('stop').addEventListener('click', () => {
+    if (state.controller) state.controller.abort();
+  });
+  $('new-chat').addEventListener('click', () => {
+    if (state.controller) state.controller.abort();
+    state.history = [];
+    $('messages').textContent = '';
+    $('prompt').focus();
+  });
+}
+
+init();
