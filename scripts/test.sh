@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: set-up, then two builds and their tests through CTest:
-# build/ (g++, Release: unit, engine, server, CLI tests) and build-fuzz/ (clang, ASan+UBSan: the
-# hardening suites, every fuzz target on its seeds and committed regression inputs, then a few
-# seconds of fuzzing each; tests/fuzz). Without clang the hardening suites are built sanitized
-# with g++ in build/ instead and the fuzz targets are skipped (said so). The last lines are the
+# build/ (g++, Release: unit, engine, server, browser and CLI tests) and build-fuzz/ (clang, every
+# layer library under ASan+UBSan: the hardening suites, the kernel, fast-forward and engine tests,
+# every fuzz target on its seeds and committed regression inputs, then a few seconds of fuzzing
+# each; tests/fuzz). Without clang the io/text hardening suites are built sanitized with g++ in
+# build/ instead and the rest of the sanitized build is skipped (said so). The last lines are the
 # CTest summary of both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ if command -v clang++ >/dev/null 2>&1; then
     -DDSV41_BUILD_TESTS=OFF >/dev/null
   cmake --build build-fuzz --target sanitized -j"$(nproc)"
 else
-  echo "test: clang++ not found: hardening suites sanitized with g++, fuzz targets not built"
+  echo "test: clang++ not found: io/text hardening suites sanitized with g++; fuzz targets and sanitized engine tests not built"
   bash scripts/build.sh -DDSV41_ASAN_TESTS=ON
 fi
 status=0

@@ -256,7 +256,14 @@ void HttpServer::Impl::routes() {
     for (const GenerationApi* api :
          {completions_api.get(), chat_api.get(), messages_api.get(), responses_api.get()})
       generation = generation || req.path == api->endpoint();
-    if (!(generation && res.status == 200))
+    if (generation && res.status == 200) return;
+    // An open dashboard scrapes /metrics every second and the page loads its files: at debug.
+    const bool polled =
+        res.status == 200 && (req.path == "/metrics" || req.path == "/" ||
+                              req.path == "/dashboard" || req.path.rfind("/web/", 0) == 0);
+    if (polled)
+      log::debug("access: {} {} {}", req.method, req.path, res.status);
+    else
       log::info("access: {} {} {}", req.method, req.path, res.status);
   });
   svr.set_read_timeout(30, 0);

@@ -1,13 +1,15 @@
 // The chat page and the dashboard of `dsv41 serve` in a real browser: Debian's chromium, headless,
-// driven through playwright-core. Run against a server whose model answers every chat request with
-// the scripted reasoning + text + get_weather call of tests/server/server_harness.h, one sequence
-// at a time with a waiting queue of one (so the test can fill it for a 429).
-// Usage: node browser_test.mjs BASE_URL OUT_DIR   (screenshots go to OUT_DIR)
+// driven through playwright-core. The chat page runs against a server whose model answers every
+// chat request with the scripted reasoning + text + get_weather call of
+// tests/server/server_harness.h, one sequence at a time with a waiting queue of one (so the test
+// can fill it for a 429); the dashboard against a server on the tiny model's fast path, with a
+// bounded KV pool and the prefix cache.
+// Usage: node browser_test.mjs CHAT_BASE_URL FAST_BASE_URL OUT_DIR   (screenshots go to OUT_DIR)
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { check } from './check.mjs';
 
-const [base, outDir] = process.argv.slice(2);
+const [base, fastBase, outDir] = process.argv.slice(2);
 mkdirSync(outDir, { recursive: true });
 const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
 
@@ -23,7 +25,11 @@ try {
     if (m.type() === 'error' && !expected.test(m.text())) failures.push(`console: ${m.text()}`);
   });
   const outside = [];
-  page.on('request', (r) => { if (!r.url().startsWith(base)) outside.push(r.url()); });
+  const sent = [];  // the bodies the page posted to /v1/chat/completions
+  page.on('request', (r) => {
+    if (!r.url().startsWith(base) && !r.url().startsWith(fastBase)) outside.push(r.url());
+    if (r.url().endsWith('/v1/chat/completions')) sent.push(r.postDataJSON());
+  });
 
   // --- The chat page: a streamed answer with its reasoning folded and a tool call.
   await page.goto(`${base}/`);
@@ -32,15 +38,21 @@ try {
     name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }]));
   // Count the updates of the reasoning and the answer as they stream in.
   await page.evaluate(() => {
-    window.updates = { reasoning: 0, content: 0 };
+    window.updates = { reasoning: [], content: [] };  // when each update came (ms)
     new MutationObserver((records) => {
       for (const r of records) {
         const t = r.target.nodeType === 1 ? r.target : r.target.parentElement;
-        if (t && t.classList.contains('reasoning-text')) window.updates.reasoning++;
-        if (t && t.classList.contains('content')) window.updates.content++;
+        if (t && t.classList.contains('reasoning-text')) window.updates.reasoning.push(performance.now());
+        if (t && t.classList.contains('content')) window.updates.content.push(performance.now());
       }
     }).observe(document.getElementById('messages'), { subtree: true, childList: true, characterData: true });
   });
+  // Settings reach the request as set.
+  await page.fill('#temperature', '0.7');
+  await page.fill('#top_p', '0.9');
+  await page.fill('#seed', '42');
+  await page.selectOption('#effort', 'high');
+  await page.fill('#stop_sequences', 'STOP-A\nSTOP-B');
   await page.fill('#prompt', 'What is the weather in Paris?');
   await page.click('#send');
   const answer = page.locator('.msg.assistant').last();
@@ -60,9 +72,21 @@ try {
   const stats = await answer.locator('.stats').textContent();
   check(/\d+ tokens/.test(stats) && /tok\/s/.test(stats) && /first token/.test(stats),
         `tokens and tok/s under the message (${stats})`);
+  // Streamed: several updates each, spread over the answer's time (50 ms a model step), not one
+  // burst of a buffered body.
   const updates = await page.evaluate(() => window.updates);
-  check(updates.reasoning > 3 && updates.content > 1,
-        `the text arrived streamed (${updates.reasoning} reasoning, ${updates.content} answer updates)`);
+  const spread = (t) => (t.length ? t[t.length - 1] - t[0] : 0);
+  check(updates.reasoning.length > 3 && updates.content.length > 1 && spread(updates.reasoning) > 150,
+        `the text arrived streamed (${updates.reasoning.length} reasoning updates over ` +
+        `${spread(updates.reasoning).toFixed(0)} ms, ${updates.content.length} answer updates)`);
+  const first = sent[sent.length - 1];
+  check(first.stream === true && first.stream_options.include_usage === true, 'the page streams with usage');
+  check(first.temperature === 0.7 && first.top_p === 0.9 && first.seed === 42 && first.max_tokens === 512,
+        `temperature, top-p, seed and max tokens reach the request (${JSON.stringify(first)})`);
+  check(first.chat_template_kwargs.thinking === true && first.reasoning_effort === 'high',
+        'thinking on with the effort chosen');
+  check(JSON.stringify(first.stop) === '["STOP-A","STOP-B"]', 'stop sequences, one a line');
+  check(first.tools.length === 1 && first.tools[0].function.name === 'get_weather', 'the tools declared');
   await page.screenshot({ path: `${outDir}/chat.png` });
   await details.locator('summary').click();
   check(await details.evaluate((d) => d.open), 'the reasoning unfolds on a click');
@@ -77,7 +101,7 @@ try {
   const error = page.locator('.error').last();
   await error.waitFor();
   const errorText = await error.textContent();
-  check(errorText.includes('HTTP 400') && errorText.includes('max_tokens'),
+  check(errorText.includes('HTTP 400') && errorText.includes('(parameter max_tokens)'),
         `a 400 names its parameter (${errorText})`);
   check(await page.locator('.msg.assistant').count() === 0, 'no empty answer is left for a refused turn');
   await page.fill('#max_tokens', '512');
@@ -97,6 +121,27 @@ try {
   check(!(await page.locator('.msg.assistant .content').textContent()).includes('Let me check.'),
         'the answer stopped before its end');
   check(await page.locator('#send').isEnabled(), 'the page takes a new message after a stop');
+  const stoppedStats = await page.locator('.msg.assistant .stats').textContent();
+  check(/first token/.test(stoppedStats) && /pieces received/.test(stoppedStats),
+        `a stopped answer keeps its figures (${stoppedStats})`);
+  const partial = await page.locator('.msg.assistant .reasoning-text').textContent();
+  // The next turn carries the conversation: the question, the stopped answer, the new question;
+  // with thinking off there is no reasoning block.
+  await page.uncheck('#thinking');
+  await page.fill('#prompt', 'Go on');
+  await page.click('#send');
+  await page.waitForFunction(() => document.querySelectorAll('.msg.assistant').length === 2 &&
+                                   document.querySelectorAll('.msg.assistant')[1].dataset.finish);
+  const second = sent[sent.length - 1];
+  check(second.messages.length === 3 && second.messages[0].content === 'Tell me a long story' &&
+        second.messages[1].role === 'assistant' && second.messages[2].content === 'Go on',
+        `a second turn carries the first (${JSON.stringify(second.messages)})`);
+  check(second.chat_template_kwargs.thinking === false && second.reasoning_effort === undefined,
+        'thinking off reaches the request');
+  check(await page.locator('.msg.assistant').nth(1).locator('details.reasoning').isHidden(),
+        'no reasoning block with thinking off');
+  check(partial.length > 0, 'the stopped answer had reasoning');
+  await page.check('#thinking');
   let running = -1;
   for (let i = 0; i < 50 && running !== 0; ++i) {
     const m = await (await fetch(`${base}/metrics`)).text();
@@ -134,26 +179,46 @@ try {
   hold.abort();
   await Promise.all(holders);
 
-  // --- The dashboard: plots that update from /metrics.
-  await page.goto(`${base}/dashboard`);
+  // --- The dashboard, on the fast-path server: plots that update from /metrics while requests run.
+  await page.goto(`${fastBase}/dashboard`);
   await page.waitForFunction(() => Number(document.getElementById('chart-throughput').dataset.samples) >= 2);
   const before = Number(await page.locator('#chart-requests').getAttribute('data-samples'));
-  // Work for the plots: a chat answer generated while the dashboard watches; its tokens show as a
-  // throughput above 0 in a sample taken while it runs.
-  const chat = { model: 'scripted', messages: [{ role: 'user', content: 'weather?' }], max_tokens: 200 };
-  const generation = fetch(`${base}/v1/chat/completions`, { method: 'POST', body: JSON.stringify(chat),
-    headers: { 'Content-Type': 'application/json' } }).then((r) => r.json());
-  const rate = await page.waitForFunction(() => {
-    const last = JSON.parse(document.getElementById('chart-throughput').dataset.last || '[]');
-    return last[0] > 0 ? last[0] : null;
-  }, null, { timeout: 15000 });
-  check(await rate.jsonValue() > 0, `the throughput plot shows the running request (${await rate.jsonValue()} tok/s)`);
-  check((await generation).choices[0].message.content.startsWith('Let me check.'), 'the watched request answered');
-  await page.waitForFunction((n) => Number(document.getElementById('chart-requests').dataset.samples) >= n + 2, before);
-  check(Number(await page.locator('#chart-requests').getAttribute('data-samples')) >= before + 2,
+  // Work for the plots: two requests sharing a 300-token prompt (the second finds it cached),
+  // generating while the dashboard watches.
+  const prompt = Array.from({ length: 300 }, (_, i) => (i * 37 + 11) % 500);
+  const work = async (n) => {
+    for (let k = 0; k < n; ++k) {
+      const r = await fetch(`${fastBase}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ model: 'scripted', prompt, max_tokens: 24, ignore_eos: true }) });
+      check(r.status === 200, `a request for the dashboard to watch (${r.status})`);
+      await r.json();
+      await new Promise((res) => setTimeout(res, 1200));  // a scrape between them
+    }
+  };
+  await work(3);
+  // A longer request, watched until the requests plot has seen it running, then dropped.
+  const longRun = new AbortController();
+  const longDone = fetch(`${fastBase}/v1/completions`, { method: 'POST', signal: longRun.signal,
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ model: 'scripted', prompt, max_tokens: 600, ignore_eos: true, stream: true }) })
+    .then((r) => r.body.getReader().read()).catch(() => {});
+  await page.waitForFunction(() => JSON.parse(document.getElementById('chart-requests').dataset.seen)[0] >= 1,
+                             null, { timeout: 20000 });
+  longRun.abort();
+  await longDone;
+  const seen = async (id) => JSON.parse(await page.locator(`#chart-${id}`).getAttribute('data-seen'));
+  await page.waitForFunction(() => JSON.parse(document.getElementById('chart-ttft').dataset.seen)[0] !== null);
+  check((await seen('throughput'))[0] > 0 && (await seen('throughput'))[1] > 0,
+        `the throughput plot showed generated and prompt tok/s (${JSON.stringify(await seen('throughput'))})`);
+  check((await seen('requests'))[0] >= 1, 'the requests plot showed a running request');
+  const kv = await seen('kv');
+  check(kv[0] > 0 && kv[1] > kv[0], `the KV plot showed blocks used of the pool (${JSON.stringify(kv)})`);
+  check((await seen('hit'))[0] > 0, `the hit-rate plot showed cached prompt tokens (${JSON.stringify(await seen('hit'))} %)`);
+  check((await seen('ttft'))[0] > 0, `the time-to-first-token plot showed a mean (${JSON.stringify(await seen('ttft'))} s)`);
+  check(Number(await page.locator('#chart-requests').getAttribute('data-samples')) >= before + 3,
         'the plots take a new point every second');
-  await page.waitForFunction(() => Number(document.querySelector('#tile-generated .value').textContent) > 0);
   check((await page.locator('#tile-foreign_reads .value').textContent()) === '0', 'foreign reads shown, 0');
+  check(/%$/.test(await page.locator('#tile-kv_pct .value').textContent()), 'the pool tile gives a share');
   for (const id of ['throughput', 'requests', 'kv', 'hit', 'ttft', 'foreign'])
     check(await page.locator(`#chart-${id}`).isVisible(), `the ${id} plot is on the page`);
   check(!(await page.locator('#status').getAttribute('class')).includes('bad'), 'the dashboard reads /metrics');

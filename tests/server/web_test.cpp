@@ -5,8 +5,12 @@
 // updating. Screenshots go to DSV41_ARTIFACTS_DIR/browser.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <string>
+#include <vector>
 
+#include "model/tiny_converted.h"
 #include "server/server_harness.h"
 #include "server/web_assets.h"
 
@@ -14,6 +18,19 @@ namespace dsv41::server_testing {
 namespace {
 
 TEST(Web, PagesAreBuiltInAndFetchNothingFromElsewhere) {
+  // The binary holds exactly the files of src/server/web, byte for byte (a stale or partial
+  // embedding fails here).
+  std::vector<std::string> on_disk;
+  for (const auto& f : std::filesystem::directory_iterator(DSV41_WEB_DIR))
+    on_disk.push_back(f.path().filename().string());
+  std::sort(on_disk.begin(), on_disk.end());
+  std::vector<std::string> embedded;
+  for (const WebAsset& a : web_assets()) embedded.emplace_back(a.name);
+  EXPECT_EQ(embedded, on_disk);
+  for (const WebAsset& a : web_assets())
+    EXPECT_TRUE(a.body ==
+                dsv41::testing::read_file(std::string(DSV41_WEB_DIR) + "/" + std::string(a.name)))
+        << a.name;
   ASSERT_GE(web_assets().size(), 5u);
   for (const WebAsset& a : web_assets()) {
     EXPECT_FALSE(a.body.empty()) << a.name;
@@ -44,6 +61,8 @@ TEST(Web, PagesAreBuiltInAndFetchNothingFromElsewhere) {
   ASSERT_TRUE(index);
   EXPECT_NE(index->body.find("/web/chat.js"), std::string::npos);
   EXPECT_NE(index->body.find("/dashboard"), std::string::npos);  // the link across
+  // Only embedded names are served (nothing is read from disk, so an escaping path has nowhere
+  // to go; checked as a guard).
   for (const char* missing : {"/web/nothing.js", "/web/..%2Fhttp_server.cpp"}) {
     auto r = c.Get(missing);
     ASSERT_TRUE(r) << missing;
@@ -61,16 +80,26 @@ TEST(Web, PagesAreBuiltInAndFetchNothingFromElsewhere) {
 }
 
 TEST(Web, ChatPageAndDashboardInAHeadlessBrowser) {
-  // One sequence at a time and a queue of one: the page's test fills both to see a 429. 50 ms a
-  // step gives the page time to click Stop before the scripted answer ends.
+  // The chat page on the scripted model (a known answer: reasoning, text, a tool call). One
+  // sequence at a time and a queue of one: the page's test fills both to see a 429. 50 ms a step
+  // gives the page time to click Stop before the scripted answer ends.
   EngineOptions eo;
   eo.max_num_seqs = 1;
   eo.max_queue = 1;
-  InProcess s(/*sleep_ms=*/50, 64 << 10, eo);
+  InProcess chat(/*sleep_ms=*/50, 64 << 10, eo);
+  // The dashboard on the tiny model's fast path: a bounded KV pool and the prefix cache, so that
+  // its KV, hit-rate and time-to-first-token plots have something to show.
+  dsv41::testing::TempDir dir;
+  EngineOptions fo;
+  fo.model_dir = dsv41::testing::make_tiny_converted(dir, 5);
+  fo.fast.kv_cache_gb = 0.05;
+  auto fast_engine = Engine::load(fo);
+  ASSERT_TRUE(fast_engine.is_ok()) << fast_engine.status().message();
+  InProcess fast(std::move(*fast_engine));
   const std::string out = std::string(DSV41_ARTIFACTS_DIR) + "/browser";
   const std::string cmd = std::string("node ") + DSV41_JS_DIR +
-                          "/browser_test.mjs http://127.0.0.1:" + std::to_string(s.port) + " " +
-                          out;
+                          "/browser_test.mjs http://127.0.0.1:" + std::to_string(chat.port) +
+                          " http://127.0.0.1:" + std::to_string(fast.port) + " " + out;
   auto [code, log] = run_command(cmd);
   EXPECT_EQ(code, 0) << log;
   EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;

@@ -2,7 +2,8 @@
 """Soak test of a running `dsv41 serve` (scripts/soak.sh starts one): steady concurrent load over
 loopback for MINUTES (streamed and whole chat / completions / Messages / Responses requests, a
 share of them cancelled midway by closing the socket, a share malformed), sampling the server's
-RSS every 10 s. Prints one JSON line per sample and a summary; exits 1 on any 5xx, on a malformed
+RSS every 10 s. Prints one JSON line per sample and a summary; exits 1 on any 5xx (an engine error
+reported after a 200 status line counts as one), on a malformed
 body not answered 4xx or a well-formed one not answered 200, on connection errors, on KV blocks
 still in use once idle, on foreign reads, or on RSS growth after warm-up beyond the tolerance.
 Usage: soak.py PORT PID MINUTES"""
@@ -68,6 +69,15 @@ MALFORMED = [b"{", b"[]", b'{"model":"dsv41-demo"}', b'{"model":"dsv41-demo","pr
              b'{"model":"dsv41-demo","input":"x","store":true}', b"\xff\xfe"]
 
 
+def engine_error(answer):
+    """An engine failure after the 200 status line: an error body (OpenAI's {"error": ...},
+    Anthropic's {"type": "error", ...}) or an error frame in a stream (OpenAI's data: {"error": ...},
+    Anthropic's and Responses' event: error). Generated text cannot match: inside JSON strings
+    its quotes are escaped."""
+    return (answer.startswith(b'{"error":') or answer.startswith(b'{"type":"error"') or
+            b'data: {"error":' in answer or b"event: error\n" in answer)
+
+
 def worker(seed):
     rng = random.Random(seed)
     while not stop.is_set():
@@ -75,6 +85,7 @@ def worker(seed):
             c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
             malformed = rng.random() < 0.1
             cancelled = False
+            answer = b""
             if malformed:
                 path = rng.choice(["/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses"])
                 c.request("POST", path, body=rng.choice(MALFORMED), headers={"Content-Type": "application/json"})
@@ -88,12 +99,12 @@ def worker(seed):
                     r.read(16)
                     cancelled = True
                 else:
-                    r.read()
+                    answer = r.read()
             c.close()
             # The status first: a 5xx counts whether or not the client then hung up; a malformed
             # body must get a 4xx, a well-formed one a 200.
             with lock:
-                if r.status >= 500:
+                if r.status >= 500 or (r.status == 200 and engine_error(answer)):
                     counts["5xx"] += 1
                 elif malformed:
                     counts["4xx" if 400 <= r.status < 500 else "unexpected"] += 1

@@ -123,32 +123,39 @@ function renderToolCalls(view, calls) {
   }
 }
 
-// Reads the SSE stream of one answer, updating `view`; returns what the turn produced.
-async function readStream(res, view, t0) {
-  const out = { reasoning: '', content: '', calls: [], finish: null, usage: null, tFirst: null };
+// What one answer produced so far; filled in place, so that a Stop or an error keeps what came.
+function newAnswer() {
+  return { reasoning: '', content: '', calls: [], finish: null, usage: null, tFirst: null, chunks: 0 };
+}
+
+// Reads the SSE stream of one answer into `out`, updating `view`. Throws when the server reports
+// an error in the stream or the stream ends before its [DONE].
+async function readStream(res, view, out) {
   const reader = res.body.getReader();
   const decoder = new TextDecoder();
   let buffer = '';
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
+    if (done) throw new Error('The stream ended before the answer did (the connection closed).');
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, '\n');
     let cut;
     while ((cut = buffer.indexOf('\n\n')) >= 0) {
       const frame = buffer.slice(0, cut);
       buffer = buffer.slice(cut + 2);
       for (const line of frame.split('\n')) {
-        if (!line.startsWith('data: ')) continue;  // keep-alive comments
-        const data = line.slice(6);
-        if (data === '[DONE]') return out;
+        if (!line.startsWith('data:')) continue;  // keep-alive comments
+        const data = line.slice(5).replace(/^ /, '');
+        if (data === '[DONE]') return;
         const chunk = JSON.parse(data);
         if (chunk.error) throw new Error(`The server stopped the answer: ${chunk.error.message}`);
         if (chunk.usage) out.usage = chunk.usage;
         const choice = chunk.choices && chunk.choices[0];
         if (!choice) continue;
         const d = choice.delta || {};
-        if ((d.reasoning_content || d.content || d.tool_calls) && out.tFirst === null)
-          out.tFirst = performance.now();
+        if (d.reasoning_content || d.content || d.tool_calls) {
+          if (out.tFirst === null) out.tFirst = performance.now();
+          out.chunks++;
+        }
         if (d.reasoning_content) {
           out.reasoning += d.reasoning_content;
           view.details.hidden = false;
@@ -171,21 +178,25 @@ async function readStream(res, view, t0) {
       }
     }
   }
-  return out;
 }
 
-function statsLine(out, t0, stopped) {
+// The figures under an answer. A stopped or failed answer has no usage chunk: its pieces are
+// counted as they arrived instead (a piece is a token or a few).
+function statsLine(out, t0, ending) {
   const now = performance.now();
   const parts = [];
   if (out.tFirst !== null) parts.push(`first token ${((out.tFirst - t0) / 1000).toFixed(2)} s`);
+  const secs = (now - (out.tFirst !== null ? out.tFirst : t0)) / 1000;
   if (out.usage) {
     const n = out.usage.completion_tokens;
     parts.push(`${n} tokens`);
-    const secs = (now - (out.tFirst !== null ? out.tFirst : t0)) / 1000;
     if (n > 1 && secs > 0) parts.push(`${((n - 1) / secs).toFixed(1)} tok/s`);
     parts.push(`prompt ${out.usage.prompt_tokens} tokens`);
+  } else if (out.chunks > 0) {
+    parts.push(`${out.chunks} pieces received`);
+    if (out.chunks > 1 && secs > 0) parts.push(`${((out.chunks - 1) / secs).toFixed(1)} pieces/s`);
   }
-  if (stopped) parts.push('stopped');
+  if (ending) parts.push(ending);
   else if (out.finish) parts.push(`finish: ${out.finish}`);
   return parts.join(' · ');
 }
@@ -196,12 +207,15 @@ function setBusy(busy) {
 }
 
 async function send(text) {
+  // The conversation this turn belongs to: New conversation replaces state.history, and a turn of
+  // the old one that ends afterwards is not carried into the new one.
+  const history = state.history;
   let body;
   try {
-    state.history.push({ role: 'user', content: text });
+    history.push({ role: 'user', content: text });
     body = requestBody();
   } catch (err) {
-    state.history.pop();
+    history.pop();
     showError(err.message);
     return;
   }
@@ -210,37 +224,44 @@ async function send(text) {
   const t0 = performance.now();
   state.controller = new AbortController();
   setBusy(true);
-  let out = { reasoning: '', content: '', calls: [], finish: null, usage: null, tFirst: null };
-  let stopped = false;
+  const out = newAnswer();
+  let ending = null;  // 'stopped' or 'failed'
   try {
     const res = await fetch('/v1/chat/completions', {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify(body), signal: state.controller.signal });
     if (!res.ok) {
       view.m.remove();
-      state.history.pop();  // the turn did not happen: it can be sent again
+      if (state.history === history) history.pop();  // not a turn: it can be sent again
       showError(await errorText(res));
       return;
     }
-    out = await readStream(res, view, t0);
+    await readStream(res, view, out);
   } catch (err) {
     if (err.name === 'AbortError') {
-      stopped = true;
+      ending = 'stopped';
     } else {
+      ending = 'failed';
       showError(err.message);
     }
   } finally {
     state.controller = null;
     setBusy(false);
   }
-  view.m.dataset.finish = stopped ? 'stopped' : (out.finish || '');
-  view.stats.textContent = statsLine(out, t0, stopped);
+  view.m.dataset.finish = ending || out.finish || '';
+  view.stats.textContent = statsLine(out, t0, ending);
+  if (state.history !== history) return;
+  if (ending === 'failed') {
+    history.pop();  // a failed turn is left out of the conversation (what came stays on screen)
+    return;
+  }
+  // A finished or stopped answer is the assistant's turn, with what it had written so far.
   const turn = { role: 'assistant', content: out.content };
   const calls = out.calls.filter((c) => c);
   if (calls.length)
     turn.tool_calls = calls.map((c) => ({ id: c.id, type: 'function',
                                           function: { name: c.name, arguments: c.arguments } }));
-  state.history.push(turn);
+  history.push(turn);
   scrollDown();
 }
 
@@ -254,7 +275,7 @@ function init() {
     send(text);
   });
   $('prompt').addEventListener('keydown', (e) => {
-    if (e.key === 'Enter' && !e.shiftKey) {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {  // not while an IME composes
       e.preventDefault();
       $('composer').requestSubmit();
     }

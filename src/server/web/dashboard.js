@@ -3,7 +3,8 @@
 // counters), running and waiting requests, KV blocks used of the pool, the prefix cache's hit rate
 // over each interval, the mean time to first token of the requests that got one in the interval,
 // and foreign KV reads (the isolation gate: it must stay 0). Each chart's canvas carries
-// data-samples (points drawn) and data-last (the newest values) for the browser tests.
+// data-samples (points drawn), data-last (the newest values) and data-seen (each line's largest
+// value so far) for the browser tests.
 'use strict';
 
 const POLL_MS = 1000;
@@ -117,19 +118,20 @@ function draw(c) {
   g.fillText('now', left + pw - 20, h - 4);
   for (const l of c.lines) {
     g.strokeStyle = l.color;
+    g.fillStyle = l.color;
     g.lineWidth = 2;
     g.beginPath();
-    let pen = false;
+    const at = (i) => left + (pw * (i + KEEP - l.values.length)) / (KEEP - 1);
+    const y = (v) => top + ph - (ph * Math.min(v, ymax)) / ymax;
     l.values.forEach((v, i) => {
-      const x = left + (pw * (i + KEEP - l.values.length)) / (KEEP - 1);
-      if (v === null) {
-        pen = false;
-        return;
-      }
-      const y = top + ph - (ph * Math.min(v, ymax)) / ymax;
-      if (pen) g.lineTo(x, y);
-      else g.moveTo(x, y);
-      pen = true;
+      if (v === null) return;
+      const joined = i > 0 && l.values[i - 1] !== null;
+      if (joined) g.lineTo(at(i), y(v));
+      else g.moveTo(at(i), y(v));
+      // A point between gaps (one interval's time to first token, say) is a dot: a line of one
+      // point would draw nothing.
+      if (!joined && (i + 1 >= l.values.length || l.values[i + 1] === null))
+        g.fillRect(at(i) - 2, y(v) - 2, 4, 4);
     });
     g.stroke();
   }
@@ -137,12 +139,16 @@ function draw(c) {
   c.legend.textContent = c.lines.map((l, i) => `${l.label}: ${fmt(last[i], c.unit)}`).join('   ');
   canvas.dataset.samples = String(c.lines[0].values.length);
   canvas.dataset.last = JSON.stringify(last);
+  // The largest value each line has shown since the page opened (null: none yet).
+  canvas.dataset.seen = JSON.stringify(c.lines.map((l) => (l.seen === undefined ? null : l.seen)));
 }
 
 function push(id, values) {
   const c = charts.find((x) => x.id === id);
   c.lines.forEach((l, i) => {
-    l.values.push(values[i] === undefined ? null : values[i]);
+    const v = values[i] === undefined || Number.isNaN(values[i]) ? null : values[i];
+    l.values.push(v);
+    if (v !== null && (l.seen === undefined || v > l.seen)) l.seen = v;
     if (l.values.length > KEEP) l.values.shift();
   });
 }
