@@ -39,6 +39,8 @@ Result<std::optional<std::string>> parse_content(const OJson& v, const std::stri
   if (v.is_null()) return std::optional<std::string>();
   if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
   if (!v.is_array()) return type_error(param, "a string or an array of content parts", v);
+  // As OpenAI: an array holds at least one part (an empty string is how to send no text).
+  if (v.empty()) return Status::error(param + ": an empty array (give at least one content part)");
   std::string joined;
   for (std::size_t i = 0; i < v.size(); ++i) {
     const OJson& part = v[i];

@@ -139,6 +139,7 @@ std::vector<Bad> malformed_corpus() {
            "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]",
            "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]",
            "\"messages\":[{\"role\":\"user\",\"content\":[5]}]",
+           "\"messages\":[{\"role\":\"user\",\"content\":[]}]",  // found by the soak
            "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{}}]}]",
            "\"messages\":[{\"role\":\"assistant\",\"tool_calls\":5}]",
            "\"messages\":[{\"role\":\"tool\"}]",
