@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Soak test (docs/hardening.md): starts `dsv41 serve` on the demo model (made on first use) with
-# a 0.1 GB KV pool, so that the pool is in full use within the warm-up and the prefix cache
-# evicts, on a free port, and runs tests/soak/soak.py against it for MINUTES (default 30): 8
+# a 0.1 GB KV pool, small enough that the prefix cache fills it and must then evict, on a
+# free port, and runs tests/soak/soak.py against it for MINUTES (default 30): 8
 # concurrent clients, streamed and whole requests on every generation API, random client hang-ups,
 # malformed requests mixed in; the server's RSS every 10 s. Exit 1 on any 5xx or connection
-# error, KV blocks left in use once idle, a foreign read, or RSS growing more than 64 MB after
-# warm-up (2 minutes).   bash scripts/soak.sh [MINUTES]   (DSV41_BIN: another build's binary)
+# error, an answer of the wrong class, KV blocks left in use once idle, a foreign read, or RSS
+# growing more than 64 MB after warm-up (2 minutes and the pool filled once, which the prefix
+# cache's first eviction shows).   bash scripts/soak.sh [MINUTES]   (DSV41_BIN: another binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES="${1:-30}"

@@ -227,6 +227,7 @@ EngineStats Engine::stats() const {
   s.prefix_queries = prefix_queries_.load();
   s.prefix_query_tokens = prefix_query_tokens_.load();
   s.prefix_hit_tokens = prefix_hit_tokens_.load();
+  s.prefix_evictions = prefix_evictions_.load();
   std::lock_guard<std::mutex> lock(hist_mu_);
   s.step_seconds = step_seconds_;
   s.batch_tokens = batch_tokens_;
@@ -332,6 +333,7 @@ void Engine::loop() {
     prefix_queries_.store(pc.queries);
     prefix_query_tokens_.store(pc.query_tokens);
     prefix_hit_tokens_.store(pc.hit_tokens);
+    prefix_evictions_.store(pc.evictions);
     running_.store(sched_.running());
     waiting_.store(sched_.waiting());
     kv_used_.store(kv_total_.load() - backend_->kv_blocks_free());

@@ -100,8 +100,10 @@ struct EngineStats {
   // serving, prefill excluded).
   double decode_steps_seconds = 0;
   int64_t decode_steps_tokens = 0;
-  // Prefix cache: lookups, prompt tokens looked up, tokens found cached (not recomputed).
+  // Prefix cache: lookups, prompt tokens looked up, tokens found cached (not recomputed), cached
+  // blocks evicted to make room (the pool had been filled).
   int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
+  int64_t prefix_evictions = 0;
   Histogram step_seconds{Histogram::seconds()};
   Histogram batch_tokens{Histogram::powers_of_two(12)};
   Histogram batch_sequences{Histogram::powers_of_two(8)};
@@ -164,6 +166,7 @@ class Engine {
   std::atomic<int64_t> decode_steps_ns_{0}, decode_steps_tokens_{0};
   std::atomic<int64_t> kv_total_{0}, kv_used_{0};
   std::atomic<int64_t> prefix_queries_{0}, prefix_query_tokens_{0}, prefix_hit_tokens_{0};
+  std::atomic<int64_t> prefix_evictions_{0};
   mutable std::mutex hist_mu_;  // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};
   Histogram batch_tokens_{Histogram::powers_of_two(12)};

@@ -101,6 +101,7 @@ class ModelRunner {
   virtual bool prefix_caching() const { return false; }
   struct PrefixCacheCounts {
     int64_t queries = 0, query_tokens = 0, hit_tokens = 0;
+    int64_t evictions = 0;  // cached blocks given back to the pool to make room
   };
   virtual PrefixCacheCounts prefix_cache_counts() const { return {}; }
 };

@@ -82,6 +82,9 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
         engine.prefix_query_tokens);
   value(out, "dsv41_prefix_cache_hit_tokens_total", "counter",
         "Prompt tokens found cached (not computed).", engine.prefix_hit_tokens);
+  value(out, "dsv41_prefix_cache_evictions_total", "counter",
+        "Cached blocks given back to the KV pool to make room (the pool had been filled).",
+        engine.prefix_evictions);
   value(out, "dsv41_engine_steps_total", "counter", "Model steps (batches) the engine ran.",
         engine.steps_total);
   value(

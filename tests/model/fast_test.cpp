@@ -599,6 +599,9 @@ TEST(FastModel, PrefixCacheEvictsInsteadOfFailing) {
   }
   EXPECT_GT(m->stats().prefix_entries, 0);
   EXPECT_LT(m->stats().prefix_entries, 12 * 3);  // evicted
+  // Every block registered is cached now or was evicted; the counts say so.
+  EXPECT_GT(m->prefix_cache_counts().evictions, 0);
+  EXPECT_EQ(m->stats().prefix_evictions, m->prefix_cache_counts().evictions);
 }
 
 TEST(FastModel, PoolBlocksReturnOnFree) {

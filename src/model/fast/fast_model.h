@@ -53,7 +53,8 @@ struct FastStats {
   int64_t macs = 0;
   int64_t foreign_reads = 0;  // the isolation counter (must stay 0)
   int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
-  int64_t prefix_entries = 0;  // cached global blocks now
+  int64_t prefix_entries = 0;    // cached global blocks now
+  int64_t prefix_evictions = 0;  // cached blocks evicted (the pool was full)
 };
 
 class FastModel final : public ModelRunner {

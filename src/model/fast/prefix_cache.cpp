@@ -98,6 +98,7 @@ bool FastModel::Impl::evict_one_prefix() {
   for (const BlockRef& b : best->second.win) kv->release_cached(b);
   prefix.erase(best);
   stats.prefix_entries = int64_t(prefix.size());
+  ++stats.prefix_evictions;
   return true;
 }
 
@@ -164,7 +165,7 @@ bool FastModel::prefix_caching() const {
 
 ModelRunner::PrefixCacheCounts FastModel::prefix_cache_counts() const {
   const FastStats& st = impl_->stats;
-  return {st.prefix_queries, st.prefix_query_tokens, st.prefix_hit_tokens};
+  return {st.prefix_queries, st.prefix_query_tokens, st.prefix_hit_tokens, st.prefix_evictions};
 }
 
 }  // namespace dsv41
