@@ -149,7 +149,11 @@ class Reader {
 class Writer {
  public:
   explicit Writer(json* obj) : obj_(obj) {}
-  void integer(const char* key, int64_t& f, int64_t, int64_t, Need = kRequired) {
+  // An optional field the source did not give keeps a default outside its range (0 for a
+  // [1, ...] field): it is left out, as it came, so that the written form parses again (found by
+  // fuzz_config's round trip).
+  void integer(const char* key, int64_t& f, int64_t lo, int64_t hi, Need need = kRequired) {
+    if (need == kOptional && (f < lo || f > hi)) return;
     (*obj_)[key] = f;
   }
   void optional_integer(const char* key, std::optional<int64_t>& f, int64_t, int64_t) {
@@ -159,7 +163,10 @@ class Writer {
       (*obj_)[key] = nullptr;
   }
   void number(const char* key, double& f, double, double, Need = kRequired) { (*obj_)[key] = f; }
-  void positive(const char* key, double& f, Need = kRequired) { (*obj_)[key] = f; }
+  void positive(const char* key, double& f, Need need = kRequired) {
+    if (need == kOptional && !(f > 0)) return;  // not given (as integer() above)
+    (*obj_)[key] = f;
+  }
   void boolean(const char* key, bool& f, Need = kRequired) { (*obj_)[key] = f; }
   void string(const char* key, std::string& f, std::initializer_list<const char*>,
               Need = kRequired) {

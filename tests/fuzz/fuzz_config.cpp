@@ -17,7 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (!cfg) return 0;
   const nlohmann::json written = config_to_json(*cfg);
   auto again = parse_config(written, "config.json");
-  if (!again) fuzz::invariant_failed("a parsed config's own JSON does not parse");
+  if (!again) {
+    std::fprintf(stderr, "%s\n", again.status().message().c_str());
+    fuzz::invariant_failed("a parsed config's own JSON does not parse");
+  }
   if (config_to_json(*again) != written) fuzz::invariant_failed("a config does not round-trip");
   auto plan = build_layer_plan(*cfg);
   if (!plan) return 0;
