@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/dspark_logits.h"
 #include "cli/fast_logits.h"
 #include "cli/float_file.h"
 #include "cli/token_args.h"
@@ -26,6 +27,8 @@ struct LogitsArgs {
                                                index_keys = "owner";
   std::string precision = "fp32", dump_dir;
   bool stream = false;
+  bool dspark = false;
+  int64_t dspark_prefill = 16;
   FastLogitsArgs fast;  // --path fast
 };
 
@@ -111,6 +114,24 @@ int run_logits(const LogitsArgs& a) {
     log::error("logits: {}", ids.status().message());
     return kExitUsage;
   }
+  if (a.dspark) {
+    if (a.path != "reference" || a.mode != "prefill" || a.stream || !a.dump_dir.empty() ||
+        a.fast.companions > 0) {
+      log::error(
+          "logits: --dspark runs the reference on its own schedule (prefill of --dspark-prefill "
+          "tokens, then one-token decodes): no --path fast, --mode, --stream, --dump-layers or "
+          "--companions");
+      return kExitUsage;
+    }
+    DsparkLogitsArgs d;
+    d.model = a.model;
+    d.out = a.out;
+    d.precision = a.precision;
+    d.index_keys = a.index_keys;
+    d.act_quant = a.fast.act_quant;
+    d.prefill = a.dspark_prefill;
+    return run_dspark_logits(d, ids.value());
+  }
   auto chunk = chunk_size(a.mode, int64_t(ids->size()));
   if (!chunk) {
     log::error("logits: {}", chunk.status().message());
@@ -174,6 +195,15 @@ void add_logits(CLI::App& app, Runner* run) {
                   "on = DeepSeek's inference numerics (E4M3 per 32 before every "
                   "FP8/FP4 linear), off = model-faithful as the reference")
       ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub->add_flag("--dspark", a->dspark,
+                "The DSpark drafter instead (design.md 9): OUT = its logits [steps, block, vocab] "
+                "after the Markov bias, OUT-stem.ids.i32 = chain ids [steps, block+1], "
+                "OUT-stem.confidence.EXT = [steps, block], OUT-stem.target.EXT = the target's "
+                "logits [T-1, vocab]; steps = T-1-P");
+  sub->add_option("--dspark-prefill", a->dspark_prefill,
+                  "--dspark: P, the tokens the target prefills before its one-token decodes "
+                  "(1 <= P <= T-2)")
       ->capture_default_str();
   sub->add_option("--companions", a->fast.companions,
                   "fast path: run the sequence among N random companion sequences (the output "

@@ -123,19 +123,17 @@ std::vector<ExpectedTensor> expected_text_tensors(const ModelConfig& c, const Mo
     if (p.engram >= 0) add_engram(b, t, p);
     if (p.dspark_stage < 0) continue;
     const std::string S = p.tensor_prefix();
+    const DsparkTensorNames n = dspark_tensor_names(S, S);
     if (p.dspark_stage == 0) {
-      b.fp8_linear(S + "main_proj", D, int64_t(t.dspark_target_layer_ids.size()) * D,
+      b.fp8_linear(n.main_proj, D, int64_t(t.dspark_target_layer_ids.size()) * D,
                    TensorRole::kDspark);
-      b.add(S + "main_norm.weight", DType::kBF16, {D}, TensorRole::kDspark);
+      b.add(n.main_norm, DType::kBF16, {D}, TensorRole::kDspark);
     }
     if (p.dspark_stage == int(t.num_nextn_predict_layers) - 1) {
-      b.add(S + "norm.weight", DType::kBF16, {D}, TensorRole::kDspark);
-      b.add(S + "markov_head.embed.weight", DType::kBF16, {V, t.dspark_markov_rank},
-            TensorRole::kDspark);
-      b.add(S + "markov_head.head.weight", DType::kBF16, {V, t.dspark_markov_rank},
-            TensorRole::kDspark);
-      b.add(S + "confidence_head.proj.weight", DType::kBF16, {1, D + t.dspark_markov_rank},
-            TensorRole::kDspark);
+      b.add(n.norm, DType::kBF16, {D}, TensorRole::kDspark);
+      b.add(n.markov_embed, DType::kBF16, {V, t.dspark_markov_rank}, TensorRole::kDspark);
+      b.add(n.markov_head, DType::kBF16, {V, t.dspark_markov_rank}, TensorRole::kDspark);
+      b.add(n.confidence, DType::kBF16, {1, D + t.dspark_markov_rank}, TensorRole::kDspark);
     }
   }
   return out;

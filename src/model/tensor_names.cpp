@@ -1,6 +1,8 @@
 // block_tensor_names (see tensor_names.h).
 #include "model/tensor_names.h"
 
+#include "core/check.h"
+
 namespace dsv41 {
 
 std::string BlockTensorNames::expert(int e, const char* w) const {
@@ -49,6 +51,23 @@ BlockTensorNames block_tensor_names(const LayerPlan& p) {
   n.e_q = L + "engram.q_weight";
   n.e_k = L + "engram.k_weight";
   return n;
+}
+
+DsparkTensorNames dspark_tensor_names(const std::string& first, const std::string& last) {
+  DsparkTensorNames n;
+  n.main_proj = first + "main_proj";
+  n.main_norm = first + "main_norm.weight";
+  n.norm = last + "norm.weight";
+  n.markov_embed = last + "markov_head.embed.weight";
+  n.markov_head = last + "markov_head.head.weight";
+  n.confidence = last + "confidence_head.proj.weight";
+  return n;
+}
+
+DsparkTensorNames dspark_tensor_names(const ModelPlan& plan) {
+  const int S = int(plan.layers.size()) - plan.num_backbone;
+  DSV41_CHECK(S > 0);
+  return dspark_tensor_names(plan.stage(0).tensor_prefix(), plan.stage(S - 1).tensor_prefix());
 }
 
 }  // namespace dsv41

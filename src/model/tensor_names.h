@@ -40,4 +40,16 @@ struct BlockTensorNames {
 
 BlockTensorNames block_tensor_names(const LayerPlan& p);
 
+// The DSpark drafter's own tensors beside its stage blocks (spec §8): stage 0 owns main_proj
+// (linear) and main_norm, the last stage the final norm, the Markov head and the confidence head.
+struct DsparkTensorNames {
+  std::string main_proj, main_norm;                         // under mtp.0.
+  std::string norm, markov_embed, markov_head, confidence;  // under mtp.{S-1}.
+};
+
+// Names for stage prefixes `first` (stage 0) and `last` (the last stage), e.g. "mtp.0.".
+DsparkTensorNames dspark_tensor_names(const std::string& first, const std::string& last);
+// The same for a plan with DSpark stages.
+DsparkTensorNames dspark_tensor_names(const ModelPlan& plan);
+
 }  // namespace dsv41

@@ -334,6 +334,52 @@ TEST_F(LogitsCli, ModesAgreeAndFormatsAreRight) {
   EXPECT_EQ(v.code, 0) << v.err;
 }
 
+// design.md §9: the drafter's files, their sizes and the target's rows (the plain logits of
+// tokens[0..T-1), bit for bit: drafting changes nothing in the target).
+TEST_F(LogitsCli, DsparkWritesDrafterLogitsIdsConfidenceAndTarget) {
+  CliRun d =
+      run(base() + " --dspark --dspark-prefill 30 --precision fp64 --out " + dir_->file("d.f64"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  auto j = nlohmann::json::parse(d.out);
+  const int64_t V = j["vocab"], B = j["block"], N = j["steps"];
+  EXPECT_EQ(N, 40 - 1 - 30);
+  EXPECT_EQ(j["precision"], "fp64");
+  EXPECT_EQ(fs::file_size(dir_->file("d.f64")), uint64_t(N * B * V * 8));
+  EXPECT_EQ(fs::file_size(dir_->file("d.ids.i32")), uint64_t(N * (B + 1) * 4));
+  EXPECT_EQ(fs::file_size(dir_->file("d.confidence.f64")), uint64_t(N * B * 8));
+  const std::string ids = testing::read_file(dir_->file("d.ids.i32"));
+  const std::string toks = testing::read_file(dir_->file("toks.txt"));
+  std::vector<int32_t> want;
+  for (std::size_t at = 0; at < toks.size();) {
+    const std::size_t comma = toks.find(',', at);
+    want.push_back(std::stoi(toks.substr(at, comma - at)));
+    at = comma == std::string::npos ? toks.size() : comma + 1;
+  }
+  for (int64_t s = 0; s < N; ++s) {  // each chain starts with the next token
+    int32_t first = 0;
+    std::memcpy(&first, ids.data() + s * (B + 1) * 4, 4);
+    EXPECT_EQ(first, want[std::size_t(31 + s)]) << "step " << s;
+  }
+  want.pop_back();
+  std::string head;
+  for (std::size_t i = 0; i < want.size(); ++i) head += (i ? "," : "") + std::to_string(want[i]);
+  CliRun p = run("logits --model " + dir_->path() + "/ck --tokens " + head +
+                 " --precision fp64 --out " + dir_->file("t.f64"));
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_EQ(testing::read_file(dir_->file("d.target.f64")),
+            testing::read_file(dir_->file("t.f64")));
+  // fp32 files for a .f32 name; P out of range and other paths refused, naming the option.
+  CliRun f = run(base() + " --dspark --out " + dir_->file("e.f32"));
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_EQ(fs::file_size(dir_->file("e.confidence.f32")), uint64_t((40 - 1 - 16) * B * 4));
+  CliRun bad = run(base() + " --dspark --dspark-prefill 39 --out " + dir_->file("x.f32"));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("--dspark-prefill 39"), std::string::npos) << bad.err;
+  CliRun fast = run(base() + " --dspark --path fast --out " + dir_->file("x.f32"));
+  EXPECT_EQ(fast.code, 1);
+  EXPECT_NE(fast.err.find("--dspark"), std::string::npos) << fast.err;
+}
+
 TEST_F(LogitsCli, BadInputsAreNamed) {
   CliRun tok = run("logits --model " + dir_->path() + "/ck --tokens 1,2,999999 --out " +
                    dir_->file("x.f32"));

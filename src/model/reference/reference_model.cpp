@@ -8,173 +8,16 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
-#include <map>
 
-#include "io/checkpoint.h"
-#include "model/engram_hash.h"
 #include "model/inventory.h"
-#include "model/reference/ref_blocks.h"
-#include "model/reference/ref_ops.h"
-#include "model/reference/reference_weights.h"
-#include "model/tensor_names.h"
+#include "model/reference/reference_impl.h"
 
 namespace dsv41 {
-namespace {
 
-using ref::WeightView;
-
-template <typename T>
-struct ExpertW {
-  WeightView w1, w2, w3;
-};
-
-template <typename T>
-struct LayerW {
-  std::vector<T> attn_norm, ffn_norm, hc_attn_base, hc_ffn_base, hc_attn_scale, hc_ffn_scale;
-  WeightView hc_attn_fn, hc_ffn_fn;
-  std::vector<T> attn_sink, q_norm, kv_norm;
-  WeightView wq_a, wq_b, wkv, wo_a, wo_b;
-  std::vector<T> c_norm;  // compressor (KV sources)
-  WeightView c_wkv, c_wgate;
-  WeightView i_wk, i_wq_b, i_wproj;  // indexer
-  std::vector<T> i_k_norm;
-  WeightView gate;
-  std::vector<T> gate_bias;
-  std::vector<ExpertW<T>> experts;
-  ExpertW<T> shared;
-  WeightView e_wkv;     // Engram
-  std::vector<T> e_qk;  // q_weight * k_weight, [hc, hidden]
-  std::string e_table;  // tensor name of the Engram table (rows read on demand)
-};
-
-template <typename T>
-struct SourceState {
-  std::vector<std::vector<T>> comp;  // compressed entries (after RoPE + FP4 fake-quant)
-  std::vector<std::vector<T>> keys;  // index keys (after RoPE + FP4 fake-quant)
-  std::vector<std::vector<T>> part_kv, part_gate;  // the open group of a ratio > 1 compressor
-};
-
-template <typename T>
-LayerW<T> read_layer(const ref::WeightReader& rd, const LayerPlan& p) {
-  const BlockTensorNames n = block_tensor_names(p);
-  auto lin = [&](const std::string& base) { return rd.mat(base + ".weight"); };
-  LayerW<T> w;
-  w.attn_norm = rd.template vec<T>(n.attn_norm);
-  w.ffn_norm = rd.template vec<T>(n.ffn_norm);
-  w.hc_attn_fn = rd.mat(n.hc_attn_fn);
-  w.hc_ffn_fn = rd.mat(n.hc_ffn_fn);
-  w.hc_attn_base = rd.template vec<T>(n.hc_attn_base);
-  w.hc_ffn_base = rd.template vec<T>(n.hc_ffn_base);
-  w.hc_attn_scale = rd.template vec<T>(n.hc_attn_scale);
-  w.hc_ffn_scale = rd.template vec<T>(n.hc_ffn_scale);
-  w.attn_sink = rd.template vec<T>(n.attn_sink);
-  w.q_norm = rd.template vec<T>(n.q_norm);
-  w.kv_norm = rd.template vec<T>(n.kv_norm);
-  w.wq_a = lin(n.wq_a);
-  w.wq_b = lin(n.wq_b);
-  w.wkv = lin(n.wkv);
-  w.wo_a = lin(n.wo_a);
-  w.wo_b = lin(n.wo_b);
-  if (p.is_kv_source()) {
-    w.c_norm = rd.template vec<T>(n.c_norm);
-    w.c_wkv = lin(n.c_wkv);
-    if (p.compressor_gate) w.c_wgate = lin(n.c_wgate);
-    w.i_wk = lin(n.i_wk);
-    w.i_k_norm = rd.template vec<T>(n.i_k_norm);
-  }
-  if (p.has_indexer()) {
-    w.i_wq_b = lin(n.i_wq_b);
-    w.i_wproj = lin(n.i_wproj);
-  }
-  w.gate = lin(n.gate);
-  w.gate_bias = rd.template vec<T>(n.gate_bias);
-  for (int e = 0; e < p.n_routed_experts; ++e)
-    w.experts.push_back({lin(n.expert(e, "w1")), lin(n.expert(e, "w2")), lin(n.expert(e, "w3"))});
-  w.shared = {lin(n.sh_w1), lin(n.sh_w2), lin(n.sh_w3)};
-  if (p.engram >= 0) {
-    w.e_wkv = lin(n.e_wkv);
-    const auto q = rd.template vec<T>(n.e_q), k = rd.template vec<T>(n.e_k);
-    for (std::size_t i = 0; i < q.size(); ++i) w.e_qk.push_back(q[i] * k[i]);
-    w.e_table = n.e_embed;
-  }
-  return w;
-}
-
-}  // namespace
-
-template <typename T>
-struct ReferenceModel<T>::Impl {
-  Impl(Checkpoint c) : ckpt(std::move(c)) {}
-  Checkpoint ckpt;
-  ModelConfig cfg;
-  ModelPlan plan;
-  ReferenceOptions opt;
-  std::vector<int32_t> cmap;  // token id -> Engram compressed id
-  std::unique_ptr<EngramHasher> hasher;
-  std::unique_ptr<ref::WeightReader> reader;
-  WeightView embed, head;
-  std::vector<T> norm;
-  std::vector<LayerW<T>> layers;
-  ref::Rope<T> rope_swa, rope_comp;
-  std::vector<std::vector<std::string>> layer_tensors;  // per backbone layer, for streaming release
-
-  // Sequence state.
-  int64_t pos = 0;
-  std::vector<int32_t> history;
-  std::vector<std::vector<std::vector<T>>> window;  // [layer][position] -> kv row
-  std::map<int, SourceState<T>> sources;
-  int slot = -1;  // vendor semantics: the KV source whose index keys were published last
-  ReferenceStats stats;
-  std::vector<TraceEvent>* trace = nullptr;
-  int cur_layer = 0;
-  int64_t cur_pos = 0;
-
-  // Fake-quantizes in place, recording the decision when tracing.
-  template <typename F>
-  void quant(F fn, T* x, int64_t n, TraceSite site, int64_t at, int64_t sub) {
-    if (!trace) return fn(x, n, nullptr);
-    ref::QuantTrace qt;
-    fn(x, n, &qt);
-    trace->push_back({cur_layer, at, site, sub, std::move(qt.codes), std::move(qt.scaled),
-                      std::move(qt.scales)});
-  }
-  void record(TraceSite site, int64_t at, std::vector<int64_t> decision,
-              const std::vector<T>& scores) {
-    if (!trace) return;
-    trace->push_back({cur_layer,
-                      at,
-                      site,
-                      -1,
-                      std::move(decision),
-                      std::vector<double>(scores.begin(), scores.end()),
-                      {}});
-  }
-
-  // A linear layer; with act_quant, an FP8/FP4 weight's input is first rounded to E4M3 with a
-  // power-of-two scale per 32 values, as DeepSeek's inference code does (spec §3.3; the rule is the
-  // window rows' FP8 fake-quant). `act` = false for wo_a, which DeepSeek's converter dequantizes to
-  // BF16 for a grouped einsum (no activation rounding there).
-  void lin(const WeightView& w, const T* x, T* y, int64_t r0 = 0, int64_t n = -1, bool act = true) {
-    using K = WeightView::Kind;
-    if (!opt.act_quant || !act || (w.kind != K::kFP8 && w.kind != K::kFP4))
-      return ref::matvec(w, x, y, r0, n);
-    std::vector<T> q(x, x + w.cols);
-    ref::fake_fp8_pow2(q.data(), w.cols, 32);
-    ref::matvec(w, q.data(), y, r0, n);
-  }
-
-  // Per-call state, indexed by position within the call.
-  std::map<int, std::vector<std::vector<int64_t>>> selections;  // index layer -> [t] -> entries
-  std::vector<std::vector<char>> candidates;                    // [t] -> mask over entries
-
-  void engram(const LayerPlan& p, const LayerW<T>& w, int64_t P, T* h);
-  void attention(const LayerPlan& p, const LayerW<T>& w, const T* x, int64_t t, int64_t P,
-                 int64_t end_pos, T* out);
-  void compressor_step(const LayerPlan& p, const LayerW<T>& w, const T* x, int64_t P);
-  void indexer(const LayerPlan& p, const LayerW<T>& w, const T* x, const T* qr, int64_t t,
-               int64_t P, int64_t end_pos);
-  void moe(const LayerPlan& p, const LayerW<T>& w, const T* x, T* out);
-};
+using ref::ExpertW;
+using ref::LayerW;
+using ref::read_layer;
+using ref::SourceState;
 
 template <typename T>
 void ReferenceModel<T>::Impl::engram(const LayerPlan& p, const LayerW<T>& w, int64_t P, T* h) {
@@ -296,39 +139,37 @@ void ReferenceModel<T>::Impl::indexer(const LayerPlan& p, const LayerW<T>& w, co
 }
 
 template <typename T>
-void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, const T* x,
-                                        int64_t t, int64_t P, int64_t end_pos, T* out) {
+void ReferenceModel<T>::Impl::query(const LayerW<T>& w, const ref::Rope<T>& rope, const T* x,
+                                    int64_t P, std::vector<T>* qr, std::vector<T>* q) {
   const TextConfig& tc = cfg.text;
   const int64_t H = tc.num_attention_heads, Dh = tc.head_dim;
-  const T eps = T(tc.rms_norm_eps);
-  const ref::Rope<T>& rope = p.compress_ratio > 0 ? rope_comp : rope_swa;
-  std::vector<T> qr(std::size_t(tc.q_lora_rank));
-  lin(w.wq_a, x, qr.data());
-  ref::rmsnorm(qr.data(), w.q_norm.data(), tc.q_lora_rank, eps, qr.data());
-  std::vector<T> q(std::size_t(H * Dh));
-  lin(w.wq_b, qr.data(), q.data());
-  for (int64_t h = 0; h < H; ++h) rope.apply(q.data() + h * Dh, Dh, P);
+  qr->resize(std::size_t(tc.q_lora_rank));
+  lin(w.wq_a, x, qr->data());
+  ref::rmsnorm(qr->data(), w.q_norm.data(), tc.q_lora_rank, T(tc.rms_norm_eps), qr->data());
+  q->resize(std::size_t(H * Dh));
+  lin(w.wq_b, qr->data(), q->data());
+  for (int64_t h = 0; h < H; ++h) rope.apply(q->data() + h * Dh, Dh, P);
+}
+
+template <typename T>
+std::vector<T> ReferenceModel<T>::Impl::window_row(const LayerW<T>& w, const ref::Rope<T>& rope,
+                                                   const T* x, int64_t P) {
+  const int64_t Dh = cfg.text.head_dim;
   std::vector<T> kv(static_cast<std::size_t>(Dh));
   lin(w.wkv, x, kv.data());
-  ref::rmsnorm(kv.data(), w.kv_norm.data(), Dh, eps, kv.data());
+  ref::rmsnorm(kv.data(), w.kv_norm.data(), Dh, T(cfg.text.rms_norm_eps), kv.data());
   rope.apply(kv.data(), Dh, P);
   quant([](T* v, int64_t k, ref::QuantTrace* qt) { ref::fake_fp8_pow2(v, k, 32, qt); }, kv.data(),
         Dh, TraceSite::kWindowKv, P, -1);
-  auto& win = window[std::size_t(p.index)];
-  DSV41_CHECK(int64_t(win.size()) == P);
-  win.push_back(std::move(kv));
+  return kv;
+}
 
-  std::vector<const T*>
-      rows;  // the window (positions P-W+1 .. P), then the selected compressed entries
-  for (int64_t k = std::max<int64_t>(0, P - tc.sliding_window + 1); k <= P; ++k)
-    rows.push_back(win[std::size_t(k)].data());
-  if (p.compress_ratio > 0) {
-    if (p.is_kv_source()) compressor_step(p, w, x, P);
-    if (p.has_indexer()) indexer(p, w, x, qr.data(), t, P, end_pos);
-    const auto& sel = selections[p.index_source][std::size_t(t)];
-    const auto& comp = sources[p.kv_source].comp;
-    for (int64_t j : sel) rows.push_back(comp[std::size_t(j)].data());
-  }
+template <typename T>
+void ReferenceModel<T>::Impl::attend(const LayerW<T>& w, const ref::Rope<T>& rope,
+                                     const std::vector<T>& q, const std::vector<const T*>& rows,
+                                     int64_t P, T* out) {
+  const TextConfig& tc = cfg.text;
+  const int64_t H = tc.num_attention_heads, Dh = tc.head_dim;
   const T scale = T(1.0 / std::sqrt(double(Dh)));
   std::vector<T> o(std::size_t(H * Dh));
   for (int64_t h = 0; h < H; ++h) {
@@ -344,6 +185,31 @@ void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, 
     lin(w.wo_a, o.data() + g * gin, u.data() + g * R, g * R, R, /*act=*/false);
   }
   lin(w.wo_b, u.data(), out);
+}
+
+template <typename T>
+void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, const T* x,
+                                        int64_t t, int64_t P, int64_t end_pos, T* out) {
+  const TextConfig& tc = cfg.text;
+  const ref::Rope<T>& rope = p.compress_ratio > 0 ? rope_comp : rope_swa;
+  std::vector<T> qr, q;
+  query(w, rope, x, P, &qr, &q);
+  auto& win = window[std::size_t(p.index)];
+  DSV41_CHECK(int64_t(win.size()) == P);
+  win.push_back(window_row(w, rope, x, P));
+
+  std::vector<const T*>
+      rows;  // the window (positions P-W+1 .. P), then the selected compressed entries
+  for (int64_t k = std::max<int64_t>(0, P - tc.sliding_window + 1); k <= P; ++k)
+    rows.push_back(win[std::size_t(k)].data());
+  if (p.compress_ratio > 0) {
+    if (p.is_kv_source()) compressor_step(p, w, x, P);
+    if (p.has_indexer()) indexer(p, w, x, qr.data(), t, P, end_pos);
+    const auto& sel = selections[p.index_source][std::size_t(t)];
+    const auto& comp = sources[p.kv_source].comp;
+    for (int64_t j : sel) rows.push_back(comp[std::size_t(j)].data());
+  }
+  attend(w, rope, q, rows, P, out);
 }
 
 template <typename T>
@@ -410,6 +276,13 @@ Result<std::unique_ptr<ReferenceModel<T>>> ReferenceModel<T>::load(const std::st
   im.norm = rd.template vec<T>(kFinalNormName);
   for (int l = 0; l < im.plan.num_backbone; ++l)
     im.layers.push_back(read_layer<T>(rd, im.plan.layers[std::size_t(l)]));
+  if (opt.dspark) {
+    if (tc.num_nextn_predict_layers <= 0)
+      return Status::error(dir +
+                           "/config.json: text_config.num_nextn_predict_layers is 0: the "
+                           "checkpoint has no DSpark drafter");
+    im.load_dspark();
+  }
   im.layer_tensors.resize(std::size_t(im.plan.num_backbone));
   for (const auto& name : im.ckpt.tensor_names()) {
     if (name.rfind("layers.", 0) != 0) continue;
@@ -474,6 +347,7 @@ void ReferenceModel<T>::reset() {
   im.window.assign(std::size_t(im.plan.num_backbone), {});
   im.sources.clear();
   im.slot = -1;
+  im.ring.assign(im.dspark.stages.size(), {});
 }
 
 template <typename T>
@@ -500,6 +374,7 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
   }
   im.selections.clear();
   im.candidates.clear();
+  im.taps.clear();
   const T eps = T(tc.rms_norm_eps), hc_eps = T(tc.hc_eps);
   std::vector<T> x(static_cast<std::size_t>(D)), a(static_cast<std::size_t>(D)),
       h1(std::size_t(HC * D));
@@ -517,6 +392,7 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
       im.cur_layer = l;
       im.cur_pos = P;
       if (p.engram >= 0) im.engram(p, w, P, ht);
+      if (p.dspark_target >= 0 && im.opt.dspark) im.dspark_tap(p, t, ht);
       const auto mix_a = ref::hc_mixes(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale,
                                        eps, hc_eps, tc.hc_sinkhorn_iters);
       ref::hc_collapse(ht, pre[std::size_t(t)], HC, D, x.data());
@@ -547,6 +423,7 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
     logits->resize(off + std::size_t(V));
     im.lin(im.head, x.data(), logits->data() + off);
   }
+  if (im.opt.dspark) im.dspark_context(start, n);
   if (im.opt.streaming) {
     im.ckpt.release("head.weight");
     im.ckpt.release("embed.weight");
@@ -557,5 +434,6 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
 
 template class ReferenceModel<float>;
 template class ReferenceModel<double>;
+// (These also instantiate the Impl's members defined here, which reference_dspark.cpp calls.)
 
 }  // namespace dsv41

@@ -31,6 +31,17 @@ struct ReferenceOptions {
   // DeepSeek's inference numerics: every FP8/FP4 linear's input rounded to E4M3 with a power-of-two
   // scale per 32 first (spec §3.3). Off (default): model-faithful.
   bool act_quant = false;
+  // Load the DSpark drafter (the mtp.* stages) and keep its context as the target runs, so that
+  // draft() can be called after any forward(); costs every stage's window row per position.
+  bool dspark = false;
+};
+
+// One DSpark drafting step (design.md §9, spec §8), in T.
+template <typename T>
+struct DraftStep {
+  std::vector<T> logits;      // [B, vocab], after the Markov bias; row j predicts pos + 1 + j
+  std::vector<int32_t> ids;   // B + 1: ids[0] = the given next token, ids[j+1] = argmax row j
+  std::vector<T> confidence;  // [B]: the confidence head's raw scalar per row (no sigmoid)
 };
 
 // Counters over the life of a model object, so tests can show which paths a sequence exercised.
@@ -84,6 +95,13 @@ class ReferenceModel {
   // appended.
   Status forward(const std::vector<int32_t>& tokens, std::vector<T>* logits,
                  std::vector<std::vector<T>>* dump = nullptr);
+
+  // The DSpark drafter after the target has consumed positions [0, position()): `next` is the
+  // token for position() (sampled from the target's last logits row); the block [next, noise, ...]
+  // at positions position() .. position()+B-1 runs through every stage, attending each stage's
+  // window rows of the last sliding_window consumed positions. Changes no target state, and no
+  // drafter state either (block rows are never kept). Needs ReferenceOptions::dspark.
+  Status draft(int32_t next, DraftStep<T>* out);
 
  private:
   ReferenceModel();
