@@ -106,8 +106,11 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     return Status::error(tok_path + ": not found (the model needs its tokenizer)");
   auto tok = Tokenizer::load(tok_path);
   if (!tok) return tok.status();
-  auto runner = options.path == "reference" ? load_reference_runner(options.model_dir)
-                                            : load_fast_runner(options.model_dir, options.fast);
+  FastRunnerOptions fast = options.fast;
+  fast.dspark = fast.dspark || options.speculative;
+  auto runner = options.path == "reference"
+                    ? load_reference_runner(options.model_dir, options.speculative)
+                    : load_fast_runner(options.model_dir, fast);
   if (!runner) return runner.status();
   return create(std::move(*runner), std::move(*tok), options);
 }
@@ -133,6 +136,10 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<ModelRunner> back
       int(std::min<int64_t>(e->limits_.max_batched_tokens,
                             std::max(1, options.path == "reference" ? 1 : options.max_num_seqs)));
   e->kv_total_ = e->backend_->kv_blocks_total();
+  if (options.speculative && e->backend_->draft_block_size() <= 0)
+    return Status::error(
+        "--speculative dspark: the model was loaded without a DSpark drafter (its config has "
+        "num_nextn_predict_layers 0, or this path has none)");
   e->thread_ = std::thread([p = e.get()] { p->loop(); });
   return e;
 }
@@ -228,6 +235,9 @@ EngineStats Engine::stats() const {
   s.prefix_query_tokens = prefix_query_tokens_.load();
   s.prefix_hit_tokens = prefix_hit_tokens_.load();
   s.prefix_evictions = prefix_evictions_.load();
+  s.spec_draft_tokens = spec_draft_tokens_.load();
+  s.spec_accepted_tokens = spec_accepted_tokens_.load();
+  s.spec_steps = spec_steps_.load();
   std::lock_guard<std::mutex> lock(hist_mu_);
   s.step_seconds = step_seconds_;
   s.batch_tokens = batch_tokens_;
@@ -243,6 +253,7 @@ struct Engine::Active {
   std::vector<int32_t> tokens;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamDecoder> decoder;
+  std::unique_ptr<SpecTracker> spec;  // speculative decoding on
   int64_t prompt_len = 0, generated = 0;
   bool prompt_counted = false;
   bool failed = false;  // finished with an error; dropped at the next sweep
@@ -270,6 +281,7 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     a->sampler = std::make_unique<Sampler>(req.sampling,
                                            options_.seed ^ (a->ch->id() * 0x9E3779B97F4A7C15ull));
     a->decoder = std::make_unique<StreamDecoder>(*tokenizer_, req.sampling.stop, true);
+    if (options_.speculative) a->spec = std::make_unique<SpecTracker>(backend_->draft_block_size());
     sched_.add(&a->sched);
     active.push_back(std::move(a));
   }
@@ -384,10 +396,16 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     }
     return;
   }
+  std::vector<Active*> planned;
+  for (const Scheduled& sc : plan.run) planned.push_back(by_id.at(sc.seq->id));
+  // Drafting is part of the step's time (t_plan): the cost model compares whole steps.
+  const std::vector<std::vector<int32_t>> drafts = draft_for(plan, planned);
   StepBatch batch;
   std::vector<Active*> in_batch;
-  for (const Scheduled& sc : plan.run) {
-    Active& a = *by_id.at(sc.seq->id);
+  std::vector<const std::vector<int32_t>*> batch_drafts;
+  for (std::size_t pi = 0; pi < plan.run.size(); ++pi) {
+    const Scheduled& sc = plan.run[pi];
+    Active& a = *planned[pi];
     if (!a.sched.open) {
       if (Status st = backend_->open(a.sched.id); !st) {
         a.ch->finish(FinishReason::kError, a.prompt_len, a.generated, {}, st.message());
@@ -403,8 +421,13 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
                      a.tokens.begin() + a.sched.computed + sc.tokens);
     if (a.sched.computed + sc.tokens == a.sched.known)
       sl.logits_rows.push_back(int32_t(sc.tokens) - 1);
+    for (std::size_t j = 0; j < drafts[pi].size(); ++j) {  // a verify step: a row per token
+      sl.tokens.push_back(drafts[pi][j]);
+      sl.logits_rows.push_back(int32_t(j + 1));
+    }
     batch.slices.push_back(std::move(sl));
     in_batch.push_back(&a);
+    batch_drafts.push_back(&drafts[pi]);
   }
   StepOutput out;
   const auto t0 = std::chrono::steady_clock::now();
@@ -426,12 +449,21 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     return;
   }
   bool decodes_only = true;
-  for (std::size_t k = 0; k < in_batch.size(); ++k)
-    decodes_only = decodes_only && batch.slices[k].tokens.size() == 1 &&
+  int64_t drafting = 0, emitted = 0;
+  for (std::size_t k = 0; k < in_batch.size(); ++k) {
+    decodes_only = decodes_only && batch.slices[k].tokens.size() == 1 + batch_drafts[k]->size() &&
                    in_batch[k]->sched.computed >= in_batch[k]->prompt_len;
+    drafting += !batch_drafts[k]->empty();
+  }
   std::vector<SeqId> finished;
   for (std::size_t k = 0; k < in_batch.size(); ++k) {
     Active& a = *in_batch[k];
+    const int64_t before = a.generated;
+    if (!batch_drafts[k]->empty()) {
+      if (verify(a, *batch_drafts[k], out.slices[k].logits)) finished.push_back(a.sched.id);
+      emitted += a.generated - before;
+      continue;
+    }
     a.sched.computed += int64_t(batch.slices[k].tokens.size());
     if (batch.slices[k].logits_rows.empty()) continue;
     if (!a.prompt_counted) {
@@ -439,13 +471,21 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
       a.prompt_counted = true;
     }
     if (advance(a, out.slices[k].logits)) finished.push_back(a.sched.id);
+    emitted += a.generated - before;
   }
   if (decodes_only) {
-    decode_steps_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now() - t_plan)
-                                   .count());
-    decode_steps_tokens_.fetch_add(int64_t(in_batch.size()));
+    const double step_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_plan).count();
+    decode_steps_ns_.fetch_add(int64_t(step_s * 1e9));
+    decode_steps_tokens_.fetch_add(emitted);
+    // The cost model's measurements: steps where every sequence drafted, or none did.
+    const double per_seq = step_s / double(std::max<std::size_t>(1, in_batch.size()));
+    if (drafting == int64_t(in_batch.size()))
+      spec_costs_.observe_spec(per_seq);
+    else if (drafting == 0)
+      spec_costs_.observe_plain(per_seq);
   }
+
   for (SeqId id : finished)
     for (std::size_t i = 0; i < active.size(); ++i)
       if (active[i]->sched.id == id) {
@@ -455,10 +495,13 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
 }
 
 bool Engine::advance(Active& a, const std::vector<float>& logits) {
+  std::vector<float> scratch = logits;
+  return emit(a, a.sampler->sample(scratch), logits);
+}
+
+bool Engine::emit(Active& a, int32_t tok, const std::vector<float>& logits) {
   RequestChannel& ch = *a.ch;
   const SamplingParams& sp = ch.request().sampling;
-  std::vector<float> scratch = logits;
-  const int32_t tok = a.sampler->sample(scratch);
   OutputToken out;
   out.token = tok;
   if (sp.logprobs >= 0) {
@@ -494,6 +537,96 @@ bool Engine::advance(Active& a, const std::vector<float>& logits) {
   a.tokens.push_back(tok);  // fed by the next step
   ++a.sched.known;
   return false;
+}
+
+std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
+                                                    const std::vector<Active*>& planned) {
+  std::vector<std::vector<int32_t>> drafts(plan.run.size());
+  if (!options_.speculative) return drafts;
+  // The verify rows must fit what the plan left of the token budget and of the pool.
+  int64_t spare_tokens = limits_.max_batched_tokens, spare_blocks = backend_->kv_blocks_free();
+  const bool bounded = backend_->kv_blocks_total() > 0;
+  for (std::size_t i = 0; i < plan.run.size(); ++i) {
+    spare_tokens -= plan.run[i].tokens;
+    if (bounded)
+      spare_blocks -= backend_->kv_blocks_to_grow(planned[i]->sched.id,
+                                                  planned[i]->sched.computed + plan.run[i].tokens);
+  }
+  std::vector<DraftQuery> queries;
+  std::vector<std::size_t> which;
+  std::vector<int64_t> widths;
+  for (std::size_t i = 0; i < plan.run.size(); ++i) {
+    Active& a = *planned[i];
+    const SchedSeq& s = a.sched;
+    // Decodes only: one token left to feed, the prompt done, something generated already.
+    if (!a.spec || plan.run[i].tokens != 1 || s.known - s.computed != 1 || a.generated == 0)
+      continue;
+    const SamplingParams& sp = a.ch->request().sampling;
+    int64_t k = a.spec->plan(spec_costs_);
+    // Never past max_tokens or the context: a verify step emits up to k + 1 tokens.
+    k = std::min({k, int64_t(sp.max_tokens) - a.generated - 1, max_context_ - (s.computed + 1) - 1,
+                  spare_tokens});
+    int64_t extra = 0;
+    for (; k > 0 && bounded; --k) {
+      extra = backend_->kv_blocks_to_grow(s.id, s.computed + 1 + k) -
+              backend_->kv_blocks_to_grow(s.id, s.computed + 1);
+      if (extra <= spare_blocks) break;
+    }
+    if (k <= 0) continue;
+    queries.push_back({s.id, a.tokens.back()});
+    which.push_back(i);
+    widths.push_back(k);
+    spare_tokens -= k;
+    spare_blocks -= extra;
+  }
+  if (queries.empty()) return drafts;
+  std::vector<DraftResult> results;
+  if (Status st = backend_->draft(queries, &results); !st) {
+    log::warn("engine: drafting failed, decoding plainly this step: {}", st.message());
+    return drafts;
+  }
+  for (std::size_t q = 0; q < queries.size(); ++q)
+    drafts[which[q]].assign(results[q].ids.begin() + 1, results[q].ids.begin() + 1 + widths[q]);
+  return drafts;
+}
+
+bool Engine::verify(Active& a, const std::vector<int32_t>& drafts,
+                    const std::vector<float>& logits) {
+  const int64_t V = vocab_size_, k = int64_t(drafts.size());
+  const int64_t base = a.sched.computed;  // the fed token's position
+  std::vector<float> row(static_cast<std::size_t>(V)), scratch;
+  ProcessedDistribution p, residual;
+  int64_t accepted = 0;
+  bool done = false;
+  for (int64_t j = 0; j <= k && !done; ++j) {
+    row.assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
+    if (j == k) {  // every draft accepted: the last row gives one more token
+      done = advance(a, row);
+      break;
+    }
+    scratch = row;
+    a.sampler->process(scratch, &p);
+    const VerifyOutcome v = verify_draft(p, drafts[std::size_t(j)], *a.sampler, &residual);
+    done = emit(a, v.token, row);
+    if (!v.accepted) break;
+    ++accepted;
+  }
+  spec_steps_.fetch_add(1);
+  spec_draft_tokens_.fetch_add(k);
+  spec_accepted_tokens_.fetch_add(accepted);
+  a.spec->record(k, accepted, spec_costs_);
+  // The fed token and the accepted drafts stay; the rejected drafts' rows go.
+  a.sched.computed = base + 1 + accepted;
+  if (!done && accepted < k)
+    if (Status st = backend_->truncate(a.sched.id, a.sched.computed); !st) {
+      // Not exactly rollable: recompute the sequence from scratch (as preemption does).
+      log::warn("engine: rollback of sequence {} failed ({}); recomputing it", a.sched.id,
+                st.message());
+      backend_->free(a.sched.id);
+      a.sched.open = false;
+      a.sched.computed = 0;
+    }
+  return done;
 }
 
 }  // namespace dsv41

@@ -23,6 +23,7 @@
 #include "engine/model_loading.h"  // the runners the engine loads; model/seam.h
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "text/tokenizer.h"
 
 namespace dsv41 {
@@ -83,6 +84,10 @@ struct EngineOptions {
   // sequence's whole history when the sequence changes).
   int64_t max_num_batched_tokens = 512;
   int max_num_seqs = 64;
+  // DSpark speculative decoding (engine/speculative.h): the model loads its drafter and decode
+  // steps verify its drafts where the per-request tracker finds that it pays. Greedy requests
+  // give the same tokens as without it; sampled ones the same distribution.
+  bool speculative = false;
 };
 
 struct EngineStats {
@@ -104,6 +109,8 @@ struct EngineStats {
   // blocks evicted to make room (the pool had been filled).
   int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t prefix_evictions = 0;
+  // Speculative decoding: drafts verified, drafts accepted, decode steps that verified drafts.
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_steps = 0;
   Histogram step_seconds{Histogram::seconds()};
   Histogram batch_tokens{Histogram::powers_of_two(12)};
   Histogram batch_sequences{Histogram::powers_of_two(8)};
@@ -147,6 +154,14 @@ class Engine {
   void run_step(std::vector<std::unique_ptr<Active>>& active);
   // After a step gave a sequence its next-token logits: sample, publish, maybe finish.
   bool advance(Active& a, const std::vector<float>& logits);
+  // Publishes `tok` (drawn from `logits`) as the sequence's next token; true when that finished it.
+  bool emit(Active& a, int32_t tok, const std::vector<float>& logits);
+  // Speculation: the drafts each planned decode verifies this step (empty: none), drafted now.
+  std::vector<std::vector<int32_t>> draft_for(const StepPlan& plan,
+                                              const std::vector<Active*>& planned);
+  // After a verify step of [t, drafts...] with a logits row per token: accept/resample in order,
+  // roll the rejected rows back; true when the request finished.
+  bool verify(Active& a, const std::vector<int32_t>& drafts, const std::vector<float>& logits);
   void drop(std::vector<std::unique_ptr<Active>>& active, std::size_t i);
 
   std::unique_ptr<ModelRunner> backend_;  // the model seam (model/seam.h)
@@ -167,6 +182,8 @@ class Engine {
   std::atomic<int64_t> kv_total_{0}, kv_used_{0};
   std::atomic<int64_t> prefix_queries_{0}, prefix_query_tokens_{0}, prefix_hit_tokens_{0};
   std::atomic<int64_t> prefix_evictions_{0};
+  SpecCosts spec_costs_;  // engine thread only
+  std::atomic<int64_t> spec_draft_tokens_{0}, spec_accepted_tokens_{0}, spec_steps_{0};
   mutable std::mutex hist_mu_;  // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};
   Histogram batch_tokens_{Histogram::powers_of_two(12)};

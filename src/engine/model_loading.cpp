@@ -5,8 +5,11 @@
 
 namespace dsv41 {
 
-Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& model_dir) {
-  auto r = ReferenceRunner<float>::load(model_dir, ReferenceOptions{});
+Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& model_dir,
+                                                           bool dspark) {
+  ReferenceOptions opt;
+  opt.dspark = dspark;
+  auto r = ReferenceRunner<float>::load(model_dir, opt);
   if (!r) return r.status();
   return std::unique_ptr<ModelRunner>(std::move(*r));
 }
@@ -19,6 +22,7 @@ Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& convert
   fo.kv_cache_bytes = int64_t(o.kv_cache_gb * 1e9);
   fo.warm = o.warm;
   fo.prefix_cache = o.prefix_cache;
+  fo.dspark = o.dspark;
   fo.isolation = o.isolation == "mask"  ? IsolationMode::kMask
                  : o.isolation == "off" ? IsolationMode::kOff
                                         : IsolationMode::kCount;

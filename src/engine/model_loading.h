@@ -14,7 +14,9 @@
 namespace dsv41 {
 
 // The reference forward (fp32) on a checkpoint in the official layout.
-Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& model_dir);
+// dspark: also load the DSpark drafter (ModelRunner::draft).
+Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& model_dir,
+                                                           bool dspark = false);
 
 struct FastRunnerOptions {
   int threads = 0;                  // 0: every core
@@ -23,6 +25,7 @@ struct FastRunnerOptions {
   bool warm = true;                 // fault the weights in at load (Engram tables excepted)
   std::string isolation = "count";  // count | mask | off (model/fast/kv_pool.h)
   bool prefix_cache = true;         // model/fast/prefix_cache.cpp
+  bool dspark = false;              // load the DSpark drafter (ModelRunner::draft)
 };
 // The fast forward (model/fast) on a converted checkpoint.
 Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& converted_dir,

@@ -133,6 +133,10 @@ void Sampler::process(std::vector<float>& logits, ProcessedDistribution* d) {
   for (double& q : d->probs) q /= mass;
 }
 
+double Sampler::uniform() {
+  return rng_.uniform();
+}
+
 int32_t Sampler::draw(const ProcessedDistribution& d) {
   if (d.greedy) return d.ids[0];
   const double u = rng_.uniform();

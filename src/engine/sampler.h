@@ -69,6 +69,8 @@ class Sampler {
   void process(std::vector<float>& logits, ProcessedDistribution* out);
   // One draw from `d` with the request's stream (one uniform; greedy takes none).
   int32_t draw(const ProcessedDistribution& d);
+  // One uniform in [0, 1) from the request's stream (a speculative verifier's accept test).
+  double uniform();
   // Records a generated token (for the penalties), or takes one back (a rejected draft).
   void accept(int32_t token);
   void unaccept(int32_t token);

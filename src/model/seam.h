@@ -52,6 +52,20 @@ struct StepOutput {
   std::vector<SliceOutput> slices;  // one per input slice, same order
 };
 
+// DSpark drafting (spec §8, design.md §9): for each open sequence, the block [next, noise, ...] at
+// positions length .. length + B - 1 through the drafter, which reads the target only through the
+// rows its steps left (main_hidden of the consumed positions). Changes no sequence state.
+struct DraftQuery {
+  SeqId seq = 0;
+  int32_t next = 0;  // the token for position length(seq) (sampled from the last logits row)
+};
+
+struct DraftResult {
+  std::vector<float> logits;      // B * vocab_size: row j predicts position length + 1 + j
+  std::vector<int32_t> ids;       // B + 1: ids[0] = next, ids[j + 1] = argmax of row j
+  std::vector<float> confidence;  // B: the confidence head's raw value per row
+};
+
 // The interface a forward path implements. Not thread-safe: one driver thread calls it.
 class ModelRunner {
  public:
@@ -72,6 +86,15 @@ class ModelRunner {
   virtual int64_t length(SeqId seq) const = 0;  // -1 for an unknown id
 
   virtual Status step(const StepBatch& batch, StepOutput* out) = 0;
+
+  // DSpark drafting: the block size B (0: this path has no drafter, or it was not loaded), and one
+  // draft per query (same order; a sequence at most once; every sequence must have length >= 1).
+  // Batch-invariant like a step: a query's result does not depend on the others.
+  virtual int64_t draft_block_size() const { return 0; }
+  virtual Status draft(const std::vector<DraftQuery>& /*queries*/,
+                       std::vector<DraftResult>* /*out*/) {
+    return Status::error("this model path has no DSpark drafter");
+  }
 
   // Cache rows read whose tag was not the reader's (the isolation gate: must stay 0); 0 for a path
   // without a tagged pool. Safe to call from any thread.

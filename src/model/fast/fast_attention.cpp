@@ -154,34 +154,74 @@ void FastModel::Impl::indexer(const LayerPlan& p, int64_t t, float* qi, float* w
   out.assign(topk_out.begin(), topk_out.begin() + got);
 }
 
+void FastModel::Impl::attention_queries(const fast::LayerW& w, const ref::Rope<float>& rope,
+                                        int64_t t0, int64_t n) {
+  const TextConfig& tc = cfg.text;
+  const int64_t H = tc.num_attention_heads, Dh = tc.head_dim, D = tc.hidden_size;
+  const int64_t QL = tc.q_lora_rank;
+  if (int64_t(qr.size()) < n * QL) qr.resize(std::size_t(n * QL));
+  if (int64_t(tmp.size()) < n * H * Dh) tmp.resize(std::size_t(n * H * Dh));
+  linear_batch(w.wq_a, xs.data() + t0 * D, n, qr.data());
+  for (int64_t t = 0; t < n; ++t)
+    kern->rmsnorm(qr.data() + t * QL, w.q_norm.data(), QL, float(tc.rms_norm_eps),
+                  qr.data() + t * QL);
+  linear_batch(w.wq_b, qr.data(), n, tmp.data());
+  for (int64_t t = 0; t < n; ++t) {
+    rope_table(rope, rows[std::size_t(t0 + t)].pos);
+    for (int64_t hh = 0; hh < H; ++hh)
+      kern->rope(tmp.data() + (t * H + hh) * Dh, Dh, rope.dim, cosb.data(), sinb.data(), false);
+  }
+}
+
+void FastModel::Impl::attention_output(const fast::LayerW& w, int64_t t0, int64_t n) {
+  const TextConfig& tc = cfg.text;
+  const int64_t H = tc.num_attention_heads, Dh = tc.head_dim, D = tc.hidden_size;
+  const int64_t G = tc.o_groups, R = tc.o_lora_rank, gin = H * Dh / G;
+  if (int64_t(ubuf.size()) < n * G * R) ubuf.resize(std::size_t(n * G * R));
+  if (int64_t(att_o.size()) < n * (gin + R)) att_o.resize(std::size_t(n * (gin + R)));
+  // Grouped low-rank output: group g (heads g*H/G ..) through rows [g*R, (g+1)*R) of wo_a, the
+  // chunk's group inputs gathered contiguous.
+  linear_count(w.wo_a);
+  float* gin_x = att_o.data();
+  float* gin_y = att_o.data() + n * gin;
+  for (int64_t g = 0; g < G; ++g) {
+    Linear part = w.wo_a;
+    part.stamp = stats.steps;  // counted whole above
+    part.out = R;
+    if (part.quantized()) {
+      part.w += g * R * part.in;
+      part.scale += (g * R / 32) * ((part.in + 31) / 32);
+    } else {
+      part.w += g * R * part.in * 2;
+    }
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(tmp.data() + t * H * Dh + g * gin, gin, gin_x + t * gin);
+    linear_batch(part, gin_x, n, gin_y);
+    for (int64_t t = 0; t < n; ++t) std::copy_n(gin_y + t * R, R, ubuf.data() + t * G * R + g * R);
+  }
+  linear_batch(w.wo_b, ubuf.data(), n, ys.data() + t0 * D);
+}
+
 void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0,
                                       int64_t n) {
   const TextConfig& tc = cfg.text;
   const int64_t H = tc.num_attention_heads, Dh = tc.head_dim, D = tc.hidden_size;
-  const int64_t QL = tc.q_lora_rank, G = tc.o_groups, R = tc.o_lora_rank, gin = H * Dh / G;
+  const int64_t G = tc.o_groups, gin = H * Dh / G;
   const float eps = float(tc.rms_norm_eps);
   const ref::Rope<float>& rope = p.compress_ratio > 0 ? rope_comp : rope_swa;
   auto grow = [](std::vector<float>& v, int64_t sz) {
     if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
   };
-  grow(qr, n * QL);
-  grow(tmp, n * H * Dh);  // queries, then each head's output in place
   grow(kvrow, 2 * n * Dh);
-  grow(ubuf, n * G * R);
-  grow(att_o, std::max(H * Dh, n * (gin + R)));
+  grow(att_o, std::max(H * Dh, n * (gin + tc.o_lora_rank)));
   const float* xt = xs.data() + t0 * D;
   // Queries and window rows of the chunk (every token's row is written before any is read).
-  linear_batch(w.wq_a, xt, n, qr.data());
-  for (int64_t t = 0; t < n; ++t)
-    kern->rmsnorm(qr.data() + t * QL, w.q_norm.data(), QL, eps, qr.data() + t * QL);
-  linear_batch(w.wq_b, qr.data(), n, tmp.data());
+  attention_queries(w, rope, t0, n);
   linear_batch(w.wkv, xt, n, kvrow.data());
   for (int64_t t = 0; t < n; ++t) {
     const fast::TokenRow& row = rows[std::size_t(t0 + t)];
     SeqState& s = *row.seq;
     rope_table(rope, row.pos);
-    for (int64_t hh = 0; hh < H; ++hh)
-      kern->rope(tmp.data() + (t * H + hh) * Dh, Dh, rope.dim, cosb.data(), sinb.data(), false);
     float* kvt = kvrow.data() + t * Dh;
     kern->rmsnorm(kvt, w.kv_norm.data(), Dh, eps, kvt);
     kern->rope(kvt, Dh, rope.dim, cosb.data(), sinb.data(), false);
@@ -241,27 +281,7 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
     for (int64_t hh = 0; hh < H; ++hh)
       kern->rope(q + hh * Dh, Dh, rope.dim, cosb.data(), sinb.data(), true);
   }
-  // Grouped low-rank output: group g (heads g*H/G ..) through rows [g*R, (g+1)*R) of wo_a, the
-  // chunk's group inputs gathered contiguous.
-  linear_count(w.wo_a);
-  float* gin_x = att_o.data();
-  float* gin_y = att_o.data() + n * gin;
-  for (int64_t g = 0; g < G; ++g) {
-    Linear part = w.wo_a;
-    part.stamp = stats.steps;  // counted whole above
-    part.out = R;
-    if (part.quantized()) {
-      part.w += g * R * part.in;
-      part.scale += (g * R / 32) * ((part.in + 31) / 32);
-    } else {
-      part.w += g * R * part.in * 2;
-    }
-    for (int64_t t = 0; t < n; ++t)
-      std::copy_n(tmp.data() + t * H * Dh + g * gin, gin, gin_x + t * gin);
-    linear_batch(part, gin_x, n, gin_y);
-    for (int64_t t = 0; t < n; ++t) std::copy_n(gin_y + t * R, R, ubuf.data() + t * G * R + g * R);
-  }
-  linear_batch(w.wo_b, ubuf.data(), n, ys.data() + t0 * D);
+  attention_output(w, t0, n);
 }
 
 }  // namespace dsv41

@@ -60,6 +60,16 @@ struct LayerW {
   std::vector<const uint8_t*> e_codes, e_scales;  // per hash column: that bucket's rows
 };
 
+// The DSpark drafter's own tensors (spec §8) beside its stage blocks (LayerW, bound like backbone
+// layers): stage 0's main_proj / main_norm, the last stage's norm, Markov and confidence heads.
+struct DsparkW {
+  std::vector<LayerW> stages;
+  Linear main_proj, markov_head;                   // markov_head: BF16 [vocab, rank]
+  std::vector<float> main_norm, norm, confidence;  // confidence: [hidden + rank]
+  const uint16_t* markov_embed = nullptr;          // BF16 [vocab, rank]
+  std::vector<int64_t> target_slot;  // backbone layer -> slot of main_hidden (-1: not a target)
+};
+
 // Per KV source of a sequence: the open group of a ratio > 1 compressor, and the projections of
 // the last max_rollback positions so truncate() can reopen a group exactly.
 struct SourceSeq {
@@ -127,6 +137,8 @@ struct FastModel::Impl {
   std::vector<int32_t> cmap;         // token -> Engram compressed id
   std::unique_ptr<EngramHasher> hasher;
   std::vector<fast::LayerW> layers;
+  fast::DsparkW dspark;  // loaded when opt.dspark; its stages' window rows are pool layers
+                         // num_backbone .. num_backbone + stages - 1
   const uint16_t* embed = nullptr;
   Linear head;
   std::vector<float> norm;
@@ -140,6 +152,8 @@ struct FastModel::Impl {
   // ---- step scratch (grows only) ----
   std::vector<fast::TokenRow> rows;
   std::vector<float> hs, h1s, pre, mix_post, mix_comb, pre_a, xs, ys;  // per token
+  std::vector<float> main_hidden, main_x, draft_x;                     // DSpark: per token
+  std::vector<uint8_t> block_rows;         // DSpark: a block's packed window rows
   std::vector<std::vector<int64_t>> sel;   // per token: the current index source's selection
   std::vector<std::vector<uint8_t>> cand;  // per token: the candidate pool mask
   // per-call scratch of one token (the step runs tokens one after another)
@@ -186,9 +200,24 @@ struct FastModel::Impl {
   int64_t prefix_evictable() const;
   bool evict_one_prefix();
 
+  // ---- DSpark (fast_dspark.cpp) ----
+  void bind_dspark();
+  // After a step's layers: each token's main_x (from main_hidden) made into every stage's window
+  // row at its position.
+  void dspark_rows(int64_t n);
+  // A stage's attention for one block (tokens [t0, t0 + n) of one sequence): the stage's window
+  // rows of the last `window` consumed positions plus the whole block (not causal); xs -> ys.
+  void dspark_attention(const LayerPlan& p, const fast::LayerW& w, int64_t t0, int64_t n);
+
   // ---- layers ----
   // Attention of tokens [t0, t0 + n) (n <= kChunk): xs rows in, ys rows out.
   void attention_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0, int64_t n);
+  // Pieces of it shared with the DSpark stages: the chunk's queries (RoPE'd at each row's
+  // position) into tmp [n, heads * head_dim], qr kept; and the grouped low-rank output of the
+  // heads' outputs in tmp (inverse RoPE already applied) into ys.
+  void attention_queries(const fast::LayerW& w, const ref::Rope<float>& rope, int64_t t0,
+                         int64_t n);
+  void attention_output(const fast::LayerW& w, int64_t t0, int64_t n);
   // One token's compressor step from its projections kvp (and gate g for ratio > 1).
   void compressor_step(const LayerPlan& p, const fast::LayerW& w, fast::SeqState& s, int64_t pos,
                        const float* kvp, const float* g);

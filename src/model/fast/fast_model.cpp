@@ -172,6 +172,16 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   im.norm = b.vec(kFinalNormName);
   for (int l = 0; l < im.plan.num_backbone; ++l)
     im.layers.push_back(bind_layer(b, im.plan.layers[std::size_t(l)], *im.hasher, tc.o_lora_rank));
+  if (opt.dspark) {
+    const int stages = int(im.plan.layers.size()) - im.plan.num_backbone;
+    if (stages <= 0)
+      return Status::error(dir +
+                           "/config.json: text_config.num_nextn_predict_layers is 0: the "
+                           "checkpoint has no DSpark drafter");
+    for (int s = 0; s < stages; ++s)
+      im.dspark.stages.push_back(bind_layer(b, im.plan.stage(s), *im.hasher, tc.o_lora_rank));
+    im.bind_dspark();
+  }
   const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});
   im.rope_swa = ref::Rope<float>::make(tc.qk_rope_head_dim, tc.rope_theta, false, 1, 1, 1, 1);
   im.rope_comp = ref::Rope<float>::make(
@@ -186,8 +196,10 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
     im.source_of_layer[std::size_t(l)] = int(sources.size());
     sources.emplace_back(l, p.compress_ratio);
   }
-  KvLayout lay = make_kv_layout(tc.sliding_window, im.plan.num_backbone, tc.head_dim,
-                                tc.index_head_dim, sources, opt.window_block_tokens);
+  // The drafter's stages keep window rows too, as pool layers after the backbone's.
+  const int window_layers = im.plan.num_backbone + int(im.dspark.stages.size());
+  KvLayout lay = make_kv_layout(tc.sliding_window, window_layers, tc.head_dim, tc.index_head_dim,
+                                sources, opt.window_block_tokens);
   const int64_t budget = opt.kv_cache_bytes > 0 ? opt.kv_cache_bytes : default_kv_budget();
   im.kv = std::make_unique<KvPool>(std::move(lay), budget, opt.isolation);
   if (im.kv->blocks_total() < 2)
@@ -707,6 +719,8 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   grow(im.mix_comb, n * HC * HC);
   grow(im.xs, n * D);
   grow(im.ys, n * D);
+  const int64_t n_targets = int64_t(tc.dspark_target_layer_ids.size());
+  if (im.opt.dspark) grow(im.main_hidden, n * n_targets * D);
   if (int64_t(im.sel.size()) < n) im.sel.resize(std::size_t(n));
   if (int64_t(im.cand.size()) < n) im.cand.resize(std::size_t(n));
   // Selection scratch sized by the blocks the step's sequences hold, so a decode-sized step
@@ -766,6 +780,15 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
               dst[i] = s / float(HC);
             }
           }
+        if (im.opt.dspark && im.dspark.target_slot[std::size_t(l)] >= 0) {  // main_hidden
+          float* dst =
+              im.main_hidden.data() + (t * n_targets + im.dspark.target_slot[std::size_t(l)]) * D;
+          for (int64_t i = 0; i < D; ++i) {
+            float s = 0;
+            for (int64_t j = 0; j < HC; ++j) s += ht[j * D + i];
+            dst[i] = s / float(HC);
+          }
+        }
         kk.hc_mix(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, eps, hc_eps,
                   tc.hc_sinkhorn_iters, im.pre_a.data() + t * HC, im.mix_post.data() + t * HC,
                   im.mix_comb.data() + t * HC * HC);
@@ -793,6 +816,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
                    im.mix_comb.data() + t * HC * HC, HC, D, im.hs.data() + t * HC * D);
     }
   }
+  if (im.opt.dspark) im.dspark_rows(n);
   // Head: the rows the slices want, up to kChunk at a time through the batch kernel.
   const int64_t V = tc.vocab_size;
   std::size_t nwant = 0;

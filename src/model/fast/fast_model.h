@@ -38,6 +38,9 @@ struct FastOptions {
   bool prefix_cache = true;
   // Fault every weight page in at load (the Engram tables excepted), so steps do not wait on disk.
   bool warm = false;
+  // Load the DSpark drafter (mtp.* stages): every step then also writes each stage's window row
+  // of its tokens (main_hidden -> main_x -> the stage's FP8 row), and draft() works.
+  bool dspark = false;
 };
 
 struct FastStats {
@@ -71,6 +74,8 @@ class FastModel final : public ModelRunner {
   Status truncate(SeqId seq, int64_t length) override;
   int64_t length(SeqId seq) const override;
   Status step(const StepBatch& batch, StepOutput* out) override;
+  int64_t draft_block_size() const override;
+  Status draft(const std::vector<DraftQuery>& queries, std::vector<DraftResult>* out) override;
   int64_t foreign_reads() const override;
   int64_t kv_blocks_total() const override;
   int64_t kv_blocks_free() const override;

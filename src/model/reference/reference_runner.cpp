@@ -8,7 +8,7 @@ Result<std::unique_ptr<ReferenceRunner<T>>> ReferenceRunner<T>::load(const std::
                                                                      const ReferenceOptions& opt) {
   auto m = ReferenceModel<T>::load(dir, opt);
   if (!m) return m.status();
-  return std::unique_ptr<ReferenceRunner>(new ReferenceRunner(std::move(*m)));
+  return std::unique_ptr<ReferenceRunner>(new ReferenceRunner(std::move(*m), opt.dspark));
 }
 
 template <typename T>
@@ -69,16 +69,7 @@ Status ReferenceRunner<T>::step(const StepBatch& batch, StepOutput* out) {
   for (std::size_t i = 0; i < batch.slices.size(); ++i) {
     const SeqSlice& sl = batch.slices[i];
     auto& toks = tokens_[sl.seq];
-    if (!holding_ || held_ != sl.seq || model_->position() != int64_t(toks.size())) {
-      model_->reset();
-      holding_ = false;
-      if (!toks.empty()) {
-        rows.clear();
-        DSV41_RETURN_IF_ERROR(model_->forward(toks, &rows));
-      }
-      held_ = sl.seq;
-      holding_ = true;
-    }
+    DSV41_RETURN_IF_ERROR(hold(sl.seq));
     rows.clear();
     std::vector<std::vector<T>> dump;
     DSV41_RETURN_IF_ERROR(model_->forward(sl.tokens, &rows, sl.taps.empty() ? nullptr : &dump));
@@ -100,6 +91,44 @@ Status ReferenceRunner<T>::step(const StepBatch& batch, StepOutput* out) {
         }
       so.taps.push_back(std::move(tap));
     }
+  }
+  return Status::ok();
+}
+
+template <typename T>
+Status ReferenceRunner<T>::hold(SeqId seq) {
+  const auto& toks = tokens_.at(seq);
+  if (holding_ && held_ == seq && model_->position() == int64_t(toks.size())) return Status::ok();
+  model_->reset();
+  holding_ = false;
+  if (!toks.empty()) {
+    std::vector<T> rows;
+    DSV41_RETURN_IF_ERROR(model_->forward(toks, &rows));
+  }
+  held_ = seq;
+  holding_ = true;
+  return Status::ok();
+}
+
+template <typename T>
+int64_t ReferenceRunner<T>::draft_block_size() const {
+  return dspark_ ? model_->config().text.dspark_block_size : 0;
+}
+
+template <typename T>
+Status ReferenceRunner<T>::draft(const std::vector<DraftQuery>& queries,
+                                 std::vector<DraftResult>* out) {
+  out->assign(queries.size(), {});
+  DraftStep<T> d;
+  for (std::size_t i = 0; i < queries.size(); ++i) {
+    if (!tokens_.count(queries[i].seq))
+      return Status::error("draft: sequence " + std::to_string(queries[i].seq) + " is not open");
+    DSV41_RETURN_IF_ERROR(hold(queries[i].seq));
+    DSV41_RETURN_IF_ERROR(model_->draft(queries[i].next, &d));
+    DraftResult& r = (*out)[i];
+    r.logits.assign(d.logits.begin(), d.logits.end());
+    r.ids = d.ids;
+    r.confidence.assign(d.confidence.begin(), d.confidence.end());
   }
   return Status::ok();
 }

@@ -31,15 +31,23 @@ class ReferenceRunner final : public ModelRunner {
   // Taps are supported at layers without Engram (the stream entering them is the previous layer's
   // output); a tap at an Engram layer is refused.
   Status step(const StepBatch& batch, StepOutput* out) override;
+  // With ReferenceOptions::dspark: ReferenceModel::draft on each queried sequence in turn
+  // (replaying it first when the model holds another).
+  int64_t draft_block_size() const override;
+  Status draft(const std::vector<DraftQuery>& queries, std::vector<DraftResult>* out) override;
   // Logits in T of the last step, slice-major (what `logits --precision fp64` writes).
   const std::vector<std::vector<T>>& logits_t() const { return logits_t_; }
 
  private:
-  explicit ReferenceRunner(std::unique_ptr<ReferenceModel<T>> m) : model_(std::move(m)) {}
+  ReferenceRunner(std::unique_ptr<ReferenceModel<T>> m, bool dspark)
+      : model_(std::move(m)), dspark_(dspark) {}
+  // Makes the model hold `seq` with all its tokens consumed.
+  Status hold(SeqId seq);
   std::unique_ptr<ReferenceModel<T>> model_;
   std::map<SeqId, std::vector<int32_t>> tokens_;
   SeqId held_ = 0;
   bool holding_ = false;
+  bool dspark_ = false;
   std::vector<std::vector<T>> logits_t_;
 };
 

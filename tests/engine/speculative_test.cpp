@@ -1,0 +1,471 @@
+// DSpark speculative decoding (engine/speculative.h): the verifier's rule keeps the target's
+// distribution (chi-square over many draws, for drafts of high, low and zero target probability),
+// greedy accepts exactly the argmax; the tracker stops drafting where it does not pay and probes
+// again; end to end, sampled tokens through the engine keep the target's distribution while drafts
+// are accepted and rejected, and greedy requests on the fast path give the tokens and logprobs of
+// plain decoding.
+#include "engine/speculative.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "core/rng.h"
+#include "engine/engine.h"
+#include "io/test_util.h"
+#include "model/fast/fast_model.h"
+#include "model/tiny_converted.h"
+#include "text/tokenizer_file.h"
+
+namespace dsv41 {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::vector<float> kLogits = {2.0f, 1.0f, 0.5f, 0.0f, -0.5f, -1.0f, 1.5f, 0.2f};
+
+std::vector<double> softmax(const std::vector<float>& l) {
+  double m = *std::max_element(l.begin(), l.end()), z = 0;
+  std::vector<double> p(l.size());
+  for (std::size_t i = 0; i < l.size(); ++i) z += (p[i] = std::exp(double(l[i]) - m));
+  for (auto& v : p) v /= z;
+  return p;
+}
+
+double chi_square(const std::vector<int>& h, const std::vector<double>& p, int n) {
+  double chi = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    if (p[i] == 0) {
+      EXPECT_EQ(h[i], 0) << "token " << i << " has probability 0";
+      continue;
+    }
+    const double e = p[i] * n;
+    chi += (h[i] - e) * (h[i] - e) / e;
+  }
+  return chi;
+}
+
+constexpr double kChi7 = 24.3;  // 7 degrees of freedom, P(chi2 > 24.3) = 0.001
+
+TEST(Verify, GreedyAcceptsOnlyTheArgmax) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sampler s(sp, 1);
+  ProcessedDistribution p, scratch;
+  std::vector<float> l = kLogits;
+  s.process(l, &p);
+  ASSERT_TRUE(p.greedy);
+  for (int32_t d = 0; d < int32_t(kLogits.size()); ++d) {
+    const VerifyOutcome v = verify_draft(p, d, s, &scratch);
+    EXPECT_EQ(v.accepted, d == 0) << d;
+    EXPECT_EQ(v.token, 0) << d;
+  }
+}
+
+TEST(Verify, OutcomesFollowTheTargetDistributionWhateverTheDraft) {
+  const int n = 40000;
+  const auto p_full = softmax(kLogits);
+  for (int32_t draft : {0, 3, 5}) {  // likely, middling, unlikely
+    SamplingParams sp;
+    sp.temperature = 1.0;
+    sp.seed = 77 + uint64_t(draft);
+    Sampler s(sp, 1);
+    ProcessedDistribution p, scratch;
+    std::vector<int> h(kLogits.size(), 0);
+    int accepted = 0;
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> l = kLogits;
+      s.process(l, &p);
+      const VerifyOutcome v = verify_draft(p, draft, s, &scratch);
+      ++h[std::size_t(v.token)];
+      accepted += v.accepted;
+      EXPECT_EQ(v.accepted, v.token == draft);
+    }
+    EXPECT_LT(chi_square(h, p_full, n), kChi7) << "draft " << draft;
+    // Accepted as often as the target gives the draft (binomial, 5 sigma).
+    const double want = p_full[std::size_t(draft)] * n;
+    EXPECT_NEAR(accepted, want, 5 * std::sqrt(want)) << "draft " << draft;
+  }
+  // A draft outside the processed support (top_k 3 keeps tokens 0, 6, 1) is never accepted and the
+  // outcome is the top-3 distribution.
+  SamplingParams sp;
+  sp.temperature = 1.0;
+  sp.top_k = 3;
+  sp.seed = 5;
+  Sampler s(sp, 1);
+  ProcessedDistribution p, scratch;
+  std::vector<int> h(kLogits.size(), 0);
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> l = kLogits;
+    s.process(l, &p);
+    const VerifyOutcome v = verify_draft(p, 4, s, &scratch);
+    EXPECT_FALSE(v.accepted);
+    ++h[std::size_t(v.token)];
+  }
+  std::vector<double> q(kLogits.size(), 0.0);
+  const double z = p_full[0] + p_full[6] + p_full[1];
+  for (int t : {0, 6, 1}) q[std::size_t(t)] = p_full[std::size_t(t)] / z;
+  EXPECT_LT(chi_square(h, q, n), 13.8);  // 2 dof, 0.001
+}
+
+TEST(Tracker, StopsDraftingWhereItDoesNotPayAndProbesAgain) {
+  SpecCosts costs;
+  costs.observe_plain(1.0);
+  costs.observe_spec(2.0);  // a drafting step costs two plain ones
+  SpecTracker t(5);
+  EXPECT_EQ(t.plan(costs), 5);  // nothing known yet: the whole block
+  t.record(5, 0, costs);        // 1 + 0 tokens for 2 steps' time: stop
+  EXPECT_FALSE(t.drafting());
+  int plain = 0;
+  while (t.plan(costs) == 0) ++plain;
+  EXPECT_EQ(plain, 4);  // then one probe
+  t.record(1, 0, costs);
+  plain = 0;
+  while (t.plan(costs) == 0) ++plain;
+  EXPECT_EQ(plain, 8);  // the interval doubles
+  // Acceptance that pays keeps it drafting, with a width of what is accepted plus one.
+  SpecTracker good(5);
+  for (int i = 0; i < 10; ++i) good.record(5, 4, costs);
+  EXPECT_TRUE(good.drafting());
+  EXPECT_EQ(good.plan(costs), 5);
+  SpecTracker some(5);
+  for (int i = 0; i < 20; ++i) some.record(3, 2, costs);
+  EXPECT_EQ(some.plan(costs), 3);
+}
+
+// Every row's logits are kLogits over a vocabulary of 8 (padded to the tokenizer's size with
+// -inf), whatever the context; the drafter proposes `draft` every time. Generated tokens are then
+// independent draws of softmax(kLogits) when the verifier is right.
+class FixedBackend final : public ModelRunner {
+ public:
+  FixedBackend(int32_t vocab, int32_t draft) : vocab_(vocab), draft_(draft) {}
+  int32_t vocab_size() const override { return vocab_; }
+  int64_t hidden_size() const override { return 1; }
+  int64_t max_context() const override { return 1 << 20; }
+  Status open(SeqId s) override {
+    len_[s] = 0;
+    return Status::ok();
+  }
+  void free(SeqId s) override { len_.erase(s); }
+  Status truncate(SeqId s, int64_t n) override {
+    if (!len_.count(s) || n > len_[s]) return Status::error("bad truncate");
+    len_[s] = n;
+    ++truncates;
+    return Status::ok();
+  }
+  int64_t length(SeqId s) const override { return len_.count(s) ? len_.at(s) : -1; }
+  Status step(const StepBatch& b, StepOutput* out) override {
+    DSV41_RETURN_IF_ERROR(
+        check_step_batch(b, vocab_, max_context(), [&](SeqId id) { return length(id); }));
+    out->slices.assign(b.slices.size(), {});
+    for (std::size_t i = 0; i < b.slices.size(); ++i) {
+      for (std::size_t r = 0; r < b.slices[i].logits_rows.size(); ++r) {
+        std::vector<float> row(std::size_t(vocab_), -std::numeric_limits<float>::infinity());
+        std::copy(kLogits.begin(), kLogits.end(), row.begin());
+        out->slices[i].logits.insert(out->slices[i].logits.end(), row.begin(), row.end());
+      }
+      len_[b.slices[i].seq] += int64_t(b.slices[i].tokens.size());
+    }
+    return Status::ok();
+  }
+  int64_t draft_block_size() const override { return 3; }
+  Status draft(const std::vector<DraftQuery>& q, std::vector<DraftResult>* out) override {
+    out->assign(q.size(), {});
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      if (length(q[i].seq) < 1) return Status::error("draft before any token");
+      (*out)[i].ids = {q[i].next, draft_, draft_, draft_};
+      (*out)[i].logits.assign(std::size_t(3 * vocab_), 0.0f);
+      (*out)[i].confidence.assign(3, 0.0f);
+    }
+    ++drafts;
+    return Status::ok();
+  }
+  int truncates = 0, drafts = 0;
+
+ private:
+  int32_t vocab_, draft_;
+  std::map<SeqId, int64_t> len_;
+};
+
+std::unique_ptr<Tokenizer> tiny_tokenizer() {
+  auto t = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
+  EXPECT_TRUE(t.is_ok());
+  return std::move(*t);
+}
+
+std::vector<int32_t> run(Engine& e, GenerationRequest r) {
+  auto h = e.submit(std::move(r));
+  EXPECT_TRUE(h.is_ok()) << h.status().message();
+  std::vector<int32_t> toks;
+  for (int guard = 0; guard < 100000; ++guard) {
+    RequestOutput o;
+    if (!h->next(o, 20s)) {
+      ADD_FAILURE() << "no output within 20 s";
+      break;
+    }
+    for (const auto& t : o.tokens) toks.push_back(t.token);
+    if (o.finished) break;
+  }
+  return toks;
+}
+
+TEST(Engine, SpeculativeSampledTokensKeepTheTargetDistribution) {
+  for (int32_t draft : {0, 4}) {  // a draft the target likes, one it rarely takes
+    auto tok = tiny_tokenizer();
+    auto b = std::make_unique<FixedBackend>(tok->vocab_size(), draft);
+    FixedBackend* backend = b.get();
+    EngineOptions opt;
+    opt.speculative = true;
+    auto e = Engine::create(std::move(b), std::move(tok), opt);
+    ASSERT_TRUE(e.is_ok()) << e.status().message();
+    std::vector<int> h(kLogits.size(), 0);
+    int n = 0;
+    for (int r = 0; r < 40; ++r) {
+      GenerationRequest q;
+      q.prompt = {5};
+      q.sampling.temperature = 1.0;
+      q.sampling.max_tokens = 250;
+      q.sampling.ignore_eos = true;
+      q.sampling.seed = uint64_t(1000 * draft + r);
+      for (int32_t t : run(**e, q)) {
+        ASSERT_LT(t, int32_t(kLogits.size()));
+        ++h[std::size_t(t)];
+        ++n;
+      }
+    }
+    ASSERT_EQ(n, 40 * 250);
+    EXPECT_LT(chi_square(h, softmax(kLogits), n), kChi7) << "draft " << draft;
+    const EngineStats s = (*e)->stats();
+    EXPECT_GT(s.spec_steps, 0);
+    EXPECT_GT(s.spec_accepted_tokens, 0);
+    EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens);  // rejections happened too
+    EXPECT_GT(backend->truncates, 0);
+  }
+}
+
+TEST(Engine, SpeculativeNeedsADrafter) {
+  testing::TempDir dir;
+  EngineOptions opt;
+  opt.model_dir = testing::make_tiny_converted(dir, 3);
+  opt.fast.kv_cache_gb = 0.05;
+  opt.speculative = true;
+  auto with = Engine::load(opt);
+  ASSERT_TRUE(with.is_ok()) << with.status().message();
+  // A backend without a drafter is refused when speculation is asked for.
+  auto tok = tiny_tokenizer();
+  class NoDrafter final : public ModelRunner {
+   public:
+    int32_t vocab_size() const override { return 8; }
+    int64_t hidden_size() const override { return 1; }
+    int64_t max_context() const override { return 64; }
+    Status open(SeqId) override { return Status::ok(); }
+    void free(SeqId) override {}
+    Status truncate(SeqId, int64_t) override { return Status::ok(); }
+    int64_t length(SeqId) const override { return 0; }
+    Status step(const StepBatch&, StepOutput*) override { return Status::ok(); }
+  };
+  auto e = Engine::create(std::make_unique<NoDrafter>(), std::move(tok), opt);
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().message().find("--speculative"), std::string::npos) << e.status().message();
+}
+
+// Greedy requests with speculation on give the tokens and logprobs of plain decoding (the verify
+// rows are bit for bit the rows a decode step would give), alone and four at a time.
+TEST(Engine, SpeculativeGreedyEqualsPlainOnTheFastPath) {
+  testing::TempDir dir;
+  const std::string conv = testing::make_tiny_converted(dir, 3);
+  auto make = [&](bool spec) {
+    EngineOptions opt;
+    opt.model_dir = conv;
+    opt.fast.kv_cache_gb = 0.05;
+    opt.speculative = spec;
+    auto e = Engine::load(opt);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    return std::move(*e);
+  };
+  auto plain = make(false), spec = make(true);
+  Rng rng(3);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r;
+    for (int k = 0; k < 6 + 5 * i; ++k) r.prompt.push_back(int32_t(3 + rng.below(900)));
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 20;
+    r.sampling.ignore_eos = true;
+    r.sampling.logprobs = 0;
+    reqs.push_back(r);
+  }
+  auto produce = [](Engine& e, const GenerationRequest& r) {
+    auto h = e.submit(r);
+    EXPECT_TRUE(h.is_ok());
+    std::vector<std::pair<int32_t, float>> out;
+    for (int guard = 0; guard < 10000; ++guard) {
+      RequestOutput o;
+      if (!h->next(o, 30s)) break;
+      for (const auto& t : o.tokens) out.emplace_back(t.token, t.logprob);
+      if (o.finished) break;
+    }
+    return out;
+  };
+  std::vector<std::vector<std::pair<int32_t, float>>> want;
+  for (const auto& r : reqs) want.push_back(produce(*plain, r));
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(produce(*spec, reqs[i]), want[i]) << "request " << i << " alone";
+  std::vector<RequestHandle> hs;
+  std::vector<std::vector<std::pair<int32_t, float>>> got(reqs.size());
+  std::vector<std::thread> th;
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    th.emplace_back([&, i] { got[i] = produce(*spec, reqs[i]); });
+  for (auto& t : th) t.join();
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(got[i], want[i]) << "request " << i << " among others";
+  const EngineStats s = spec->stats();
+  std::printf("fast path, greedy: %lld verify steps, %lld drafts, %lld accepted\n",
+              (long long)s.spec_steps, (long long)s.spec_draft_tokens,
+              (long long)s.spec_accepted_tokens);
+  EXPECT_GT(s.spec_steps, 0);
+  EXPECT_GT(s.spec_draft_tokens, 0);
+  EXPECT_EQ(s.kv_foreign_reads, 0);
+  for (int i = 0; i < 200 && spec->stats().kv_blocks_used > 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(spec->stats().kv_blocks_used, 0);
+}
+
+// The fast model with a drafter that knows the answer: its drafts are the plain run's own greedy
+// tokens, those of every fifth position made wrong, so verify steps accept 0 .. B drafts and roll
+// back at every depth; the tokens and logprobs must still be those of plain decoding.
+class OracleDrafter final : public ModelRunner {
+ public:
+  OracleDrafter(std::unique_ptr<FastModel> m, std::vector<std::vector<int32_t>> streams)
+      : m_(std::move(m)), streams_(std::move(streams)) {}
+  int32_t vocab_size() const override { return m_->vocab_size(); }
+  int64_t hidden_size() const override { return m_->hidden_size(); }
+  int64_t max_context() const override { return m_->max_context(); }
+  Status open(SeqId s) override {
+    fed_[s].clear();
+    return m_->open(s);
+  }
+  void free(SeqId s) override {
+    fed_.erase(s);
+    m_->free(s);
+  }
+  Status truncate(SeqId s, int64_t n) override {
+    DSV41_RETURN_IF_ERROR(m_->truncate(s, n));
+    fed_[s].resize(std::size_t(n));
+    return Status::ok();
+  }
+  int64_t length(SeqId s) const override { return m_->length(s); }
+  Status step(const StepBatch& b, StepOutput* out) override {
+    DSV41_RETURN_IF_ERROR(m_->step(b, out));
+    for (const auto& sl : b.slices)
+      fed_[sl.seq].insert(fed_[sl.seq].end(), sl.tokens.begin(), sl.tokens.end());
+    return Status::ok();
+  }
+  int64_t kv_blocks_total() const override { return m_->kv_blocks_total(); }
+  int64_t kv_blocks_free() const override { return m_->kv_blocks_free(); }
+  int64_t kv_blocks_to_grow(SeqId s, int64_t n) const override {
+    return m_->kv_blocks_to_grow(s, n);
+  }
+  int64_t kv_blocks_peak(int64_t l, int64_t t) const override { return m_->kv_blocks_peak(l, t); }
+  int64_t foreign_reads() const override { return m_->foreign_reads(); }
+  int64_t draft_block_size() const override { return m_->draft_block_size(); }
+  Status draft(const std::vector<DraftQuery>& q, std::vector<DraftResult>* out) override {
+    DSV41_RETURN_IF_ERROR(m_->draft(q, out));  // the real drafter runs; its ids are replaced
+    const int64_t B = draft_block_size();
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      std::vector<int32_t> ctx = fed_[q[i].seq];
+      ctx.push_back(q[i].next);
+      for (const auto& st : streams_) {
+        if (st.size() < ctx.size() || !std::equal(ctx.begin(), ctx.end(), st.begin())) continue;
+        for (int64_t j = 1; j <= B; ++j) {
+          const std::size_t at = ctx.size() - 1 + std::size_t(j);
+          int32_t t = at < st.size() ? st[at] : 0;
+          if (at % 5 == 0) t = (t + 1) % vocab_size();  // a wrong draft now and then
+          (*out)[i].ids[std::size_t(j)] = t;
+        }
+        ++oracle_drafts;
+      }
+    }
+    return Status::ok();
+  }
+  int oracle_drafts = 0;
+
+ private:
+  std::unique_ptr<FastModel> m_;
+  std::vector<std::vector<int32_t>> streams_;
+  std::map<SeqId, std::vector<int32_t>> fed_;
+};
+
+TEST(Engine, SpeculativeAcceptedDraftsGiveThePlainTokensOnTheFastPath) {
+  testing::TempDir dir;
+  const std::string conv = testing::make_tiny_converted(dir, 3);
+  EngineOptions opt;
+  opt.model_dir = conv;
+  opt.fast.kv_cache_gb = 0.05;
+  auto plain = Engine::load(opt);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  Rng rng(9);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::vector<std::pair<int32_t, float>>> want;
+  std::vector<std::vector<int32_t>> streams;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    for (int k = 0; k < 5 + 7 * i; ++k) r.prompt.push_back(int32_t(3 + rng.below(900)));
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 24;
+    r.sampling.ignore_eos = true;
+    r.sampling.logprobs = 0;
+    auto h = (*plain)->submit(r);
+    ASSERT_TRUE(h.is_ok());
+    std::vector<std::pair<int32_t, float>> got;
+    for (RequestOutput o; h->next(o, 30s);) {
+      for (const auto& t : o.tokens) got.emplace_back(t.token, t.logprob);
+      if (o.finished) break;
+    }
+    std::vector<int32_t> st = r.prompt;
+    for (const auto& [t, lp] : got) st.push_back(t);
+    reqs.push_back(r);
+    want.push_back(got);
+    streams.push_back(st);
+  }
+  FastOptions fo;
+  fo.kv_cache_bytes = 50'000'000;
+  fo.dspark = true;
+  auto fast = FastModel::load(conv, fo);
+  ASSERT_TRUE(fast.is_ok());
+  auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams);
+  OracleDrafter* oracle = backend.get();
+  auto tok = Tokenizer::load(conv + "/tokenizer.json");
+  ASSERT_TRUE(tok.is_ok());
+  EngineOptions so = opt;
+  so.speculative = true;
+  auto spec = Engine::create(std::move(backend), std::move(*tok), so);
+  ASSERT_TRUE(spec.is_ok()) << spec.status().message();
+  std::vector<std::vector<std::pair<int32_t, float>>> got(reqs.size());
+  std::vector<std::thread> th;
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    th.emplace_back([&, i] {
+      auto h = (*spec)->submit(reqs[i]);
+      ASSERT_TRUE(h.is_ok());
+      for (RequestOutput o; h->next(o, 30s);) {
+        for (const auto& t : o.tokens) got[i].emplace_back(t.token, t.logprob);
+        if (o.finished) break;
+      }
+    });
+  for (auto& t : th) t.join();
+  for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  const EngineStats s = (*spec)->stats();
+  std::printf("oracle drafts: %lld verify steps, %lld drafts, %lld accepted\n",
+              (long long)s.spec_steps, (long long)s.spec_draft_tokens,
+              (long long)s.spec_accepted_tokens);
+  EXPECT_GT(oracle->oracle_drafts, 0);
+  EXPECT_GT(s.spec_accepted_tokens, s.spec_steps);         // more than one token per verify step
+  EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens);  // and rejections at several depths
+  EXPECT_EQ(s.kv_foreign_reads, 0);
+}
+
+}  // namespace
+}  // namespace dsv41
