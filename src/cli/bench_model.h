@@ -31,6 +31,8 @@ struct BenchArgs {
   double kv_cache_gb = 0;
   std::string act_quant = "off";
   std::size_t probe_mb = 1024;
+  std::string speculative = "off";  // bench decode: on = the DSpark A/B (cli/cmd_bench_spec.cpp)
+  int64_t spec_tokens = 48;         // ... tokens each request generates
 };
 
 // "1,4,16" -> {1, 4, 16}; the error names `what`.
@@ -52,6 +54,9 @@ Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a);
 
 // --model, --converted, --threads, --kv-cache-gb, --act-quant of every `bench` model command.
 void add_common(CLI::App* sub, BenchArgs* a);
+
+// `bench decode --speculative on`: the engine's drafting on vs suppressed (cmd_bench_spec.cpp).
+int run_bench_speculative(const BenchArgs& a);
 
 // One decode point: `streams` sequences at `context` tokens (random rows, or a real prefill), a
 // warm-up step, then `steps` timed steps of one token each; JSON with tok_s, bytes, the probe.

@@ -128,6 +128,7 @@ Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int6
 namespace {
 
 int run_bench_decode(const BenchArgs& a) {
+  if (a.speculative == "on") return run_bench_speculative(a);
   auto streams = parse_list(a.streams, "--streams");
   auto context = parse_list(a.context, "--context");
   if (!streams || !context) {
@@ -273,6 +274,16 @@ void add_bench_model(CLI::App* bench, Runner* run) {
       ->capture_default_str();
   dec->add_option("--probe-mb", a->probe_mb, "Read-probe buffer (MiB)")
       ->check(CLI::Range(16, 65536))
+      ->capture_default_str();
+  dec->add_option("--speculative", a->speculative,
+                  "on: instead, the DSpark A/B through the engine: greedy requests at each "
+                  "--streams count on a repetitive and a random prompt, drafting on vs "
+                  "suppressed (per-stream tok/s, acceptance, rows and distinct experts per step)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  dec->add_option("--spec-tokens", a->spec_tokens,
+                  "--speculative on: tokens each request generates")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 20))
       ->capture_default_str();
   dec->callback([=] { *run = [=] { return run_bench_decode(*a); }; });
   auto p = std::make_shared<BenchArgs>();

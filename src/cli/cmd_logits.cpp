@@ -115,12 +115,12 @@ int run_logits(const LogitsArgs& a) {
     return kExitUsage;
   }
   if (a.dspark) {
-    if (a.path != "reference" || a.mode != "prefill" || a.stream || !a.dump_dir.empty() ||
-        a.fast.companions > 0) {
+    if (a.mode != "prefill" || a.stream || !a.dump_dir.empty() || a.fast.companions > 0 ||
+        (a.path == "fast" && a.precision != "fp32")) {
       log::error(
-          "logits: --dspark runs the reference on its own schedule (prefill of --dspark-prefill "
-          "tokens, then one-token decodes): no --path fast, --mode, --stream, --dump-layers or "
-          "--companions");
+          "logits: --dspark runs its own schedule (prefill of --dspark-prefill tokens, then "
+          "one-token decodes): no --mode, --stream, --dump-layers or --companions; --path fast "
+          "computes in fp32");
       return kExitUsage;
     }
     DsparkLogitsArgs d;
@@ -130,6 +130,10 @@ int run_logits(const LogitsArgs& a) {
     d.index_keys = a.index_keys;
     d.act_quant = a.fast.act_quant;
     d.prefill = a.dspark_prefill;
+    d.path = a.path;
+    d.converted = a.fast.converted_dir;
+    d.threads = a.fast.threads;
+    d.kv_cache_gb = a.fast.kv_cache_gb;
     return run_dspark_logits(d, ids.value());
   }
   auto chunk = chunk_size(a.mode, int64_t(ids->size()));

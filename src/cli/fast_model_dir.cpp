@@ -79,11 +79,18 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
                   "same leading tokens (and cache_salt); exact, evicted when the pool is needed")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  sub->add_option("--speculative", a->speculative,
+                  "dspark: the checkpoint's DSpark drafter proposes tokens that one step verifies "
+                  "(greedy output identical, sampled output the same distribution), drafting "
+                  "only while a request's measured acceptance pays for it | off")
+      ->check(CLI::IsMember({"dspark", "off"}))
+      ->capture_default_str();
 }
 
 Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo) {
   eo->path = a.path;
   eo->model_dir = model_dir;
+  eo->speculative = a.speculative == "dspark";
   if (a.path == "reference") {
     if (is_converted_checkpoint(model_dir))
       return Status::error(

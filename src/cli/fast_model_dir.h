@@ -14,6 +14,7 @@ namespace dsv41::cli {
 // The forward-path options of `generate` and `serve`.
 struct PathArgs {
   std::string path = "fast", converted, act_quant = "off", isolation = "count", prefix_cache = "on";
+  std::string speculative = "off";
   int threads = 0;
   double kv_cache_gb = 0;
 };

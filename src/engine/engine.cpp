@@ -449,8 +449,9 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     return;
   }
   bool decodes_only = true;
-  int64_t drafting = 0, emitted = 0;
+  int64_t drafting = 0, emitted = 0, widths = 0;
   for (std::size_t k = 0; k < in_batch.size(); ++k) {
+    widths += int64_t(batch_drafts[k]->size());
     decodes_only = decodes_only && batch.slices[k].tokens.size() == 1 + batch_drafts[k]->size() &&
                    in_batch[k]->sched.computed >= in_batch[k]->prompt_len;
     drafting += !batch_drafts[k]->empty();
@@ -481,7 +482,7 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     // The cost model's measurements: steps where every sequence drafted, or none did.
     const double per_seq = step_s / double(std::max<std::size_t>(1, in_batch.size()));
     if (drafting == int64_t(in_batch.size()))
-      spec_costs_.observe_spec(per_seq);
+      spec_costs_.observe_spec((widths + drafting / 2) / std::max<int64_t>(1, drafting), per_seq);
     else if (drafting == 0)
       spec_costs_.observe_plain(per_seq);
   }
@@ -542,7 +543,7 @@ bool Engine::emit(Active& a, int32_t tok, const std::vector<float>& logits) {
 std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
                                                     const std::vector<Active*>& planned) {
   std::vector<std::vector<int32_t>> drafts(plan.run.size());
-  if (!options_.speculative) return drafts;
+  if (!options_.speculative || !drafting_.load()) return drafts;
   // The verify rows must fit what the plan left of the token budget and of the pool.
   int64_t spare_tokens = limits_.max_batched_tokens, spare_blocks = backend_->kv_blocks_free();
   const bool bounded = backend_->kv_blocks_total() > 0;
@@ -614,7 +615,7 @@ bool Engine::verify(Active& a, const std::vector<int32_t>& drafts,
   spec_steps_.fetch_add(1);
   spec_draft_tokens_.fetch_add(k);
   spec_accepted_tokens_.fetch_add(accepted);
-  a.spec->record(k, accepted, spec_costs_);
+  a.spec->record(k, accepted);
   // The fed token and the accepted drafts stay; the rejected drafts' rows go.
   a.sched.computed = base + 1 + accepted;
   if (!done && accepted < k)

@@ -144,6 +144,9 @@ class Engine {
   int64_t max_requests() const { return int64_t(limits_.max_seqs) + options_.max_queue; }
   int32_t eos_id() const { return eos_id_; }
   EngineStats stats() const;
+  // With speculative decoding loaded: whether decode steps draft at all (off: every step decodes
+  // plainly, the drafter's rows still kept; the control of `bench decode --speculative on`).
+  void set_drafting(bool on) { drafting_.store(on); }
 
  private:
   struct Active;  // a running or waiting request: its sequence, tokens, sampler, decoder
@@ -183,6 +186,7 @@ class Engine {
   std::atomic<int64_t> prefix_queries_{0}, prefix_query_tokens_{0}, prefix_hit_tokens_{0};
   std::atomic<int64_t> prefix_evictions_{0};
   SpecCosts spec_costs_;  // engine thread only
+  std::atomic<bool> drafting_{true};
   std::atomic<int64_t> spec_draft_tokens_{0}, spec_accepted_tokens_{0}, spec_steps_{0};
   mutable std::mutex hist_mu_;  // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};

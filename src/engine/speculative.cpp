@@ -26,6 +26,7 @@ VerifyOutcome verify_draft(const ProcessedDistribution& p, int32_t draft, Sample
 
 namespace {
 constexpr double kAlpha = 0.2;  // EWMA weight of the newest observation
+constexpr double kDecay = 0.9;  // of a request's acceptance counts per verify step
 void ewma(double* v, bool* have, double x) {
   *v = *have ? (1 - kAlpha) * *v + kAlpha * x : x;
   *have = true;
@@ -35,36 +36,59 @@ void ewma(double* v, bool* have, double x) {
 void SpecCosts::observe_plain(double s) {
   ewma(&plain_, &have_plain_, s);
 }
-void SpecCosts::observe_spec(double s) {
-  ewma(&spec_, &have_spec_, s);
+void SpecCosts::observe_spec(int64_t width, double s) {
+  if (width < 1 || width > kMaxWidth) return;
+  ewma(&spec_[width], &have_spec_[width], s);
 }
-double SpecCosts::ratio() const {
-  return have_plain_ && have_spec_ && plain_ > 0 ? spec_ / plain_ : 1.0;
+double SpecCosts::ratio(int64_t k) const {
+  if (k <= 0) return 1.0;
+  k = std::min(k, kMaxWidth);
+  if (!have_plain_ || plain_ <= 0) return 1.0 + double(k) / 4;
+  if (have_spec_[k]) return spec_[k] / plain_;
+  int64_t lo = 0, hi = 0;  // nearest measured widths below and above (0: the plain step)
+  for (int64_t w = k - 1; w >= 1 && lo == 0; --w)
+    if (have_spec_[w]) lo = w;
+  for (int64_t w = k + 1; w <= kMaxWidth && hi == 0; ++w)
+    if (have_spec_[w]) hi = w;
+  const double rlo = lo ? spec_[lo] / plain_ : 1.0;
+  if (hi) return rlo + (spec_[hi] / plain_ - rlo) * double(k - lo) / double(hi - lo);
+  if (lo) return 1.0 + (rlo - 1.0) * double(k) / double(lo);  // beyond: the same cost per row
+  return 1.0 + double(k) / 4;
+}
+
+double SpecTracker::acceptance() const {
+  return (accepted_ + 1) / (accepted_ + rejected_ + 2);
 }
 
 int64_t SpecTracker::plan(const SpecCosts& costs) {
-  (void)costs;
   if (block_ <= 0) return 0;
   if (wait_ > 0) {
     --wait_;
+    probing_ = wait_ == 0;
     return 0;
   }
-  // Verify as many drafts as are likely to be accepted plus one (a prefix of the chain: later
-  // drafts are accepted only after earlier ones), the whole block before anything is known.
-  if (accept_ < 0) return block_;
-  return std::clamp<int64_t>(int64_t(std::ceil(accept_)) + 1, 1, block_);
+  const double a = std::min(acceptance(), 0.999);
+  int64_t best = 0;
+  double best_value = 1.0, tokens = 1.0, ak = 1.0;
+  for (int64_t k = 1; k <= block_; ++k) {
+    ak *= a;
+    tokens += ak;  // expected tokens of a step verifying k drafts: 1 + a + ... + a^k
+    const double value = tokens / costs.ratio(k);
+    if (value > best_value) best = k, best_value = value;
+  }
+  if (best > 0) return best;
+  if (probing_) return 1;  // a probe verifies one draft, whatever the estimate
+  wait_ = interval_ - 1;   // this step is the first plain one
+  interval_ = std::min<int64_t>(interval_ * 2, 512);
+  return 0;
 }
 
-void SpecTracker::record(int64_t drafted, int64_t accepted, const SpecCosts& costs) {
+void SpecTracker::record(int64_t drafted, int64_t accepted) {
   if (drafted <= 0) return;
-  accept_ = accept_ < 0 ? double(accepted) : (1 - kAlpha) * accept_ + kAlpha * double(accepted);
-  // A drafting step emits 1 + accepted tokens for `ratio` plain steps' time.
-  if (1.0 + accept_ > costs.ratio()) {
-    interval_ = 4;
-    return;
-  }
-  wait_ = interval_;
-  interval_ = std::min<int64_t>(interval_ * 2, 256);
+  accepted_ = kDecay * accepted_ + double(accepted);
+  rejected_ = kDecay * rejected_ + (accepted < drafted ? 1.0 : 0.0);
+  if (probing_ && accepted > 0) interval_ = 8;  // the probe paid off: back to the short interval
+  probing_ = false;
 }
 
 }  // namespace dsv41

@@ -10,13 +10,18 @@
 //   - after k accepted drafts the last row gives one more token as a plain decode would.
 // Rejected rows are rolled back with ModelRunner::truncate.
 //
-// Whether drafting pays is decided per request (SpecTracker) from its measured acceptance and the
-// engine's measured cost of a drafting step against a plain decode step (SpecCosts), both
-// per sequence: a request drafts while (1 + expected accepted drafts) exceeds that cost ratio,
-// otherwise it decodes plainly and probes again after an interval that doubles with every probe
+// Whether drafting pays is decided per request (SpecTracker) by a cost model: the request's
+// per-draft acceptance probability a (estimated from its verify steps: accepted drafts against
+// first rejections, with a prior of one each) gives the expected tokens of a step verifying k
+// drafts, (1 - a^(k+1)) / (1 - a); the engine's measured cost of such a step over a plain decode
+// step (SpecCosts, per width k: the wall time per sequence of steps where every sequence drafted,
+// which counts the drafter, the k extra rows and the extra distinct experts they route to) divides
+// it. The request verifies the k with the best ratio while that ratio exceeds 1; otherwise it
+// decodes plainly and probes again (one draft) after an interval that doubles with every probe
 // that did not pay.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "engine/sampler.h"
@@ -33,35 +38,41 @@ struct VerifyOutcome {
 VerifyOutcome verify_draft(const ProcessedDistribution& p, int32_t draft, Sampler& sampler,
                            ProcessedDistribution* scratch);
 
-// Engine-wide cost of a step per sequence, in seconds (exponential moving averages): plain decode
-// steps, and drafting steps (the draft call plus the verify step).
+// Engine-wide cost of a step per sequence (exponential moving averages of seconds): plain decode
+// steps, and drafting steps by their width k (drafts per sequence).
 class SpecCosts {
  public:
+  static constexpr int64_t kMaxWidth = 16;
   void observe_plain(double seconds_per_seq);
-  void observe_spec(double seconds_per_seq);
-  // Cost of a drafting step over a plain one; 1 until both have been measured.
-  double ratio() const;
+  void observe_spec(int64_t width, double seconds_per_seq);
+  // Cost of a step verifying k drafts over a plain one: measured where both were, else linear
+  // between the nearest measured widths (1 at width 0) or beyond the widest at the same cost per
+  // draft, else the prior 1 + k / 4.
+  double ratio(int64_t k) const;
 
  private:
-  double plain_ = 0, spec_ = 0;
-  bool have_plain_ = false, have_spec_ = false;
+  double plain_ = 0;
+  bool have_plain_ = false;
+  double spec_[kMaxWidth + 1] = {};
+  bool have_spec_[kMaxWidth + 1] = {};
 };
 
 class SpecTracker {
  public:
-  explicit SpecTracker(int64_t block) : block_(block) {}
+  explicit SpecTracker(int64_t block) : block_(std::min(block, SpecCosts::kMaxWidth)) {}
   // Drafts to verify in this decode step (0: decode plainly this time).
   int64_t plan(const SpecCosts& costs);
   // After a verify step that checked `drafted` drafts and accepted `accepted` of them.
-  void record(int64_t drafted, int64_t accepted, const SpecCosts& costs);
-  double expected_accepted() const { return accept_; }
+  void record(int64_t drafted, int64_t accepted);
+  double acceptance() const;  // the per-draft acceptance probability estimate
   bool drafting() const { return wait_ == 0; }
 
  private:
   int64_t block_;
-  double accept_ = -1;    // EWMA of accepted drafts per drafting step (-1: none yet)
-  int64_t wait_ = 0;      // plain steps left before the next probe
-  int64_t interval_ = 4;  // the next wait after a probe that did not pay
+  double accepted_ = 0, rejected_ = 0;  // decayed counts (first rejections)
+  int64_t wait_ = 0;                    // plain steps left before the next probe
+  int64_t interval_ = 8;                // the next wait once drafting does not pay
+  bool probing_ = false;
 };
 
 }  // namespace dsv41

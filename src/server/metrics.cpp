@@ -94,6 +94,14 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
   value(out, "dsv41_engine_generated_tokens_total", "counter",
         "Tokens the engine generated, counted as they are sampled (unfinished requests too).",
         engine.generated_tokens_total);
+  value(out, "dsv41_spec_draft_tokens_total", "counter",
+        "DSpark drafts verified (speculative decoding, --speculative dspark).",
+        engine.spec_draft_tokens);
+  value(out, "dsv41_spec_accepted_total", "counter",
+        "DSpark drafts the verifier accepted (each one a token emitted without its own step).",
+        engine.spec_accepted_tokens);
+  value(out, "dsv41_spec_verify_steps_total", "counter",
+        "Decode steps of a sequence that verified drafts.", engine.spec_steps);
   histogram(out, "dsv41_request_duration_seconds", "Generation request latency, end to end.",
             duration_);
   histogram(out, "dsv41_time_to_first_token_seconds",

@@ -375,9 +375,21 @@ TEST_F(LogitsCli, DsparkWritesDrafterLogitsIdsConfidenceAndTarget) {
   CliRun bad = run(base() + " --dspark --dspark-prefill 39 --out " + dir_->file("x.f32"));
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("--dspark-prefill 39"), std::string::npos) << bad.err;
-  CliRun fast = run(base() + " --dspark --path fast --out " + dir_->file("x.f32"));
-  EXPECT_EQ(fast.code, 1);
-  EXPECT_NE(fast.err.find("--dspark"), std::string::npos) << fast.err;
+  CliRun f64 = run(base() + " --dspark --path fast --precision fp64 --out " + dir_->file("x.f32"));
+  EXPECT_EQ(f64.code, 1);
+  EXPECT_NE(f64.err.find("--path fast computes in fp32"), std::string::npos) << f64.err;
+  // The fast engine's drafter on the same schedule: the same files, chains starting alike.
+  CliRun fast = run(base() + " --dspark --path fast --converted " + dir_->file("conv") + " --out " +
+                    dir_->file("g.f32"));
+  ASSERT_EQ(fast.code, 0) << fast.err;
+  EXPECT_EQ(nlohmann::json::parse(fast.out)["path"], "fast");
+  EXPECT_EQ(fs::file_size(dir_->file("g.f32")), fs::file_size(dir_->file("e.f32")));
+  EXPECT_EQ(fs::file_size(dir_->file("g.target.f32")), fs::file_size(dir_->file("e.target.f32")));
+  const std::string fid = testing::read_file(dir_->file("g.ids.i32"));
+  const std::string rid = testing::read_file(dir_->file("e.ids.i32"));
+  ASSERT_EQ(fid.size(), rid.size());
+  for (std::size_t s = 0; s < fid.size(); s += std::size_t((B + 1) * 4))
+    EXPECT_EQ(fid.substr(s, 4), rid.substr(s, 4)) << "step " << s / std::size_t((B + 1) * 4);
 }
 
 TEST_F(LogitsCli, BadInputsAreNamed) {

@@ -111,29 +111,52 @@ TEST(Verify, OutcomesFollowTheTargetDistributionWhateverTheDraft) {
   EXPECT_LT(chi_square(h, q, n), 13.8);  // 2 dof, 0.001
 }
 
+TEST(Tracker, CostModelInterpolatesMeasuredWidths) {
+  SpecCosts c;
+  EXPECT_DOUBLE_EQ(c.ratio(4), 2.0);  // nothing measured: the prior 1 + k / 4
+  c.observe_plain(2.0);
+  c.observe_spec(2, 3.0);  // width 2 costs 1.5 plain steps
+  EXPECT_DOUBLE_EQ(c.ratio(0), 1.0);
+  EXPECT_DOUBLE_EQ(c.ratio(2), 1.5);
+  EXPECT_DOUBLE_EQ(c.ratio(1), 1.25);  // between the plain step and width 2
+  EXPECT_DOUBLE_EQ(c.ratio(4), 2.0);   // beyond: the same cost per draft
+  c.observe_spec(4, 3.2);
+  EXPECT_DOUBLE_EQ(c.ratio(4), 1.6);
+  EXPECT_DOUBLE_EQ(c.ratio(3), 1.55);
+}
+
 TEST(Tracker, StopsDraftingWhereItDoesNotPayAndProbesAgain) {
   SpecCosts costs;
   costs.observe_plain(1.0);
-  costs.observe_spec(2.0);  // a drafting step costs two plain ones
+  costs.observe_spec(1, 2.0);  // one draft doubles the step: only a sure draft would pay
   SpecTracker t(5);
-  EXPECT_EQ(t.plan(costs), 5);  // nothing known yet: the whole block
-  t.record(5, 0, costs);        // 1 + 0 tokens for 2 steps' time: stop
+  EXPECT_EQ(t.plan(costs), 0);  // prior acceptance 1/2: 1.5 tokens for 2 steps' time
   EXPECT_FALSE(t.drafting());
   int plain = 0;
-  while (t.plan(costs) == 0) ++plain;
-  EXPECT_EQ(plain, 4);  // then one probe
-  t.record(1, 0, costs);
+  int64_t k = 0;
+  while ((k = t.plan(costs)) == 0) ++plain;
+  EXPECT_EQ(plain, 7);  // 8 plain steps in all, then a probe of one draft
+  EXPECT_EQ(k, 1);
+  t.record(1, 0);
   plain = 0;
   while (t.plan(costs) == 0) ++plain;
-  EXPECT_EQ(plain, 8);  // the interval doubles
-  // Acceptance that pays keeps it drafting, with a width of what is accepted plus one.
+  EXPECT_EQ(plain, 16);  // the interval doubled
+  // A drafter that is always right, on a model whose extra rows cost little: the whole block.
+  SpecCosts cheap;
+  cheap.observe_plain(1.0);
+  cheap.observe_spec(1, 1.1);
+  cheap.observe_spec(5, 1.5);
   SpecTracker good(5);
-  for (int i = 0; i < 10; ++i) good.record(5, 4, costs);
-  EXPECT_TRUE(good.drafting());
-  EXPECT_EQ(good.plan(costs), 5);
-  SpecTracker some(5);
-  for (int i = 0; i < 20; ++i) some.record(3, 2, costs);
-  EXPECT_EQ(some.plan(costs), 3);
+  // The prior 1/2 with these costs: 1 + 1/2 + 1/4 tokens for 1.2 steps' time (width 2) is best.
+  EXPECT_EQ(good.plan(cheap), 2);
+  for (int i = 0; i < 10; ++i) good.record(5, 5);
+  EXPECT_GT(good.acceptance(), 0.9);
+  EXPECT_EQ(good.plan(cheap), 5);
+  // Each draft accepted half the time: width 2 again (1.75 / 1.2 beats 1.97 / 1.5 for 5).
+  SpecTracker half(5);
+  for (int i = 0; i < 30; ++i) half.record(3, 1);
+  EXPECT_NEAR(half.acceptance(), 0.5, 0.01);
+  EXPECT_EQ(half.plan(cheap), 2);
 }
 
 // Every row's logits are kLogits over a vocabulary of 8 (padded to the tokenizer's size with

@@ -1,0 +1,182 @@
+// `dsv41 bench decode --speculative on` (design.md §8; issue 16's A/B): the engine with the DSpark
+// drafter loaded decodes greedy requests with drafting on and, as the control, with drafting
+// suppressed (the same engine and model: Engine::set_drafting), at each --streams count, on a
+// repetitive prompt (a short random pattern repeated) and on a random one. Per point and mode:
+// per-stream decode tok/s (each stream's tokens after its first over the time from its first to
+// its last), aggregate tok/s, drafts verified and accepted, the acceptance rate, rows the model ran
+// per step and distinct routed experts per step (from the model's counters; the points' few
+// prefill steps included); and the on/off ratio of per-stream tok/s.
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/bench_model.h"
+#include "cli/commands.h"
+#include "cli/fast_model_dir.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "ops/kernels.h"
+
+namespace dsv41::cli {
+namespace {
+
+struct StreamRun {
+  int64_t tokens = 0;
+  double first = -1, last = -1;  // seconds from the point's start
+};
+
+// The requests of one point, all at once; each stream's token arrival times.
+std::vector<StreamRun> run_streams(Engine& e, const std::vector<std::vector<int32_t>>& prompts,
+                                   int64_t max_tokens, Clock::time_point t0, Status* err) {
+  std::vector<StreamRun> runs(prompts.size());
+  std::vector<std::thread> th;
+  std::vector<Status> errs(prompts.size(), Status::ok());
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    th.emplace_back([&, i] {
+      GenerationRequest r;
+      r.prompt = prompts[i];
+      r.sampling.temperature = 0;
+      r.sampling.max_tokens = int(max_tokens);
+      r.sampling.ignore_eos = true;
+      auto h = e.submit(r);
+      if (!h) {
+        errs[i] = h.status();
+        return;
+      }
+      for (RequestOutput o; h->next(o, std::chrono::seconds(3600));) {
+        if (!o.tokens.empty()) {
+          const double now = secs(t0, Clock::now());
+          if (runs[i].first < 0) runs[i].first = now;
+          runs[i].last = now;
+          runs[i].tokens += int64_t(o.tokens.size());
+        }
+        if (o.finished) {
+          if (o.reason == FinishReason::kError) errs[i] = Status::error(o.error);
+          break;
+        }
+      }
+    });
+  for (auto& t : th) t.join();
+  for (const Status& s : errs)
+    if (!s.is_ok()) *err = s;
+  return runs;
+}
+
+nlohmann::ordered_json measure(Engine& e, const FastModel& m,
+                               const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens,
+                               Status* err) {
+  const EngineStats es0 = e.stats();
+  const FastStats fs0 = m.stats();
+  const auto t0 = Clock::now();
+  const auto runs = run_streams(e, prompts, max_tokens, t0, err);
+  const double wall = secs(t0, Clock::now());
+  // The engine thread has published every token; its counters settle with the last step.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const EngineStats es1 = e.stats();
+  const FastStats fs1 = m.stats();
+  double per_stream = 0;
+  int64_t tokens = 0;
+  for (const StreamRun& r : runs) {
+    tokens += r.tokens;
+    if (r.tokens > 1 && r.last > r.first) per_stream += double(r.tokens - 1) / (r.last - r.first);
+  }
+  per_stream /= double(std::max<std::size_t>(1, runs.size()));
+  const int64_t drafts = es1.spec_draft_tokens - es0.spec_draft_tokens;
+  const int64_t accepted = es1.spec_accepted_tokens - es0.spec_accepted_tokens;
+  const int64_t steps = fs1.steps - fs0.steps;
+  return {{"per_stream_tok_s", per_stream},
+          {"tok_s", double(tokens) / wall},
+          {"tokens", tokens},
+          {"wall_s", wall},
+          {"verify_steps", es1.spec_steps - es0.spec_steps},
+          {"drafts", drafts},
+          {"accepted", accepted},
+          {"acceptance_rate", drafts > 0 ? double(accepted) / double(drafts) : 0.0},
+          {"steps", steps},
+          {"rows_per_step", steps > 0 ? double(fs1.tokens - fs0.tokens) / double(steps) : 0.0},
+          {"distinct_experts_per_step",
+           steps > 0 ? double(fs1.distinct_experts - fs0.distinct_experts) / double(steps) : 0.0}};
+}
+
+}  // namespace
+
+int run_bench_speculative(const BenchArgs& a) {
+  auto streams = parse_list(a.streams, "--streams");
+  if (!streams) {
+    log::error("bench decode: {}", streams.status().message());
+    return kExitUsage;
+  }
+  auto dir = ensure_converted(a.model, a.converted);
+  if (!dir) {
+    log::error("bench decode: --model: {}", dir.status().message());
+    return kExitInvalid;
+  }
+  FastOptions o;
+  o.threads = a.threads;
+  o.act_quant = a.act_quant == "on";
+  o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
+  o.warm = true;
+  o.prefix_cache = false;  // both modes compute their prompts
+  o.dspark = true;
+  auto model = FastModel::load(*dir, o);
+  if (!model) {
+    log::error("bench decode: --model: {}", model.status().message());
+    return kExitInvalid;
+  }
+  const FastModel* fast = model->get();
+  auto tok = Tokenizer::load(*dir + "/tokenizer.json");
+  if (!tok) {
+    log::error("bench decode: --model: {}", tok.status().message());
+    return kExitInvalid;
+  }
+  EngineOptions eo;
+  eo.model_dir = *dir;
+  eo.speculative = true;
+  eo.max_num_seqs = int(std::max<int64_t>(1, *std::max_element(streams->begin(), streams->end())));
+  auto engine = Engine::create(std::move(*model), std::move(*tok), eo);
+  if (!engine) {
+    log::error("bench decode: --speculative on: {}", engine.status().message());
+    return kExitInvalid;
+  }
+  const int32_t V = (*engine)->vocab_size();
+  Rng rng(6);
+  nlohmann::ordered_json points = nlohmann::ordered_json::array();
+  for (const char* kind : {"repetitive", "random"}) {
+    for (int64_t s : *streams) {
+      if (s < 1) continue;
+      std::vector<std::vector<int32_t>> prompts(static_cast<std::size_t>(s));
+      for (auto& p : prompts) {
+        std::vector<int32_t> pattern(std::string(kind) == "repetitive" ? 4 : 16);
+        for (auto& t : pattern) t = int32_t(rng.below(uint64_t(V)));
+        while (p.size() < 16) p.insert(p.end(), pattern.begin(), pattern.end());
+      }
+      nlohmann::ordered_json pt = {{"prompt", kind}, {"streams", s}};
+      Status err = Status::ok();
+      for (bool on : {false, true}) {
+        log::info("bench decode: speculative {} at {} streams, {} prompt ...", on ? "on" : "off", s,
+                  kind);
+        (*engine)->set_drafting(on);
+        pt[on ? "on" : "off"] = measure(**engine, *fast, prompts, a.spec_tokens, &err);
+        if (!err.is_ok()) {
+          log::error("bench decode: {}", err.message());
+          return kExitInvalid;
+        }
+      }
+      const double off = pt["off"]["per_stream_tok_s"].get<double>();
+      pt["speedup_per_stream"] = off > 0 ? pt["on"]["per_stream_tok_s"].get<double>() / off : 0.0;
+      points.push_back(pt);
+    }
+  }
+  nlohmann::ordered_json j = {{"bench", "decode"},
+                              {"speculative", "dspark"},
+                              {"model", a.model},
+                              {"isa", ops::isa_name(ops::kernels().isa)},
+                              {"tokens_per_request", a.spec_tokens},
+                              {"control", "the same engine with drafting suppressed"},
+                              {"points", points}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return kExitOk;
+}
+
+}  // namespace dsv41::cli
