@@ -546,6 +546,11 @@ TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
   CliRun again =
       run("generate --model " + dir.path() + "/ck --prompt 'hello world' --max-tokens 12");
   EXPECT_EQ(again.out, g.out);
+  // Speculative decoding (the checkpoint's DSpark drafter): greedy text unchanged.
+  CliRun spec = run("generate --model " + dir.path() +
+                    "/ck --prompt 'hello world' --max-tokens 12 --speculative dspark");
+  ASSERT_EQ(spec.code, 0) << spec.err;
+  EXPECT_EQ(spec.out, g.out);
   // Piped with the log into one stream, the statistics line is a line of its own, not glued to
   // the generated text (stdout ends its text with a newline before the log line is written).
   EXPECT_EQ(g.out.back(), '\n');
