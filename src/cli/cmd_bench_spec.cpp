@@ -5,7 +5,9 @@
 // per-stream decode tok/s (each stream's tokens after its first over the time from its first to
 // its last), aggregate tok/s, drafts verified and accepted, the acceptance rate, rows the model ran
 // per step and distinct routed experts per step (from the model's counters; the points' few
-// prefill steps included); and the on/off ratio of per-stream tok/s.
+// prefill steps included); and the on/off ratio of per-stream tok/s. A third mode, "oracle",
+// drafts the control run's own tokens (model/oracle_drafter.h): the speed-up verification gives
+// when every draft is right, on this model and machine.
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "cli/fast_model_dir.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "model/oracle_drafter.h"
 #include "ops/kernels.h"
 
 namespace dsv41::cli {
@@ -24,6 +27,7 @@ namespace {
 struct StreamRun {
   int64_t tokens = 0;
   double first = -1, last = -1;  // seconds from the point's start
+  std::vector<int32_t> ids;      // the tokens generated
 };
 
 // The requests of one point, all at once; each stream's token arrival times.
@@ -50,6 +54,7 @@ std::vector<StreamRun> run_streams(Engine& e, const std::vector<std::vector<int3
           if (runs[i].first < 0) runs[i].first = now;
           runs[i].last = now;
           runs[i].tokens += int64_t(o.tokens.size());
+          for (const auto& t : o.tokens) runs[i].ids.push_back(t.token);
         }
         if (o.finished) {
           if (o.reason == FinishReason::kError) errs[i] = Status::error(o.error);
@@ -65,7 +70,7 @@ std::vector<StreamRun> run_streams(Engine& e, const std::vector<std::vector<int3
 
 nlohmann::ordered_json measure(Engine& e, const FastModel& m,
                                const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens,
-                               Status* err) {
+                               Status* err, std::vector<std::vector<int32_t>>* streams = nullptr) {
   const EngineStats es0 = e.stats();
   const FastStats fs0 = m.stats();
   const auto t0 = Clock::now();
@@ -82,6 +87,11 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
     if (r.tokens > 1 && r.last > r.first) per_stream += double(r.tokens - 1) / (r.last - r.first);
   }
   per_stream /= double(std::max<std::size_t>(1, runs.size()));
+  if (streams)  // each prompt with what it generated: the oracle's drafts
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      streams->push_back(prompts[i]);
+      streams->back().insert(streams->back().end(), runs[i].ids.begin(), runs[i].ids.end());
+    }
   const int64_t drafts = es1.spec_draft_tokens - es0.spec_draft_tokens;
   const int64_t accepted = es1.spec_accepted_tokens - es0.spec_accepted_tokens;
   const int64_t steps = fs1.steps - fs0.steps;
@@ -125,6 +135,11 @@ int run_bench_speculative(const BenchArgs& a) {
     return kExitInvalid;
   }
   const FastModel* fast = model->get();
+  // The drafter runs for real in both drafting modes; in "oracle" its chains are replaced with
+  // the control run's own tokens (every draft right: what verification costs and returns).
+  auto oracle = std::make_unique<OracleDrafter>(std::move(*model),
+                                                std::vector<std::vector<int32_t>>{});
+  OracleDrafter* oracle_ptr = oracle.get();
   auto tok = Tokenizer::load(*dir + "/tokenizer.json");
   if (!tok) {
     log::error("bench decode: --model: {}", tok.status().message());
@@ -134,7 +149,7 @@ int run_bench_speculative(const BenchArgs& a) {
   eo.model_dir = *dir;
   eo.speculative = true;
   eo.max_num_seqs = int(std::max<int64_t>(1, *std::max_element(streams->begin(), streams->end())));
-  auto engine = Engine::create(std::move(*model), std::move(*tok), eo);
+  auto engine = Engine::create(std::move(oracle), std::move(*tok), eo);
   if (!engine) {
     log::error("bench decode: --speculative on: {}", engine.status().message());
     return kExitInvalid;
@@ -153,11 +168,14 @@ int run_bench_speculative(const BenchArgs& a) {
       }
       nlohmann::ordered_json pt = {{"prompt", kind}, {"streams", s}};
       Status err = Status::ok();
-      for (bool on : {false, true}) {
-        log::info("bench decode: speculative {} at {} streams, {} prompt ...", on ? "on" : "off", s,
-                  kind);
-        (*engine)->set_drafting(on);
-        pt[on ? "on" : "off"] = measure(**engine, *fast, prompts, a.spec_tokens, &err);
+      std::vector<std::vector<int32_t>> streams_seen;
+      for (const char* mode : {"off", "on", "oracle"}) {
+        log::info("bench decode: speculative {} at {} streams, {} prompt ...", mode, s, kind);
+        const bool control = std::string(mode) == "off", known = std::string(mode) == "oracle";
+        (*engine)->set_drafting(!control);
+        oracle_ptr->set_streams(known ? streams_seen : std::vector<std::vector<int32_t>>{});
+        pt[mode] = measure(**engine, *fast, prompts, a.spec_tokens, &err,
+                           control ? &streams_seen : nullptr);
         if (!err.is_ok()) {
           log::error("bench decode: {}", err.message());
           return kExitInvalid;
@@ -165,6 +183,8 @@ int run_bench_speculative(const BenchArgs& a) {
       }
       const double off = pt["off"]["per_stream_tok_s"].get<double>();
       pt["speedup_per_stream"] = off > 0 ? pt["on"]["per_stream_tok_s"].get<double>() / off : 0.0;
+      pt["oracle_speedup_per_stream"] =
+          off > 0 ? pt["oracle"]["per_stream_tok_s"].get<double>() / off : 0.0;
       points.push_back(pt);
     }
   }

@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "io/test_util.h"
 #include "model/fast/fast_model.h"
+#include "model/oracle_drafter.h"
 #include "model/tiny_converted.h"
 #include "text/tokenizer_file.h"
 
@@ -357,71 +358,10 @@ TEST(Engine, SpeculativeGreedyEqualsPlainOnTheFastPath) {
   EXPECT_EQ(spec->stats().kv_blocks_used, 0);
 }
 
-// The fast model with a drafter that knows the answer: its drafts are the plain run's own greedy
-// tokens, those of every fifth position made wrong, so verify steps accept 0 .. B drafts and roll
-// back at every depth; the tokens and logprobs must still be those of plain decoding.
-class OracleDrafter final : public ModelRunner {
- public:
-  OracleDrafter(std::unique_ptr<FastModel> m, std::vector<std::vector<int32_t>> streams)
-      : m_(std::move(m)), streams_(std::move(streams)) {}
-  int32_t vocab_size() const override { return m_->vocab_size(); }
-  int64_t hidden_size() const override { return m_->hidden_size(); }
-  int64_t max_context() const override { return m_->max_context(); }
-  Status open(SeqId s) override {
-    fed_[s].clear();
-    return m_->open(s);
-  }
-  void free(SeqId s) override {
-    fed_.erase(s);
-    m_->free(s);
-  }
-  Status truncate(SeqId s, int64_t n) override {
-    DSV41_RETURN_IF_ERROR(m_->truncate(s, n));
-    fed_[s].resize(std::size_t(n));
-    return Status::ok();
-  }
-  int64_t length(SeqId s) const override { return m_->length(s); }
-  Status step(const StepBatch& b, StepOutput* out) override {
-    DSV41_RETURN_IF_ERROR(m_->step(b, out));
-    for (const auto& sl : b.slices)
-      fed_[sl.seq].insert(fed_[sl.seq].end(), sl.tokens.begin(), sl.tokens.end());
-    return Status::ok();
-  }
-  int64_t kv_blocks_total() const override { return m_->kv_blocks_total(); }
-  int64_t kv_blocks_free() const override { return m_->kv_blocks_free(); }
-  int64_t kv_blocks_to_grow(SeqId s, int64_t n) const override {
-    return m_->kv_blocks_to_grow(s, n);
-  }
-  int64_t kv_blocks_peak(int64_t l, int64_t t) const override { return m_->kv_blocks_peak(l, t); }
-  int64_t foreign_reads() const override { return m_->foreign_reads(); }
-  int64_t draft_block_size() const override { return m_->draft_block_size(); }
-  Status draft(const std::vector<DraftQuery>& q, std::vector<DraftResult>* out) override {
-    DSV41_RETURN_IF_ERROR(m_->draft(q, out));  // the real drafter runs; its ids are replaced
-    const int64_t B = draft_block_size();
-    for (std::size_t i = 0; i < q.size(); ++i) {
-      std::vector<int32_t> ctx = fed_[q[i].seq];
-      ctx.push_back(q[i].next);
-      for (const auto& st : streams_) {
-        if (st.size() < ctx.size() || !std::equal(ctx.begin(), ctx.end(), st.begin())) continue;
-        for (int64_t j = 1; j <= B; ++j) {
-          const std::size_t at = ctx.size() - 1 + std::size_t(j);
-          int32_t t = at < st.size() ? st[at] : 0;
-          if (at % 5 == 0) t = (t + 1) % vocab_size();  // a wrong draft now and then
-          (*out)[i].ids[std::size_t(j)] = t;
-        }
-        ++oracle_drafts;
-      }
-    }
-    return Status::ok();
-  }
-  int oracle_drafts = 0;
-
- private:
-  std::unique_ptr<FastModel> m_;
-  std::vector<std::vector<int32_t>> streams_;
-  std::map<SeqId, std::vector<int32_t>> fed_;
-};
-
+// The fast model with a drafter that knows the answer (model/oracle_drafter.h): its drafts are the
+// plain run's own greedy tokens, those of every fifth position made wrong, so verify steps accept
+// 0 .. B drafts and roll back at every depth; the tokens and logprobs must still be those of plain
+// decoding.
 TEST(Engine, SpeculativeAcceptedDraftsGiveThePlainTokensOnTheFastPath) {
   testing::TempDir dir;
   const std::string conv = testing::make_tiny_converted(dir, 3);
@@ -459,7 +399,8 @@ TEST(Engine, SpeculativeAcceptedDraftsGiveThePlainTokensOnTheFastPath) {
   fo.dspark = true;
   auto fast = FastModel::load(conv, fo);
   ASSERT_TRUE(fast.is_ok());
-  auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams);
+  auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams,
+                                                 [](std::size_t at) { return at % 5 == 0; });
   OracleDrafter* oracle = backend.get();
   auto tok = Tokenizer::load(conv + "/tokenizer.json");
   ASSERT_TRUE(tok.is_ok());
@@ -484,7 +425,7 @@ TEST(Engine, SpeculativeAcceptedDraftsGiveThePlainTokensOnTheFastPath) {
   std::printf("oracle drafts: %lld verify steps, %lld drafts, %lld accepted\n",
               (long long)s.spec_steps, (long long)s.spec_draft_tokens,
               (long long)s.spec_accepted_tokens);
-  EXPECT_GT(oracle->oracle_drafts, 0);
+  EXPECT_GT(oracle->known_drafts, 0);
   EXPECT_GT(s.spec_accepted_tokens, s.spec_steps);         // more than one token per verify step
   EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens);  // and rejections at several depths
   EXPECT_EQ(s.kv_foreign_reads, 0);
