@@ -137,8 +137,8 @@ int run_bench_speculative(const BenchArgs& a) {
   const FastModel* fast = model->get();
   // The drafter runs for real in both drafting modes; in "oracle" its chains are replaced with
   // the control run's own tokens (every draft right: what verification costs and returns).
-  auto oracle = std::make_unique<OracleDrafter>(std::move(*model),
-                                                std::vector<std::vector<int32_t>>{});
+  auto oracle =
+      std::make_unique<OracleDrafter>(std::move(*model), std::vector<std::vector<int32_t>>{});
   OracleDrafter* oracle_ptr = oracle.get();
   auto tok = Tokenizer::load(*dir + "/tokenizer.json");
   if (!tok) {

@@ -567,10 +567,13 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
     // Never past max_tokens or the context: a verify step emits up to k + 1 tokens.
     k = std::min({k, int64_t(sp.max_tokens) - a.generated - 1, max_context_ - (s.computed + 1) - 1,
                   spare_tokens});
+    // A rollback into a block the prefix cache shares needs a private copy (up to a window and
+    // a global block): reserved with the verify rows, so a rejection never finds the pool full.
+    const int64_t cow = backend_->prefix_caching() ? 2 : 0;
     int64_t extra = 0;
     for (; k > 0 && bounded; --k) {
       extra = backend_->kv_blocks_to_grow(s.id, s.computed + 1 + k) -
-              backend_->kv_blocks_to_grow(s.id, s.computed + 1);
+              backend_->kv_blocks_to_grow(s.id, s.computed + 1) + cow;
       if (extra <= spare_blocks) break;
     }
     if (k <= 0) continue;
@@ -596,8 +599,8 @@ bool Engine::verify(Active& a, const std::vector<int32_t>& drafts,
   const int64_t V = vocab_size_, k = int64_t(drafts.size());
   const int64_t base = a.sched.computed;  // the fed token's position
   std::vector<float> row(static_cast<std::size_t>(V)), scratch;
-  ProcessedDistribution p, residual;
-  int64_t accepted = 0;
+  ProcessedDistribution p;
+  int64_t accepted = 0, examined = 0;
   bool done = false;
   for (int64_t j = 0; j <= k && !done; ++j) {
     row.assign(logits.begin() + j * V, logits.begin() + (j + 1) * V);
@@ -607,25 +610,27 @@ bool Engine::verify(Active& a, const std::vector<int32_t>& drafts,
     }
     scratch = row;
     a.sampler->process(scratch, &p);
-    const VerifyOutcome v = verify_draft(p, drafts[std::size_t(j)], *a.sampler, &residual);
+    const VerifyOutcome v = verify_draft(p, drafts[std::size_t(j)], *a.sampler);
+    ++examined;
     done = emit(a, v.token, row);
     if (!v.accepted) break;
     ++accepted;
   }
+  // Drafts cut off by the request's end count as neither verified nor rejected.
   spec_steps_.fetch_add(1);
-  spec_draft_tokens_.fetch_add(k);
+  spec_draft_tokens_.fetch_add(examined);
   spec_accepted_tokens_.fetch_add(accepted);
-  a.spec->record(k, accepted);
+  a.spec->record(examined, accepted);
   // The fed token and the accepted drafts stay; the rejected drafts' rows go.
   a.sched.computed = base + 1 + accepted;
   if (!done && accepted < k)
     if (Status st = backend_->truncate(a.sched.id, a.sched.computed); !st) {
-      // Not exactly rollable: recompute the sequence from scratch (as preemption does).
+      // Not exactly rollable (draft_for reserves the blocks a copy-on-write needs, so this is a
+      // guard): recomputed like a preempted sequence, its prompt re-attached from the cache.
       log::warn("engine: rollback of sequence {} failed ({}); recomputing it", a.sched.id,
                 st.message());
-      backend_->free(a.sched.id);
-      a.sched.open = false;
-      a.sched.computed = 0;
+      sched_.preempt(&a.sched, *backend_);
+      preemptions_.fetch_add(1);
     }
   return done;
 }

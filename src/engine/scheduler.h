@@ -62,10 +62,11 @@ class Scheduler {
 
   int64_t waiting() const { return int64_t(waiting_.size()); }
   int64_t running() const { return int64_t(running_.size()); }
-
- private:
+  // Preemption by recompute: frees the sequence in the model and puts it at the front of the
+  // waiting queue (also the engine's way out when a speculative rollback cannot be done exactly).
   void preempt(SchedSeq* s, ModelRunner& model);
 
+ private:
   std::vector<SchedSeq*> running_;  // arrival order (oldest first)
   std::deque<SchedSeq*> waiting_;
 };

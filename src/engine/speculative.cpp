@@ -6,22 +6,9 @@
 
 namespace dsv41 {
 
-VerifyOutcome verify_draft(const ProcessedDistribution& p, int32_t draft, Sampler& sampler,
-                           ProcessedDistribution* scratch) {
-  if (p.greedy) return {p.ids[0] == draft, p.ids[0]};
-  const double pd = p.probability(draft);
-  if (pd > 0 && sampler.uniform() < pd) return {true, draft};
-  // The residual max(0, p - q) with q the point mass on the draft: p without it, renormalised.
-  scratch->ids.clear();
-  scratch->probs.clear();
-  scratch->greedy = false;
-  for (std::size_t i = 0; i < p.ids.size(); ++i)
-    if (p.ids[i] != draft) {
-      scratch->ids.push_back(p.ids[i]);
-      scratch->probs.push_back(p.probs[i] / (1.0 - pd));
-    }
-  if (scratch->ids.empty()) return {true, draft};  // p was the point mass on the draft
-  return {false, sampler.draw(*scratch)};
+VerifyOutcome verify_draft(const ProcessedDistribution& p, int32_t draft, Sampler& sampler) {
+  const int32_t token = sampler.draw(p);
+  return {token == draft, token};
 }
 
 namespace {

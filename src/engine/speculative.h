@@ -1,12 +1,16 @@
 // DSpark speculative decoding in the engine (spec §8; issue: lossless verification and an
 // acceptance tracker). The drafter proposes a greedy chain d1..dk after the token t a sequence is
 // about to feed; one step feeds [t, d1..dk] and returns the target's logits after each; the
-// verifier walks them in order:
-//   - the drafter's proposal is a point mass on d (its chain is argmax, design.md §9), so the
-//     standard accept/resample rule becomes: accept d with probability p(d) under the target's
-//     processed distribution p (greedy: iff d is p's argmax); on rejection draw from p without d,
-//     renormalised. Each emitted token is then distributed exactly as p (P(d) = p(d); P(x != d) =
-//     (1 - p(d)) p(x) / (1 - p(d))), so the output distribution is the target's;
+// verifier walks them in order, drawing each position's token from the target's processed
+// distribution p exactly as plain decoding would (the same sampler, the same one uniform per
+// token, in the same order) and accepting the draft when the drawn token is the draft:
+//   - the drafter's proposal is a point mass on d (its chain is argmax, design.md §9), and
+//     accepting exactly when the target's own draw equals d accepts with probability p(d), the
+//     standard rule for a point-mass proposal; the emitted token is the target's draw, so the
+//     output distribution is the target's;
+//   - stronger: the request's random stream is consumed as without speculation, so a seeded
+//     request gives the same tokens with speculation on and off (given the same logits rows,
+//     which the fast path's batch invariance provides);
 //   - after k accepted drafts the last row gives one more token as a plain decode would.
 // Rejected rows are rolled back with ModelRunner::truncate.
 //
@@ -30,13 +34,12 @@ namespace dsv41 {
 
 struct VerifyOutcome {
   bool accepted = false;
-  int32_t token = 0;  // the draft when accepted, else the token drawn from the residual
+  int32_t token = 0;  // the target's draw (the draft when accepted)
 };
 
 // The verifier's rule for one drafted token `draft` against the target's processed distribution
-// `p` (Sampler::process), with the request's random stream.
-VerifyOutcome verify_draft(const ProcessedDistribution& p, int32_t draft, Sampler& sampler,
-                           ProcessedDistribution* scratch);
+// `p` (Sampler::process): the target's own draw, accepted when it is the draft.
+VerifyOutcome verify_draft(const ProcessedDistribution& p, int32_t draft, Sampler& sampler);
 
 // Engine-wide cost of a step per sequence (exponential moving averages of seconds): plain decode
 // steps, and drafting steps by their width k (drafts per sequence).

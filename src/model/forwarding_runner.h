@@ -25,9 +25,7 @@ class ForwardingRunner : public ModelRunner {
   void free(SeqId seq) override { inner_->free(seq); }
   Status truncate(SeqId seq, int64_t length) override { return inner_->truncate(seq, length); }
   int64_t length(SeqId seq) const override { return inner_->length(seq); }
-  Status step(const StepBatch& batch, StepOutput* out) override {
-    return inner_->step(batch, out);
-  }
+  Status step(const StepBatch& batch, StepOutput* out) override { return inner_->step(batch, out); }
   int64_t draft_block_size() const override { return inner_->draft_block_size(); }
   Status draft(const std::vector<DraftQuery>& queries, std::vector<DraftResult>* out) override {
     return inner_->draft(queries, out);

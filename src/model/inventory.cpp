@@ -132,7 +132,8 @@ std::vector<ExpectedTensor> expected_text_tensors(const ModelConfig& c, const Mo
     if (p.dspark_stage == int(t.num_nextn_predict_layers) - 1) {
       b.add(n.norm, DType::kBF16, {D}, TensorRole::kDspark);
       b.add(n.markov_embed, DType::kBF16, {V, t.dspark_markov_rank}, TensorRole::kDspark);
-      b.add(n.markov_head, DType::kBF16, {V, t.dspark_markov_rank}, TensorRole::kDspark);
+      b.add(n.markov_head + ".weight", DType::kBF16, {V, t.dspark_markov_rank},
+            TensorRole::kDspark);
       b.add(n.confidence, DType::kBF16, {1, D + t.dspark_markov_rank}, TensorRole::kDspark);
     }
   }

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,12 @@ class OracleDrafter final : public ForwardingRunner {
   void free(SeqId s) override {
     fed_.erase(s);
     ForwardingRunner::free(s);
+  }
+  int64_t attach_cached_prefix(SeqId s, const std::vector<int32_t>& tokens,
+                               const std::string& salt) override {
+    const int64_t n = ForwardingRunner::attach_cached_prefix(s, tokens, salt);
+    fed_[s].assign(tokens.begin(), tokens.begin() + n);
+    return n;
   }
   Status truncate(SeqId s, int64_t n) override {
     DSV41_RETURN_IF_ERROR(ForwardingRunner::truncate(s, n));

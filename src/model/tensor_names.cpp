@@ -59,7 +59,7 @@ DsparkTensorNames dspark_tensor_names(const std::string& first, const std::strin
   n.main_norm = first + "main_norm.weight";
   n.norm = last + "norm.weight";
   n.markov_embed = last + "markov_head.embed.weight";
-  n.markov_head = last + "markov_head.head.weight";
+  n.markov_head = last + "markov_head.head";
   n.confidence = last + "confidence_head.proj.weight";
   return n;
 }

@@ -378,7 +378,8 @@ TEST_F(LogitsCli, DsparkWritesDrafterLogitsIdsConfidenceAndTarget) {
   CliRun f64 = run(base() + " --dspark --path fast --precision fp64 --out " + dir_->file("x.f32"));
   EXPECT_EQ(f64.code, 1);
   EXPECT_NE(f64.err.find("--path fast computes in fp32"), std::string::npos) << f64.err;
-  // The fast engine's drafter on the same schedule: the same files, chains starting alike.
+  // The fast engine's drafter on the same schedule: the same files, the first step's chain that
+  // of the reference (before any rounding flip can set them apart).
   CliRun fast = run(base() + " --dspark --path fast --converted " + dir_->file("conv") + " --out " +
                     dir_->file("g.f32"));
   ASSERT_EQ(fast.code, 0) << fast.err;
@@ -388,8 +389,7 @@ TEST_F(LogitsCli, DsparkWritesDrafterLogitsIdsConfidenceAndTarget) {
   const std::string fid = testing::read_file(dir_->file("g.ids.i32"));
   const std::string rid = testing::read_file(dir_->file("e.ids.i32"));
   ASSERT_EQ(fid.size(), rid.size());
-  for (std::size_t s = 0; s < fid.size(); s += std::size_t((B + 1) * 4))
-    EXPECT_EQ(fid.substr(s, 4), rid.substr(s, 4)) << "step " << s / std::size_t((B + 1) * 4);
+  EXPECT_EQ(fid.substr(0, std::size_t((B + 1) * 4)), rid.substr(0, std::size_t((B + 1) * 4)));
 }
 
 TEST_F(LogitsCli, BadInputsAreNamed) {

@@ -18,6 +18,7 @@
 #include "io/test_util.h"
 #include "model/fast/fast_model.h"
 #include "model/oracle_drafter.h"
+#include "model/tiny_checkpoint.h"
 #include "model/tiny_converted.h"
 #include "text/tokenizer_file.h"
 
@@ -55,12 +56,12 @@ TEST(Verify, GreedyAcceptsOnlyTheArgmax) {
   SamplingParams sp;
   sp.temperature = 0;
   Sampler s(sp, 1);
-  ProcessedDistribution p, scratch;
+  ProcessedDistribution p;
   std::vector<float> l = kLogits;
   s.process(l, &p);
   ASSERT_TRUE(p.greedy);
   for (int32_t d = 0; d < int32_t(kLogits.size()); ++d) {
-    const VerifyOutcome v = verify_draft(p, d, s, &scratch);
+    const VerifyOutcome v = verify_draft(p, d, s);
     EXPECT_EQ(v.accepted, d == 0) << d;
     EXPECT_EQ(v.token, 0) << d;
   }
@@ -74,13 +75,13 @@ TEST(Verify, OutcomesFollowTheTargetDistributionWhateverTheDraft) {
     sp.temperature = 1.0;
     sp.seed = 77 + uint64_t(draft);
     Sampler s(sp, 1);
-    ProcessedDistribution p, scratch;
+    ProcessedDistribution p;
     std::vector<int> h(kLogits.size(), 0);
     int accepted = 0;
     for (int i = 0; i < n; ++i) {
       std::vector<float> l = kLogits;
       s.process(l, &p);
-      const VerifyOutcome v = verify_draft(p, draft, s, &scratch);
+      const VerifyOutcome v = verify_draft(p, draft, s);
       ++h[std::size_t(v.token)];
       accepted += v.accepted;
       EXPECT_EQ(v.accepted, v.token == draft);
@@ -97,12 +98,12 @@ TEST(Verify, OutcomesFollowTheTargetDistributionWhateverTheDraft) {
   sp.top_k = 3;
   sp.seed = 5;
   Sampler s(sp, 1);
-  ProcessedDistribution p, scratch;
+  ProcessedDistribution p;
   std::vector<int> h(kLogits.size(), 0);
   for (int i = 0; i < n; ++i) {
     std::vector<float> l = kLogits;
     s.process(l, &p);
-    const VerifyOutcome v = verify_draft(p, 4, s, &scratch);
+    const VerifyOutcome v = verify_draft(p, 4, s);
     EXPECT_FALSE(v.accepted);
     ++h[std::size_t(v.token)];
   }
@@ -358,77 +359,170 @@ TEST(Engine, SpeculativeGreedyEqualsPlainOnTheFastPath) {
   EXPECT_EQ(spec->stats().kv_blocks_used, 0);
 }
 
-// The fast model with a drafter that knows the answer (model/oracle_drafter.h): its drafts are the
-// plain run's own greedy tokens, those of every fifth position made wrong, so verify steps accept
-// 0 .. B drafts and roll back at every depth; the tokens and logprobs must still be those of plain
-// decoding.
-TEST(Engine, SpeculativeAcceptedDraftsGiveThePlainTokensOnTheFastPath) {
-  testing::TempDir dir;
-  const std::string conv = testing::make_tiny_converted(dir, 3);
-  EngineOptions opt;
-  opt.model_dir = conv;
-  opt.fast.kv_cache_gb = 0.05;
-  auto plain = Engine::load(opt);
-  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
-  Rng rng(9);
-  std::vector<GenerationRequest> reqs;
-  std::vector<std::vector<std::pair<int32_t, float>>> want;
-  std::vector<std::vector<int32_t>> streams;
-  for (int i = 0; i < 3; ++i) {
-    GenerationRequest r;
-    for (int k = 0; k < 5 + 7 * i; ++k) r.prompt.push_back(int32_t(3 + rng.below(900)));
-    r.sampling.temperature = 0;
-    r.sampling.max_tokens = 24;
-    r.sampling.ignore_eos = true;
-    r.sampling.logprobs = 0;
-    auto h = (*plain)->submit(r);
-    ASSERT_TRUE(h.is_ok());
-    std::vector<std::pair<int32_t, float>> got;
-    for (RequestOutput o; h->next(o, 30s);) {
-      for (const auto& t : o.tokens) got.emplace_back(t.token, t.logprob);
-      if (o.finished) break;
-    }
-    std::vector<int32_t> st = r.prompt;
-    for (const auto& [t, lp] : got) st.push_back(t);
-    reqs.push_back(r);
-    want.push_back(got);
-    streams.push_back(st);
+// The fast model with a drafter that knows the answer (model/oracle_drafter.h): its drafts are a
+// plain run's own tokens, those of every fifth position made wrong, so verify steps accept 0 .. B
+// drafts and roll back at every depth. The tokens, logprobs and finish must still be those of the
+// plain run: greedy, seeded sampling with penalties (the verifier draws as plain decoding does,
+// one uniform per token in order), and a stop token met inside an accepted chain.
+class OracleRuns : public ::testing::Test {
+ protected:
+  struct Out {
+    std::vector<std::pair<int32_t, float>> tokens;
+    FinishReason reason = FinishReason::kNone;
+    bool operator==(const Out&) const = default;
+  };
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    conv_ = new std::string(testing::make_tiny_converted(*dir_, 3));
   }
-  FastOptions fo;
-  fo.kv_cache_bytes = 50'000'000;
-  fo.dspark = true;
-  auto fast = FastModel::load(conv, fo);
-  ASSERT_TRUE(fast.is_ok());
-  auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams,
-                                                 [](std::size_t at) { return at % 5 == 0; });
-  OracleDrafter* oracle = backend.get();
-  auto tok = Tokenizer::load(conv + "/tokenizer.json");
-  ASSERT_TRUE(tok.is_ok());
-  EngineOptions so = opt;
-  so.speculative = true;
-  auto spec = Engine::create(std::move(backend), std::move(*tok), so);
-  ASSERT_TRUE(spec.is_ok()) << spec.status().message();
-  std::vector<std::vector<std::pair<int32_t, float>>> got(reqs.size());
-  std::vector<std::thread> th;
-  for (std::size_t i = 0; i < reqs.size(); ++i)
-    th.emplace_back([&, i] {
-      auto h = (*spec)->submit(reqs[i]);
-      ASSERT_TRUE(h.is_ok());
-      for (RequestOutput o; h->next(o, 30s);) {
-        for (const auto& t : o.tokens) got[i].emplace_back(t.token, t.logprob);
-        if (o.finished) break;
+  static void TearDownTestSuite() {
+    delete conv_;
+    delete dir_;
+  }
+  static EngineOptions options() {
+    EngineOptions opt;
+    opt.model_dir = *conv_;
+    opt.fast.kv_cache_gb = 0.05;
+    return opt;
+  }
+  static Out produce(Engine& e, const GenerationRequest& r) {
+    auto h = e.submit(r);
+    EXPECT_TRUE(h.is_ok()) << h.status().message();
+    Out out;
+    for (RequestOutput o; h->next(o, 30s);) {
+      for (const auto& t : o.tokens) out.tokens.emplace_back(t.token, t.logprob);
+      if (o.finished) {
+        out.reason = o.reason;
+        break;
       }
-    });
-  for (auto& t : th) t.join();
-  for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
-  const EngineStats s = (*spec)->stats();
-  std::printf("oracle drafts: %lld verify steps, %lld drafts, %lld accepted\n",
+    }
+    return out;
+  }
+  // The plain runs of `reqs` (one at a time), then the same through a speculative engine whose
+  // drafter knows them, all at once; returns the speculative engine's stats.
+  static EngineStats compare(const std::vector<GenerationRequest>& reqs) {
+    auto plain = Engine::load(options());
+    EXPECT_TRUE(plain.is_ok()) << plain.status().message();
+    std::vector<Out> want;
+    std::vector<std::vector<int32_t>> streams;
+    for (const auto& r : reqs) {
+      want.push_back(produce(**plain, r));
+      streams.push_back(r.prompt);
+      for (const auto& [t, lp] : want.back().tokens) streams.back().push_back(t);
+    }
+    FastOptions fo;
+    fo.kv_cache_bytes = 50'000'000;
+    fo.dspark = true;
+    auto fast = FastModel::load(*conv_, fo);
+    EXPECT_TRUE(fast.is_ok());
+    auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams,
+                                                   [](std::size_t at) { return at % 5 == 0; });
+    OracleDrafter* oracle = backend.get();
+    auto tok = Tokenizer::load(*conv_ + "/tokenizer.json");
+    EXPECT_TRUE(tok.is_ok());
+    EngineOptions so = options();
+    so.speculative = true;
+    auto spec = Engine::create(std::move(backend), std::move(*tok), so);
+    EXPECT_TRUE(spec.is_ok()) << spec.status().message();
+    std::vector<Out> got(reqs.size());
+    std::vector<std::thread> th;
+    for (std::size_t i = 0; i < reqs.size(); ++i)
+      th.emplace_back([&, i] { got[i] = produce(**spec, reqs[i]); });
+    for (auto& t : th) t.join();
+    for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+    EXPECT_GT(oracle->known_drafts, 0);
+    const EngineStats s = (*spec)->stats();
+    EXPECT_EQ(s.kv_foreign_reads, 0);
+    return s;
+  }
+  static std::vector<GenerationRequest> requests(double temperature) {
+    Rng rng(9);
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 3; ++i) {
+      GenerationRequest r;
+      for (int k = 0; k < 5 + 7 * i; ++k) r.prompt.push_back(int32_t(3 + rng.below(900)));
+      r.sampling.temperature = temperature;
+      r.sampling.max_tokens = 24;
+      r.sampling.ignore_eos = true;
+      r.sampling.logprobs = 0;
+      r.sampling.seed = uint64_t(40 + i);
+      reqs.push_back(r);
+    }
+    return reqs;
+  }
+  static testing::TempDir* dir_;
+  static std::string* conv_;
+};
+testing::TempDir* OracleRuns::dir_ = nullptr;
+std::string* OracleRuns::conv_ = nullptr;
+
+TEST_F(OracleRuns, GreedyTokensAreThoseOfPlainDecoding) {
+  const EngineStats s = compare(requests(0));
+  std::printf("oracle drafts, greedy: %lld verify steps, %lld drafts, %lld accepted\n",
               (long long)s.spec_steps, (long long)s.spec_draft_tokens,
               (long long)s.spec_accepted_tokens);
-  EXPECT_GT(oracle->known_drafts, 0);
   EXPECT_GT(s.spec_accepted_tokens, s.spec_steps);         // more than one token per verify step
   EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens);  // and rejections at several depths
-  EXPECT_EQ(s.kv_foreign_reads, 0);
+}
+
+TEST_F(OracleRuns, SeededSamplingWithPenaltiesGivesThePlainTokens) {
+  auto reqs = requests(0.9);
+  for (auto& r : reqs) {
+    r.sampling.top_p = 0.9;
+    r.sampling.presence_penalty = 0.5;
+    r.sampling.frequency_penalty = 0.3;
+  }
+  const EngineStats s = compare(reqs);
+  EXPECT_GT(s.spec_accepted_tokens, 0);
+  EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens);
+}
+
+TEST_F(OracleRuns, AStopTokenInsideAnAcceptedChainEndsThere) {
+  auto reqs = requests(0);
+  // Each request stops at the token its free run gives 10th.
+  auto plain = Engine::load(options());
+  ASSERT_TRUE(plain.is_ok());
+  for (auto& r : reqs) {
+    const Out free = produce(**plain, r);
+    ASSERT_GE(free.tokens.size(), 12u);
+    r.sampling.stop_token_ids = {free.tokens[9].first};
+  }
+  compare(reqs);
+}
+
+// The reference path drafts through ReferenceRunner::draft (its model holding the drafter) and
+// rolls back by replay: greedy tokens as without speculation.
+TEST(Engine, SpeculativeOnTheReferencePathGivesThePlainTokens) {
+  testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/ck";
+  mt.seed = 5;
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  auto run_with = [&](bool spec) {
+    EngineOptions opt;
+    opt.model_dir = mt.out_dir;
+    opt.path = "reference";
+    opt.speculative = spec;
+    auto e = Engine::load(opt);
+    EXPECT_TRUE(e.is_ok()) << e.status().message();
+    GenerationRequest r;
+    r.prompt = {11, 305, 27, 640, 9, 88};
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 10;
+    r.sampling.ignore_eos = true;
+    auto h = (*e)->submit(r);
+    EXPECT_TRUE(h.is_ok());
+    std::vector<int32_t> toks;
+    for (RequestOutput o; h->next(o, 60s);) {
+      for (const auto& t : o.tokens) toks.push_back(t.token);
+      if (o.finished) break;
+    }
+    if (spec) EXPECT_GT((*e)->stats().spec_steps, 0);
+    return toks;
+  };
+  const auto plain = run_with(false);
+  ASSERT_EQ(plain.size(), 10u);
+  EXPECT_EQ(run_with(true), plain);
 }
 
 }  // namespace

@@ -74,47 +74,54 @@ double rel_l2(const float* a, const float* b, int64_t n) {
   return std::sqrt(num / den);
 }
 
+// From a window that is still filling (P = 3, below the tiny preset's window) and from a full
+// one (P = 12): logit rows within the short-prefix gate on the first steps, chains identical on
+// nearly every step (measured: all of them), confidences close.
 TEST(FastDspark, DraftsTrackTheReferenceDrafter) {
   const auto& tk = tiny().tokens;
-  const int64_t P = 12;
-  ReferenceOptions ro;
-  ro.dspark = true;
-  auto ref = ReferenceModel<float>::load(tiny().dir.path() + "/ck", ro);
-  ASSERT_TRUE(ref.is_ok()) << ref.status().message();
-  auto fast = load(true);
-  ASSERT_TRUE(fast);
-  const int64_t V = fast->vocab_size(), B = fast->draft_block_size();
-  ASSERT_GT(B, 0);
-  std::vector<float> rl;
-  ASSERT_TRUE((*ref)->forward({tk.begin(), tk.begin() + P}, &rl).is_ok());
-  feed(*fast, 1, {tk.begin(), tk.begin() + P});
-  double worst_early = 0;
-  int steps = 0, same_ids = 0;
-  for (int64_t i = P; i + 1 < int64_t(tk.size()); ++i, ++steps) {
-    ASSERT_TRUE((*ref)->forward({tk[std::size_t(i)]}, &rl).is_ok());
-    feed(*fast, 1, {tk[std::size_t(i)]});
-    DraftStep<float> want;
-    ASSERT_TRUE((*ref)->draft(tk[std::size_t(i + 1)], &want).is_ok());
-    const DraftResult got = draft_one(*fast, 1, tk[std::size_t(i + 1)]);
-    ASSERT_EQ(got.logits.size(), want.logits.size());
-    ASSERT_EQ(got.ids.size(), std::size_t(B + 1));
-    same_ids += got.ids == want.ids;
-    if (steps < 3) {
+  for (int64_t P : {3, 12}) {
+    ReferenceOptions ro;
+    ro.dspark = true;
+    auto ref = ReferenceModel<float>::load(tiny().dir.path() + "/ck", ro);
+    ASSERT_TRUE(ref.is_ok()) << ref.status().message();
+    auto fast = load(true);
+    ASSERT_TRUE(fast);
+    const int64_t V = fast->vocab_size(), B = fast->draft_block_size();
+    ASSERT_GT(B, 0);
+    std::vector<float> rl;
+    ASSERT_TRUE((*ref)->forward({tk.begin(), tk.begin() + P}, &rl).is_ok());
+    feed(*fast, 1, {tk.begin(), tk.begin() + P});
+    double worst_early = 0;
+    int steps = 0, same_ids = 0;
+    for (int64_t i = P; i + 1 < int64_t(tk.size()); ++i, ++steps) {
+      ASSERT_TRUE((*ref)->forward({tk[std::size_t(i)]}, &rl).is_ok());
+      feed(*fast, 1, {tk[std::size_t(i)]});
+      DraftStep<float> want;
+      ASSERT_TRUE((*ref)->draft(tk[std::size_t(i + 1)], &want).is_ok());
+      const DraftResult got = draft_one(*fast, 1, tk[std::size_t(i + 1)]);
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      ASSERT_EQ(got.ids.size(), std::size_t(B + 1));
+      same_ids += got.ids == want.ids;
+      if (steps >= 3) continue;
       for (int64_t j = 0; j < B; ++j)
         worst_early =
             std::max(worst_early, rel_l2(got.logits.data() + j * V, want.logits.data() + j * V, V));
-      EXPECT_EQ(got.ids, want.ids) << "step " << steps;
-      // A scalar of the same hidden state the logits come from: within the logits' relative gate
-      // (measured: up to 5e-3 relative where the rows' L2 error is 4e-3, the target's own 1e-3).
-      for (int64_t j = 0; j < B; ++j)
-        EXPECT_NEAR(got.confidence[std::size_t(j)], want.confidence[std::size_t(j)],
-                    1e-2 * (1 + std::fabs(want.confidence[std::size_t(j)])));
+      EXPECT_EQ(got.ids, want.ids) << "P " << P << " step " << steps;
+      // A scalar of the same hidden state the logits come from (measured: up to 5e-3 relative
+      // where the rows' L2 error is 4e-3 and the target's own 1e-3).
+      for (int64_t j = 0; j < B; ++j) {
+        const float c = want.confidence[std::size_t(j)];
+        EXPECT_NEAR(got.confidence[std::size_t(j)], c, 1e-2 * std::fabs(c) + 1e-3)
+            << "P " << P << " step " << steps << " row " << j;
+      }
     }
+    EXPECT_LE(worst_early, 5e-3) << "P " << P;  // design.md §7: fast vs reference, short prefixes
+    EXPECT_GE(same_ids, steps - steps / 10) << "P " << P;
+    std::printf(
+        "drafter fast vs reference fp32, P %lld: worst early-row rel L2 %.3g, chains "
+        "equal %d/%d\n",
+        (long long)P, worst_early, same_ids, steps);
   }
-  EXPECT_LE(worst_early, 5e-3);  // design.md §7: fast vs reference, short prefixes
-  std::printf("drafter fast vs reference fp32: worst early-row rel L2 %.3g, chains equal %d/%d\n",
-              worst_early, same_ids, steps);
-  EXPECT_GE(same_ids, steps / 2) << "chains identical in " << same_ids << " of " << steps;
 }
 
 TEST(FastDspark, DraftingChangesNothingAndIsBatchInvariant) {

@@ -202,12 +202,44 @@ void FastModel::Impl::attention_output(const fast::LayerW& w, int64_t t0, int64_
   linear_batch(w.wo_b, ubuf.data(), n, ys.data() + t0 * D);
 }
 
+void FastModel::Impl::window_row_values(const fast::LayerW& w, const ref::Rope<float>& rope,
+                                        int64_t pos, float* kvt) {
+  const int64_t Dh = cfg.text.head_dim;
+  kern->rmsnorm(kvt, w.kv_norm.data(), Dh, float(cfg.text.rms_norm_eps), kvt);
+  rope_table(rope, pos);
+  kern->rope(kvt, Dh, rope.dim, cosb.data(), sinb.data(), false);
+}
+
+void FastModel::Impl::store_window_row(SeqState& s, int layer, int64_t pos, const float* kvt) {
+  RowTag* tag;
+  uint8_t* wr = window_row(s, layer, pos, &tag);
+  kern->pack_window_row(kvt, cfg.text.head_dim, wr);
+  *tag = RowTag{s.tag, window_block(s, pos).epoch, int32_t(pos)};
+}
+
+void FastModel::Impl::attend_query(const fast::LayerW& w, const ref::Rope<float>& rope, int64_t pos,
+                                   float* q) {
+  const int64_t H = cfg.text.num_attention_heads, Dh = cfg.text.head_dim;
+  const int64_t nrows = int64_t(att_rows.size());
+  const float scale = float(1.0 / std::sqrt(double(Dh)));
+  if (int64_t(att_o.size()) < H * Dh) att_o.resize(std::size_t(H * Dh));
+  auto heads = [&](int64_t h0, int64_t hend) {
+    // Output over the query of the same heads: each head reads only its own query first.
+    kern->sparse_attention(q + h0 * Dh, hend - h0, Dh, att_rows.data(), att_kinds.data(), nrows,
+                           scale, w.attn_sink + h0, att_o.data() + h0 * Dh);
+    std::copy_n(att_o.data() + h0 * Dh, (hend - h0) * Dh, q + h0 * Dh);
+  };
+  par_rows(H, 1, std::ref(heads));
+  rope_table(rope, pos);
+  for (int64_t hh = 0; hh < H; ++hh)
+    kern->rope(q + hh * Dh, Dh, rope.dim, cosb.data(), sinb.data(), true);
+}
+
 void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0,
                                       int64_t n) {
   const TextConfig& tc = cfg.text;
   const int64_t H = tc.num_attention_heads, Dh = tc.head_dim, D = tc.hidden_size;
   const int64_t G = tc.o_groups, gin = H * Dh / G;
-  const float eps = float(tc.rms_norm_eps);
   const ref::Rope<float>& rope = p.compress_ratio > 0 ? rope_comp : rope_swa;
   auto grow = [](std::vector<float>& v, int64_t sz) {
     if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
@@ -220,15 +252,9 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
   linear_batch(w.wkv, xt, n, kvrow.data());
   for (int64_t t = 0; t < n; ++t) {
     const fast::TokenRow& row = rows[std::size_t(t0 + t)];
-    SeqState& s = *row.seq;
-    rope_table(rope, row.pos);
     float* kvt = kvrow.data() + t * Dh;
-    kern->rmsnorm(kvt, w.kv_norm.data(), Dh, eps, kvt);
-    kern->rope(kvt, Dh, rope.dim, cosb.data(), sinb.data(), false);
-    RowTag* tag;
-    uint8_t* wr = window_row(s, p.index, row.pos, &tag);
-    kern->pack_window_row(kvt, Dh, wr);
-    *tag = RowTag{s.tag, window_block(s, row.pos).epoch, int32_t(row.pos)};
+    window_row_values(w, rope, row.pos, kvt);
+    store_window_row(*row.seq, p.index, row.pos, kvt);
   }
   if (p.is_kv_source()) {  // compressor: projections for the chunk, then each token in order
     float* kvp = kvrow.data();
@@ -247,7 +273,6 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
     linear_batch(w.i_wq_b, qr.data(), n, iq.data());
     linear_batch(w.i_wproj, xt, n, tmp2.data());
   }
-  const float scale = float(1.0 / std::sqrt(double(Dh)));
   for (int64_t t = 0; t < n; ++t) {
     const fast::TokenRow& row = rows[std::size_t(t0 + t)];
     SeqState& s = *row.seq;
@@ -268,18 +293,7 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
           att_kinds.push_back(1);
         }
     }
-    const int64_t nrows = int64_t(att_rows.size());
-    float* q = tmp.data() + t * H * Dh;
-    auto heads = [&](int64_t h0, int64_t hend) {
-      // Output over the query of the same heads: each head reads only its own query first.
-      kern->sparse_attention(q + h0 * Dh, hend - h0, Dh, att_rows.data(), att_kinds.data(), nrows,
-                             scale, w.attn_sink + h0, att_o.data() + h0 * Dh);
-      std::copy_n(att_o.data() + h0 * Dh, (hend - h0) * Dh, q + h0 * Dh);
-    };
-    par_rows(H, 1, std::ref(heads));
-    rope_table(rope, P);
-    for (int64_t hh = 0; hh < H; ++hh)
-      kern->rope(q + hh * Dh, Dh, rope.dim, cosb.data(), sinb.data(), true);
+    attend_query(w, rope, P, tmp.data() + t * H * Dh);
   }
   attention_output(w, t0, n);
 }

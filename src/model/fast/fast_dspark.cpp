@@ -18,40 +18,17 @@ namespace dsv41 {
 void FastModel::Impl::bind_dspark() {
   const TextConfig& tc = cfg.text;
   const DsparkTensorNames n = dspark_tensor_names(plan);
-  auto lin = [&](const std::string& name) {
-    const WeightSpan& s = wts->get(name + ".weight");
-    Linear l;
-    l.dtype = s.dtype;
-    l.w = s.data;
-    l.out = s.rows();
-    l.in = s.cols();
-    if (s.dtype == DType::kF8_E4M3) l.scale = wts->get(name + ".scale").data;
-    l.act = s.dtype == DType::kF8_E4M3 || s.from_fp8;
-    DSV41_CHECK_MSG(s.dtype == DType::kF8_E4M3 || s.dtype == DType::kBF16, name.c_str());
-    return l;
-  };
-  auto vec = [&](const std::string& name) {
-    const WeightSpan& s = wts->get(name);
-    DSV41_CHECK_MSG(s.dtype == DType::kBF16, name.c_str());
-    std::vector<float> v(std::size_t(s.bytes / 2));
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      uint16_t b;
-      std::memcpy(&b, s.data + 2 * i, 2);
-      v[i] = bf16_to_float(b);
-    }
-    return v;
-  };
-  dspark.main_proj = lin(n.main_proj);
-  dspark.main_norm = vec(n.main_norm);
-  dspark.norm = vec(n.norm);
-  dspark.confidence = vec(n.confidence);
+  const fast::Binder b{*wts};
+  dspark.main_proj = b.lin(n.main_proj);
+  dspark.main_norm = b.vec(n.main_norm);
+  dspark.norm = b.vec(n.norm);
+  dspark.confidence = b.vec(n.confidence);  // BF16 or F32
   // The Markov head's [vocab, rank] matrix goes through the BF16 GEMV like any linear (a BF16
   // checkpoint tensor: no activation rounding); its embedding is read row by row.
-  const std::string head_base = n.markov_head.substr(0, n.markov_head.size() - 7);  // ".weight"
-  dspark.markov_head = lin(head_base);
+  dspark.markov_head = b.lin(n.markov_head);
   dspark.markov_head.act = false;
   const WeightSpan& e = wts->get(n.markov_embed);
-  DSV41_CHECK_MSG(e.dtype == DType::kBF16, n.markov_embed.c_str());
+  DSV41_CHECK_MSG(e.dtype == DType::kBF16, n.markov_embed.c_str());  // as the inventory has it
   dspark.markov_embed = reinterpret_cast<const uint16_t*>(e.data);
   dspark.target_slot.assign(std::size_t(plan.num_backbone), -1);
   std::vector<int64_t> ids = tc.dspark_target_layer_ids;
@@ -78,13 +55,8 @@ void FastModel::Impl::dspark_rows(int64_t n) {
       for (int64_t t = 0; t < cn; ++t) {
         const fast::TokenRow& row = rows[std::size_t(c0 + t)];
         float* kvt = kvrow.data() + t * Dh;
-        kern->rmsnorm(kvt, w.kv_norm.data(), Dh, eps, kvt);
-        rope_table(rope_swa, row.pos);
-        kern->rope(kvt, Dh, rope_swa.dim, cosb.data(), sinb.data(), false);
-        RowTag* tag;
-        uint8_t* wr = window_row(*row.seq, layer, row.pos, &tag);
-        kern->pack_window_row(kvt, Dh, wr);
-        *tag = RowTag{row.seq->tag, window_block(*row.seq, row.pos).epoch, int32_t(row.pos)};
+        window_row_values(w, rope_swa, row.pos, kvt);
+        store_window_row(*row.seq, layer, row.pos, kvt);
       }
     }
   }
@@ -95,21 +67,14 @@ void FastModel::Impl::dspark_attention(const LayerPlan& p, const fast::LayerW& w
   const TextConfig& tc = cfg.text;
   const int64_t H = tc.num_attention_heads, Dh = tc.head_dim, D = tc.hidden_size;
   const int64_t rb = ops::window_row_bytes(Dh);
-  const float eps = float(tc.rms_norm_eps);
-  auto grow = [](std::vector<float>& v, int64_t sz) {
-    if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
-  };
-  grow(kvrow, n * Dh);
-  grow(att_o, H * Dh);
+  if (int64_t(kvrow.size()) < n * Dh) kvrow.resize(std::size_t(n * Dh));
   if (int64_t(block_rows.size()) < n * rb) block_rows.resize(std::size_t(n * rb));
   attention_queries(w, rope_swa, t0, n);
   // The block's own rows: KV norm, RoPE, FP8 as a window row, kept in scratch only.
   linear_batch(w.wkv, xs.data() + t0 * D, n, kvrow.data());
   for (int64_t t = 0; t < n; ++t) {
     float* kvt = kvrow.data() + t * Dh;
-    kern->rmsnorm(kvt, w.kv_norm.data(), Dh, eps, kvt);
-    rope_table(rope_swa, rows[std::size_t(t0 + t)].pos);
-    kern->rope(kvt, Dh, rope_swa.dim, cosb.data(), sinb.data(), false);
+    window_row_values(w, rope_swa, rows[std::size_t(t0 + t)].pos, kvt);
     kern->pack_window_row(kvt, Dh, block_rows.data() + t * rb);
   }
   // Every query of the block: the stage's rows of the last `window` consumed positions, then the
@@ -127,20 +92,8 @@ void FastModel::Impl::dspark_attention(const LayerPlan& p, const fast::LayerW& w
     att_rows.push_back(block_rows.data() + t * rb);
     att_kinds.push_back(0);
   }
-  const int64_t nrows = int64_t(att_rows.size());
-  const float scale = float(1.0 / std::sqrt(double(Dh)));
-  for (int64_t t = 0; t < n; ++t) {
-    float* q = tmp.data() + t * H * Dh;
-    auto heads = [&](int64_t h0, int64_t hend) {
-      kern->sparse_attention(q + h0 * Dh, hend - h0, Dh, att_rows.data(), att_kinds.data(), nrows,
-                             scale, w.attn_sink + h0, att_o.data() + h0 * Dh);
-      std::copy_n(att_o.data() + h0 * Dh, (hend - h0) * Dh, q + h0 * Dh);
-    };
-    par_rows(H, 1, std::ref(heads));
-    rope_table(rope_swa, rows[std::size_t(t0 + t)].pos);
-    for (int64_t hh = 0; hh < H; ++hh)
-      kern->rope(q + hh * Dh, Dh, rope_swa.dim, cosb.data(), sinb.data(), true);
-  }
+  for (int64_t t = 0; t < n; ++t)
+    attend_query(w, rope_swa, rows[std::size_t(t0 + t)].pos, tmp.data() + t * H * Dh);
   attention_output(w, t0, n);
 }
 

@@ -6,6 +6,7 @@
 // step seen), so a decode step of a warmed-up engine allocates nothing.
 #pragma once
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -69,6 +70,55 @@ struct DsparkW {
   const uint16_t* markov_embed = nullptr;          // BF16 [vocab, rank]
   std::vector<int64_t> target_slot;  // backbone layer -> slot of main_hidden (-1: not a target)
 };
+
+// Binds converted-layout tensors by name (fast_model.cpp: the backbone; fast_dspark.cpp: the
+// drafter's own tensors).
+struct Binder {
+  const ConvertedWeights& w;
+  Linear lin(const std::string& name) const {
+    const WeightSpan& s = w.get(name + ".weight");
+    Linear l;
+    l.dtype = s.dtype;
+    l.w = s.data;
+    l.out = s.rows();
+    l.in = s.cols();
+    if (s.dtype == DType::kF8_E4M3) l.scale = w.get(name + ".scale").data;
+    l.act = s.dtype == DType::kF8_E4M3 || s.from_fp8;
+    DSV41_CHECK_MSG(s.dtype == DType::kF8_E4M3 || s.dtype == DType::kBF16, name.c_str());
+    return l;
+  }
+  std::vector<float> vec(const std::string& name) const {
+    const WeightSpan& s = w.get(name);
+    const int64_t n = int64_t(s.bytes / dtype_size(s.dtype));
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      if (s.dtype == DType::kBF16) {
+        uint16_t b;
+        std::memcpy(&b, s.data + 2 * i, 2);
+        v[std::size_t(i)] = bf16_to_float(b);
+      } else {
+        DSV41_CHECK_MSG(s.dtype == DType::kF32, name.c_str());
+        std::memcpy(&v[std::size_t(i)], s.data + 4 * i, 4);
+      }
+    }
+    return v;
+  }
+  const float* f32(const std::string& name) const {
+    const WeightSpan& s = w.get(name);
+    DSV41_CHECK_MSG(s.dtype == DType::kF32, name.c_str());
+    return reinterpret_cast<const float*>(s.data);  // tensors start 64-byte aligned
+  }
+};
+
+// The mean over the hc copies of a residual stream h [hc * d] (copy-major), in copy order: a tap
+// of the seam and DSpark's main_hidden.
+inline void mean_copies(const float* h, int64_t hc, int64_t d, float* out) {
+  for (int64_t i = 0; i < d; ++i) {
+    float s = 0;
+    for (int64_t j = 0; j < hc; ++j) s += h[j * d + i];
+    out[i] = s / float(hc);
+  }
+}
 
 // Per KV source of a sequence: the open group of a ratio > 1 compressor, and the projections of
 // the last max_rollback positions so truncate() can reopen a group exactly.
@@ -218,6 +268,14 @@ struct FastModel::Impl {
   void attention_queries(const fast::LayerW& w, const ref::Rope<float>& rope, int64_t t0,
                          int64_t n);
   void attention_output(const fast::LayerW& w, int64_t t0, int64_t n);
+  // A window row's values from its projection kvt, in place: kv_norm, then RoPE at pos.
+  void window_row_values(const fast::LayerW& w, const ref::Rope<float>& rope, int64_t pos,
+                         float* kvt);
+  // Packs kvt as sequence s's window row of pool layer `layer` at pos, with its tag.
+  void store_window_row(fast::SeqState& s, int layer, int64_t pos, const float* kvt);
+  // One query [heads, head_dim] (in place) over att_rows / att_kinds with the sink, the heads
+  // split over the pool, then the inverse RoPE at pos.
+  void attend_query(const fast::LayerW& w, const ref::Rope<float>& rope, int64_t pos, float* q);
   // One token's compressor step from its projections kvp (and gate g for ratio > 1).
   void compressor_step(const LayerPlan& p, const fast::LayerW& w, fast::SeqState& s, int64_t pos,
                        const float* kvp, const float* g);

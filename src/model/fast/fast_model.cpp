@@ -30,43 +30,6 @@ int64_t default_kv_budget() {
   return int64_t(1) << 30;
 }
 
-struct Binder {
-  const ConvertedWeights& w;
-  Linear lin(const std::string& name) const {
-    const WeightSpan& s = w.get(name + ".weight");
-    Linear l;
-    l.dtype = s.dtype;
-    l.w = s.data;
-    l.out = s.rows();
-    l.in = s.cols();
-    if (s.dtype == DType::kF8_E4M3) l.scale = w.get(name + ".scale").data;
-    l.act = s.dtype == DType::kF8_E4M3 || s.from_fp8;
-    DSV41_CHECK_MSG(s.dtype == DType::kF8_E4M3 || s.dtype == DType::kBF16, name.c_str());
-    return l;
-  }
-  std::vector<float> vec(const std::string& name) const {
-    const WeightSpan& s = w.get(name);
-    const int64_t n = int64_t(s.bytes / dtype_size(s.dtype));
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      if (s.dtype == DType::kBF16) {
-        uint16_t b;
-        std::memcpy(&b, s.data + 2 * i, 2);
-        v[std::size_t(i)] = bf16_to_float(b);
-      } else {
-        DSV41_CHECK_MSG(s.dtype == DType::kF32, name.c_str());
-        std::memcpy(&v[std::size_t(i)], s.data + 4 * i, 4);
-      }
-    }
-    return v;
-  }
-  const float* f32(const std::string& name) const {
-    const WeightSpan& s = w.get(name);
-    DSV41_CHECK_MSG(s.dtype == DType::kF32, name.c_str());
-    return reinterpret_cast<const float*>(s.data);  // tensors start 64-byte aligned
-  }
-};
-
 // An FP8 linear turned into BF16 (exact: an E4M3 value times a power of two has at most 4
 // significant bits). Used for wo_a when o_lora_rank is not a multiple of 32: its groups' row
 // ranges then start inside a 32-row scale block, which the FP8 kernels do not take.
@@ -83,7 +46,7 @@ void dequantize_to_bf16(fast::Linear* l, std::vector<uint16_t>* store) {
   l->scale = nullptr;
 }
 
-fast::LayerW bind_layer(const Binder& b, const LayerPlan& p, const EngramHasher& hasher,
+fast::LayerW bind_layer(const fast::Binder& b, const LayerPlan& p, const EngramHasher& hasher,
                         int64_t o_lora_rank) {
   const BlockTensorNames n = block_tensor_names(p);
   fast::LayerW w;
@@ -166,7 +129,7 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   im.pool = std::make_unique<ThreadPool>(opt.threads > 0 ? std::size_t(opt.threads) : hw);
   if (opt.warm) im.wts->warm(im.pool->size());
 
-  const Binder b{*im.wts};
+  const fast::Binder b{*im.wts};
   im.embed = reinterpret_cast<const uint16_t*>(im.wts->get(kEmbedName).data);
   im.head = b.lin(kHeadName);
   im.norm = b.vec(kFinalNormName);
@@ -772,23 +735,14 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
         const fast::TokenRow& row = im.rows[std::size_t(t)];
         const SeqSlice& sl = batch.slices[std::size_t(row.slice)];
         for (std::size_t k = 0; k < sl.taps.size(); ++k)
-          if (sl.taps[k] == l) {
-            float* dst = out->slices[std::size_t(row.slice)].taps[k].data() + row.row_in_slice * D;
-            for (int64_t i = 0; i < D; ++i) {
-              float s = 0;
-              for (int64_t j = 0; j < HC; ++j) s += ht[j * D + i];
-              dst[i] = s / float(HC);
-            }
-          }
-        if (im.opt.dspark && im.dspark.target_slot[std::size_t(l)] >= 0) {  // main_hidden
-          float* dst =
-              im.main_hidden.data() + (t * n_targets + im.dspark.target_slot[std::size_t(l)]) * D;
-          for (int64_t i = 0; i < D; ++i) {
-            float s = 0;
-            for (int64_t j = 0; j < HC; ++j) s += ht[j * D + i];
-            dst[i] = s / float(HC);
-          }
-        }
+          if (sl.taps[k] == l)
+            fast::mean_copies(
+                ht, HC, D,
+                out->slices[std::size_t(row.slice)].taps[k].data() + row.row_in_slice * D);
+        if (im.opt.dspark && im.dspark.target_slot[std::size_t(l)] >= 0)  // main_hidden
+          fast::mean_copies(
+              ht, HC, D,
+              im.main_hidden.data() + (t * n_targets + im.dspark.target_slot[std::size_t(l)]) * D);
         kk.hc_mix(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, eps, hc_eps,
                   tc.hc_sinkhorn_iters, im.pre_a.data() + t * HC, im.mix_post.data() + t * HC,
                   im.mix_comb.data() + t * HC * HC);

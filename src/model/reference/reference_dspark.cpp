@@ -23,7 +23,7 @@ void ReferenceModel<T>::Impl::load_dspark() {
   dspark.main_norm = rd.template vec<T>(n.main_norm);
   dspark.norm = rd.template vec<T>(n.norm);
   dspark.markov_embed = rd.mat(n.markov_embed);
-  dspark.markov_head = rd.mat(n.markov_head);
+  dspark.markov_head = rd.mat(n.markov_head + ".weight");
   dspark.confidence = rd.mat(n.confidence);
 }
 
