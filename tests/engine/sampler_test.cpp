@@ -3,6 +3,8 @@
 // reproducibility.
 #include <gtest/gtest.h>
 
+#include "chi_square.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -32,20 +34,7 @@ std::vector<int> histogram(const SamplingParams& sp, const std::vector<float>& l
   return h;
 }
 
-// Pearson chi-square of counts against expected probabilities (zero-probability cells must be
-// empty).
-double chi_square(const std::vector<int>& h, const std::vector<double>& p, int n) {
-  double chi = 0;
-  for (std::size_t i = 0; i < h.size(); ++i) {
-    if (p[i] == 0) {
-      EXPECT_EQ(h[i], 0) << "token " << i << " has probability 0";
-      continue;
-    }
-    double e = p[i] * n;
-    chi += (h[i] - e) * (h[i] - e) / e;
-  }
-  return chi;
-}
+using testing::chi_square;
 
 const std::vector<float> kLogits = {2.0f, 1.5f, 1.0f, 0.2f, -0.5f, -1.0f, -3.0f, 0.9f};
 constexpr int kN = 40000;

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "chi_square.h"
+
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -37,18 +39,7 @@ std::vector<double> softmax(const std::vector<float>& l) {
   return p;
 }
 
-double chi_square(const std::vector<int>& h, const std::vector<double>& p, int n) {
-  double chi = 0;
-  for (std::size_t i = 0; i < h.size(); ++i) {
-    if (p[i] == 0) {
-      EXPECT_EQ(h[i], 0) << "token " << i << " has probability 0";
-      continue;
-    }
-    const double e = p[i] * n;
-    chi += (h[i] - e) * (h[i] - e) / e;
-  }
-  return chi;
-}
+using testing::chi_square;
 
 constexpr double kChi7 = 24.3;  // 7 degrees of freedom, P(chi2 > 24.3) = 0.001
 

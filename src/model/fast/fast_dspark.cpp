@@ -125,55 +125,21 @@ Status FastModel::draft(const std::vector<DraftQuery>& queries, std::vector<Draf
                          b == 0 ? q.next : int32_t(tc.dspark_noise_token_id), int(qi), int(b)});
   }
   const int64_t n = int64_t(im.rows.size());
-  auto grow = [](std::vector<float>& v, int64_t sz) {
-    if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
-  };
-  grow(im.hs, n * HC * D);
-  grow(im.h1s, n * HC * D);
-  grow(im.pre, n * HC);
-  grow(im.pre_a, n * HC);
-  grow(im.mix_post, n * HC);
-  grow(im.mix_comb, n * HC * HC);
-  grow(im.xs, n * D);
-  grow(im.ys, n * D);
-  for (int64_t t = 0; t < n; ++t) {
-    float* ht = im.hs.data() + t * HC * D;
-    const uint16_t* e = im.embed + int64_t(im.rows[std::size_t(t)].token) * D;
-    for (int64_t i = 0; i < D; ++i) ht[i] = bf16_to_float(e[i]);
-    for (int64_t j = 1; j < HC; ++j) std::copy_n(ht, D, ht + j * D);
-    std::fill_n(im.pre.data() + t * HC, HC, 0.0f);
-    im.pre[std::size_t(t * HC)] = 1.0f;
-  }
-  const float eps = float(tc.rms_norm_eps), hc_eps = float(tc.hc_eps);
+  im.embed_rows();
+  const float eps = float(tc.rms_norm_eps);
   const ops::Kernels& kk = *im.kern;
   for (std::size_t si = 0; si < im.dspark.stages.size(); ++si) {
     const LayerPlan& p = im.plan.stage(int(si));
     const fast::LayerW& w = im.dspark.stages[si];
-    for (int64_t t = 0; t < n; ++t) {
-      float* ht = im.hs.data() + t * HC * D;
-      kk.hc_mix(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, eps, hc_eps,
-                tc.hc_sinkhorn_iters, im.pre_a.data() + t * HC, im.mix_post.data() + t * HC,
-                im.mix_comb.data() + t * HC * HC);
-      kk.hc_collapse_rmsnorm(ht, im.pre.data() + t * HC, HC, D, w.attn_norm.data(), eps,
-                             im.xs.data() + t * D);
-    }
+    for (int64_t t = 0; t < n; ++t) im.mhc_attention_input(w, t);
     for (int64_t t0 = 0; t0 < n; t0 += B) im.dspark_attention(p, w, t0, B);  // one block each
-    for (int64_t t = 0; t < n; ++t) {
-      float* ht = im.hs.data() + t * HC * D;
-      float* h1t = im.h1s.data() + t * HC * D;
-      float* post = im.mix_post.data() + t * HC;
-      float* comb = im.mix_comb.data() + t * HC * HC;
-      kk.hc_expand(im.ys.data() + t * D, ht, post, comb, HC, D, h1t);
-      kk.hc_mix(h1t, HC, D, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, eps, hc_eps,
-                tc.hc_sinkhorn_iters, im.pre.data() + t * HC, post, comb);
-      kk.hc_collapse_rmsnorm(h1t, im.pre_a.data() + t * HC, HC, D, w.ffn_norm.data(), eps,
-                             im.xs.data() + t * D);
-    }
+    for (int64_t t = 0; t < n; ++t) im.mhc_ffn_input(w, t);
     im.moe(p, w, n);
-    for (int64_t t = 0; t < n; ++t)
-      kk.hc_expand(im.ys.data() + t * D, im.h1s.data() + t * HC * D, im.mix_post.data() + t * HC,
-                   im.mix_comb.data() + t * HC * HC, HC, D, im.hs.data() + t * HC * D);
+    for (int64_t t = 0; t < n; ++t) im.mhc_ffn_output(t);
   }
+  auto grow = [](std::vector<float>& v, int64_t sz) {
+    if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
+  };
   // The head on every block row (x before the norm kept for the confidence), then per query the
   // Markov bias and the argmax, row after row (row j's bias reads the draft of row j - 1).
   out->resize(queries.size());

@@ -250,6 +250,15 @@ struct FastModel::Impl {
   int64_t prefix_evictable() const;
   bool evict_one_prefix();
 
+  // ---- a block's per-token pieces (fast_model.cpp), shared by the step and the drafter ----
+  void embed_rows();  // scratch for rows, their embeddings in every copy, one-hot pre
+  // Token t: the attention mix (pre_a, mix_post, mix_comb) and attn_norm(collapse(h, pre)) -> xs.
+  void mhc_attention_input(const fast::LayerW& w, int64_t t);
+  // Token t: h1 = expand(ys, h); the ffn mix (pre, mix_post, mix_comb); ffn_norm(collapse(h1,
+  // pre_a)) -> xs.
+  void mhc_ffn_input(const fast::LayerW& w, int64_t t);
+  void mhc_ffn_output(int64_t t);  // h = expand(ys, h1) with the ffn mix
+
   // ---- DSpark (fast_dspark.cpp) ----
   void bind_dspark();
   // After a step's layers: each token's main_x (from main_hidden) made into every stage's window

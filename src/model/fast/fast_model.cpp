@@ -631,6 +631,66 @@ const uint8_t* FastModel::Impl::read_comp_row(const fast::SeqState& s, int src, 
   return d + (key ? so.key_off + e * so.key_bytes : so.comp_off + e * so.comp_bytes);
 }
 
+// Scratch for rows.size() tokens (grows only), and each row's token embedded into every residual
+// copy with the one-hot first pre-mix.
+void FastModel::Impl::embed_rows() {
+  const int64_t D = cfg.text.hidden_size, HC = cfg.text.hc_mult, n = int64_t(rows.size());
+  auto grow = [](std::vector<float>& v, int64_t sz) {
+    if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
+  };
+  grow(hs, n * HC * D);
+  grow(h1s, n * HC * D);
+  grow(pre, n * HC);
+  grow(pre_a, n * HC);
+  grow(mix_post, n * HC);
+  grow(mix_comb, n * HC * HC);
+  grow(xs, n * D);
+  grow(ys, n * D);
+  for (int64_t t = 0; t < n; ++t) {
+    float* ht = hs.data() + t * HC * D;
+    const uint16_t* e = embed + int64_t(rows[std::size_t(t)].token) * D;
+    for (int64_t i = 0; i < D; ++i) ht[i] = bf16_to_float(e[i]);
+    for (int64_t j = 1; j < HC; ++j) std::copy_n(ht, D, ht + j * D);
+    std::fill_n(pre.data() + t * HC, HC, 0.0f);
+    pre[std::size_t(t * HC)] = 1.0f;
+  }
+}
+
+void FastModel::Impl::mhc_attention_input(const fast::LayerW& w, int64_t t) {
+  const TextConfig& tc = cfg.text;
+  const int64_t D = tc.hidden_size, HC = tc.hc_mult;
+  const float eps = float(tc.rms_norm_eps);
+  float* ht = hs.data() + t * HC * D;
+  kern->hc_mix(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, eps, float(tc.hc_eps),
+               tc.hc_sinkhorn_iters, pre_a.data() + t * HC, mix_post.data() + t * HC,
+               mix_comb.data() + t * HC * HC);
+  kern->hc_collapse_rmsnorm(ht, pre.data() + t * HC, HC, D, w.attn_norm.data(), eps,
+                            xs.data() + t * D);
+}
+
+void FastModel::Impl::mhc_ffn_input(const fast::LayerW& w, int64_t t) {
+  const TextConfig& tc = cfg.text;
+  const int64_t D = tc.hidden_size, HC = tc.hc_mult;
+  const float eps = float(tc.rms_norm_eps);
+  float* ht = hs.data() + t * HC * D;
+  float* h1t = h1s.data() + t * HC * D;
+  float* post = mix_post.data() + t * HC;
+  float* comb = mix_comb.data() + t * HC * HC;
+  kern->hc_expand(ys.data() + t * D, ht, post, comb, HC, D, h1t);
+  kern->hc_mix(h1t, HC, D, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, eps, float(tc.hc_eps),
+               tc.hc_sinkhorn_iters, pre.data() + t * HC, post, comb);
+  kern->hc_collapse_rmsnorm(h1t, pre_a.data() + t * HC, HC, D, w.ffn_norm.data(), eps,
+                            xs.data() + t * D);
+}
+
+// The ffn mix was computed into mix_post/mix_comb by mhc_ffn_input, after attention's expand had
+// consumed the attention mix.
+void FastModel::Impl::mhc_ffn_output(int64_t t) {
+  const int64_t D = cfg.text.hidden_size, HC = cfg.text.hc_mult;
+  kern->hc_expand(ys.data() + t * D, h1s.data() + t * HC * D, mix_post.data() + t * HC,
+                  mix_comb.data() + t * HC * HC, HC, D, hs.data() + t * HC * D);
+}
+
 // ---- the step ----
 
 Status FastModel::step(const StepBatch& batch, StepOutput* out) {
@@ -674,14 +734,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   auto grow = [](std::vector<float>& v, int64_t sz) {
     if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
   };
-  grow(im.hs, n * HC * D);
-  grow(im.h1s, n * HC * D);
-  grow(im.pre, n * HC);
-  grow(im.pre_a, n * HC);
-  grow(im.mix_post, n * HC);
-  grow(im.mix_comb, n * HC * HC);
-  grow(im.xs, n * D);
-  grow(im.ys, n * D);
+  im.embed_rows();
   const int64_t n_targets = int64_t(tc.dspark_target_layer_ids.size());
   if (im.opt.dspark) grow(im.main_hidden, n * n_targets * D);
   if (int64_t(im.sel.size()) < n) im.sel.resize(std::size_t(n));
@@ -700,14 +753,6 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     if (im.scores.size() < cap) im.scores.resize(cap);
     if (im.bscore.size() < cap) im.bscore.resize(cap);
   }
-  for (int64_t t = 0; t < n; ++t) {
-    float* ht = im.hs.data() + t * HC * D;
-    const uint16_t* e = im.embed + int64_t(im.rows[std::size_t(t)].token) * D;
-    for (int64_t i = 0; i < D; ++i) ht[i] = bf16_to_float(e[i]);
-    for (int64_t j = 1; j < HC; ++j) std::copy_n(ht, D, ht + j * D);
-    std::fill_n(im.pre.data() + t * HC, HC, 0.0f);
-    im.pre[std::size_t(t * HC)] = 1.0f;
-  }
   out->slices.resize(batch.slices.size());
   for (std::size_t si = 0; si < batch.slices.size(); ++si) {
     const SeqSlice& sl = batch.slices[si];
@@ -716,7 +761,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     for (auto& tp : out->slices[si].taps) tp.resize(sl.tokens.size() * std::size_t(D));
   }
   // Vendor index keys: the sources that publish in this step, per sequence (spec §5.6.7).
-  const float eps = float(tc.rms_norm_eps), hc_eps = float(tc.hc_eps);
+  const float eps = float(tc.rms_norm_eps);
   const ops::Kernels& kk = *im.kern;
   for (int l = 0; l < im.plan.num_backbone; ++l) {
     const LayerPlan& p = im.plan.layers[std::size_t(l)];
@@ -743,32 +788,13 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
           fast::mean_copies(
               ht, HC, D,
               im.main_hidden.data() + (t * n_targets + im.dspark.target_slot[std::size_t(l)]) * D);
-        kk.hc_mix(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, eps, hc_eps,
-                  tc.hc_sinkhorn_iters, im.pre_a.data() + t * HC, im.mix_post.data() + t * HC,
-                  im.mix_comb.data() + t * HC * HC);
-        kk.hc_collapse_rmsnorm(ht, im.pre.data() + t * HC, HC, D, w.attn_norm.data(), eps,
-                               im.xs.data() + t * D);
+        im.mhc_attention_input(w, t);
       }
       im.attention_chunk(p, w, c0, cn);  // xs -> ys
-      for (int64_t t = c0; t < c0 + cn; ++t) {
-        float* ht = im.hs.data() + t * HC * D;
-        float* h1t = im.h1s.data() + t * HC * D;
-        float* post = im.mix_post.data() + t * HC;
-        float* comb = im.mix_comb.data() + t * HC * HC;
-        kk.hc_expand(im.ys.data() + t * D, ht, post, comb, HC, D, h1t);
-        kk.hc_mix(h1t, HC, D, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, eps, hc_eps,
-                  tc.hc_sinkhorn_iters, im.pre.data() + t * HC, post, comb);
-        kk.hc_collapse_rmsnorm(h1t, im.pre_a.data() + t * HC, HC, D, w.ffn_norm.data(), eps,
-                               im.xs.data() + t * D);
-      }
+      for (int64_t t = c0; t < c0 + cn; ++t) im.mhc_ffn_input(w, t);
     }
     im.moe(p, w, n);  // x -> y for every token, grouped by expert
-    for (int64_t t = 0; t < n; ++t) {
-      // The ffn mix was computed into mix_post/mix_comb above for each token, after attention's
-      // expand had consumed the attention mix.
-      kk.hc_expand(im.ys.data() + t * D, im.h1s.data() + t * HC * D, im.mix_post.data() + t * HC,
-                   im.mix_comb.data() + t * HC * HC, HC, D, im.hs.data() + t * HC * D);
-    }
+    for (int64_t t = 0; t < n; ++t) im.mhc_ffn_output(t);
   }
   if (im.opt.dspark) im.dspark_rows(n);
   // Head: the rows the slices want, up to kChunk at a time through the batch kernel.
