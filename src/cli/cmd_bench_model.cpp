@@ -281,6 +281,11 @@ void add_bench_model(CLI::App* bench, Runner* run) {
                   "suppressed (per-stream tok/s, acceptance, rows and distinct experts per step)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  dec->add_option("--spec-width", a->spec_width,
+                  "--speculative on: drafts verified at every step (0: what the engine's cost "
+                  "model picks per request)")
+      ->check(CLI::Range(int64_t(0), int64_t(16)))
+      ->capture_default_str();
   dec->add_option("--spec-tokens", a->spec_tokens,
                   "--speculative on: tokens each request generates")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 20))

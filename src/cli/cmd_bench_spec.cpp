@@ -148,6 +148,7 @@ int run_bench_speculative(const BenchArgs& a) {
   EngineOptions eo;
   eo.model_dir = *dir;
   eo.speculative = true;
+  eo.speculative_width = a.spec_width;
   eo.max_num_seqs = int(std::max<int64_t>(1, *std::max_element(streams->begin(), streams->end())));
   auto engine = Engine::create(std::move(oracle), std::move(*tok), eo);
   if (!engine) {
@@ -193,6 +194,7 @@ int run_bench_speculative(const BenchArgs& a) {
                               {"model", a.model},
                               {"isa", ops::isa_name(ops::kernels().isa)},
                               {"tokens_per_request", a.spec_tokens},
+                              {"spec_width", a.spec_width},
                               {"control", "the same engine with drafting suppressed"},
                               {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());

@@ -281,7 +281,9 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     a->sampler = std::make_unique<Sampler>(req.sampling,
                                            options_.seed ^ (a->ch->id() * 0x9E3779B97F4A7C15ull));
     a->decoder = std::make_unique<StreamDecoder>(*tokenizer_, req.sampling.stop, true);
-    if (options_.speculative) a->spec = std::make_unique<SpecTracker>(backend_->draft_block_size());
+    if (options_.speculative)
+      a->spec = std::make_unique<SpecTracker>(backend_->draft_block_size(), spec_prior_.counts(),
+                                              options_.speculative_width);
     sched_.add(&a->sched);
     active.push_back(std::move(a));
   }
@@ -621,6 +623,7 @@ bool Engine::verify(Active& a, const std::vector<int32_t>& drafts,
   spec_draft_tokens_.fetch_add(examined);
   spec_accepted_tokens_.fetch_add(accepted);
   a.spec->record(examined, accepted);
+  spec_prior_.observe(examined, accepted);
   // The fed token and the accepted drafts stay; the rejected drafts' rows go.
   a.sched.computed = base + 1 + accepted;
   if (!done && accepted < k)

@@ -88,6 +88,9 @@ struct EngineOptions {
   // steps verify its drafts where the per-request tracker finds that it pays. Greedy requests
   // give the same tokens as without it; sampled ones the same distribution.
   bool speculative = false;
+  // Verify exactly this many drafts at every decode step instead of what the cost model picks
+  // (0): for measuring what each width costs (`bench decode --speculative on --spec-width K`).
+  int64_t speculative_width = 0;
 };
 
 struct EngineStats {
@@ -186,6 +189,7 @@ class Engine {
   std::atomic<int64_t> prefix_queries_{0}, prefix_query_tokens_{0}, prefix_hit_tokens_{0};
   std::atomic<int64_t> prefix_evictions_{0};
   SpecCosts spec_costs_;  // engine thread only
+  SpecPrior spec_prior_;  // engine thread only
   std::atomic<bool> drafting_{true};
   std::atomic<int64_t> spec_draft_tokens_{0}, spec_accepted_tokens_{0}, spec_steps_{0};
   mutable std::mutex hist_mu_;  // the step histograms below

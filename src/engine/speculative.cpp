@@ -43,12 +43,25 @@ double SpecCosts::ratio(int64_t k) const {
   return 1.0 + double(k) / 4;
 }
 
+void SpecPrior::observe(int64_t drafted, int64_t accepted) {
+  if (drafted <= 0) return;
+  accepted_ = 0.99 * accepted_ + double(accepted);
+  rejected_ = 0.99 * rejected_ + (accepted < drafted ? 1.0 : 0.0);
+}
+
+std::pair<double, double> SpecPrior::counts() const {
+  const double n = accepted_ + rejected_;
+  if (n <= 0) return {1.0, 1.0};
+  return {2.0 * accepted_ / n, 2.0 * rejected_ / n};
+}
+
 double SpecTracker::acceptance() const {
-  return (accepted_ + 1) / (accepted_ + rejected_ + 2);
+  return (accepted_ + prior_.first) / (accepted_ + rejected_ + prior_.first + prior_.second);
 }
 
 int64_t SpecTracker::plan(const SpecCosts& costs) {
   if (block_ <= 0) return 0;
+  if (fixed_ > 0) return fixed_;
   if (wait_ > 0) {
     --wait_;
     probing_ = wait_ == 0;

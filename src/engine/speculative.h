@@ -16,7 +16,7 @@
 //
 // Whether drafting pays is decided per request (SpecTracker) by a cost model: the request's
 // per-draft acceptance probability a (estimated from its verify steps: accepted drafts against
-// first rejections, with a prior of one each) gives the expected tokens of a step verifying k
+// first rejections, with a prior of weight 2 from what the engine has seen, SpecPrior) gives the expected tokens of a step verifying k
 // drafts, (1 - a^(k+1)) / (1 - a); the engine's measured cost of such a step over a plain decode
 // step (SpecCosts, per width k: the wall time per sequence of steps where every sequence drafted,
 // which counts the drafter, the k extra rows and the extra distinct experts they route to) divides
@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "engine/sampler.h"
 
@@ -60,9 +61,26 @@ class SpecCosts {
   bool have_spec_[kMaxWidth + 1] = {};
 };
 
+// The engine-wide acceptance seen so far (decayed counts over every request's verify steps), the
+// prior a new request starts from: once the drafter is known to miss on this traffic, new
+// requests do not pay for learning it again.
+class SpecPrior {
+ public:
+  void observe(int64_t drafted, int64_t accepted);
+  // (accepted, rejected) pseudo-counts of total weight 2: (1, 1) before anything was seen.
+  std::pair<double, double> counts() const;
+
+ private:
+  double accepted_ = 0, rejected_ = 0;
+};
+
 class SpecTracker {
  public:
-  explicit SpecTracker(int64_t block) : block_(std::min(block, SpecCosts::kMaxWidth)) {}
+  // `fixed_width` > 0: always verify that many drafts (benchmarks); 0: the cost model decides.
+  SpecTracker(int64_t block, std::pair<double, double> prior = {1, 1}, int64_t fixed_width = 0)
+      : block_(std::min(block, SpecCosts::kMaxWidth)),
+        prior_(prior),
+        fixed_(std::min(fixed_width, block_)) {}
   // Drafts to verify in this decode step (0: decode plainly this time).
   int64_t plan(const SpecCosts& costs);
   // After a verify step that checked `drafted` drafts and accepted `accepted` of them.
@@ -72,6 +90,8 @@ class SpecTracker {
 
  private:
   int64_t block_;
+  std::pair<double, double> prior_;
+  int64_t fixed_;
   double accepted_ = 0, rejected_ = 0;  // decayed counts (first rejections)
   int64_t wait_ = 0;                    // plain steps left before the next probe
   int64_t interval_ = 8;                // the next wait once drafting does not pay

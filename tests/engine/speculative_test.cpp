@@ -152,6 +152,26 @@ TEST(Tracker, StopsDraftingWhereItDoesNotPayAndProbesAgain) {
   EXPECT_EQ(half.plan(cheap), 2);
 }
 
+TEST(Tracker, NewRequestsStartFromTheEnginesAcceptanceAndAFixedWidthIsKept) {
+  SpecCosts costs;
+  costs.observe_plain(1.0);
+  costs.observe_spec(1, 1.3);
+  SpecPrior prior;
+  EXPECT_EQ(prior.counts(), std::make_pair(1.0, 1.0));
+  SpecTracker fresh(5, prior.counts());
+  EXPECT_EQ(fresh.plan(costs), 1);  // 1.5 tokens for 1.3 steps: worth a draft
+  for (int i = 0; i < 50; ++i) prior.observe(3, 0);  // the drafter always misses
+  EXPECT_NEAR(prior.counts().first, 0.0, 1e-12);
+  SpecTracker warned(5, prior.counts());
+  EXPECT_EQ(warned.plan(costs), 0);  // it does not pay to learn that again
+  EXPECT_FALSE(warned.drafting());
+  SpecTracker fixed(5, prior.counts(), 3);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(fixed.plan(costs), 3);
+    fixed.record(3, 0);
+  }
+}
+
 // Every row's logits are kLogits over a vocabulary of 8 (padded to the tokenizer's size with
 // -inf), whatever the context; the drafter proposes `draft` every time. Generated tokens are then
 // independent draws of softmax(kLogits) when the verifier is right.
