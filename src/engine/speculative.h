@@ -16,13 +16,16 @@
 //
 // Whether drafting pays is decided per request (SpecTracker) by a cost model: the request's
 // per-draft acceptance probability a (estimated from its verify steps: accepted drafts against
-// first rejections, with a prior of weight 2 from what the engine has seen, SpecPrior) gives the expected tokens of a step verifying k
-// drafts, (1 - a^(k+1)) / (1 - a); the engine's measured cost of such a step over a plain decode
-// step (SpecCosts, per width k: the wall time per sequence of steps where every sequence drafted,
-// which counts the drafter, the k extra rows and the extra distinct experts they route to) divides
-// it. The request verifies the k with the best ratio while that ratio exceeds 1; otherwise it
-// decodes plainly and probes again (one draft) after an interval that doubles with every probe
-// that did not pay.
+// first rejections, with a prior of weight 2 from what the engine has seen, SpecPrior) gives the
+// expected tokens of a step verifying k drafts, (1 - a^(k+1)) / (1 - a); the engine's measured cost
+// of such a step over a plain decode step (SpecCosts, per width k: the wall time per sequence of
+// steps where every sequence drafted, which counts the drafter, the k extra rows and the extra
+// distinct experts they route to) divides it. The request verifies the k with the best ratio while
+// that ratio exceeds 1; otherwise it decodes plainly and probes again (one draft) after an interval
+// that doubles with every probe that did not pay. While drafts are accepted more than half the
+// time, the width one above the best is tried once when its cost has not been measured yet (an
+// extrapolated cost is only a guess: where rows share experts, wider verification costs less than
+// linearly).
 #pragma once
 
 #include <algorithm>
@@ -53,6 +56,7 @@ class SpecCosts {
   // between the nearest measured widths (1 at width 0) or beyond the widest at the same cost per
   // draft, else the prior 1 + k / 4.
   double ratio(int64_t k) const;
+  bool measured(int64_t k) const { return k >= 1 && k <= kMaxWidth && have_spec_[k]; }
 
  private:
   double plain_ = 0;

@@ -152,6 +152,27 @@ TEST(Tracker, StopsDraftingWhereItDoesNotPayAndProbesAgain) {
   EXPECT_EQ(half.plan(cheap), 2);
 }
 
+TEST(Tracker, WiderWidthsAreTriedWhileDraftsLand) {
+  SpecCosts costs;
+  costs.observe_plain(1.0);
+  costs.observe_spec(1, 1.6);  // extrapolated: width 2 would cost 2.2, width 3 2.8
+  SpecTracker t(5);
+  for (int i = 0; i < 10; ++i) t.record(1, 1);  // every draft accepted
+  // The best by the extrapolated costs is width 2; width 3, unmeasured, is tried first.
+  EXPECT_EQ(t.plan(costs), 3);
+  costs.observe_spec(3, 2.0);  // cheaper than extrapolated (2.8): rows share experts
+  const int64_t next = t.plan(costs);
+  EXPECT_GE(next, 4);  // the measured width 3 makes wider ones look better, and 4 is unmeasured
+  costs.observe_spec(2, 1.8);
+  costs.observe_spec(4, 2.3);
+  costs.observe_spec(5, 2.6);
+  EXPECT_EQ(t.plan(costs), 5);  // a ~ 0.9: 1 + a + ... + a^5 = 4.5 tokens for 2.6 steps
+  // Drafts that mostly miss explore nothing.
+  SpecTracker miss(5);
+  for (int i = 0; i < 10; ++i) miss.record(1, 0);
+  EXPECT_EQ(miss.plan(costs), 0);
+}
+
 TEST(Tracker, NewRequestsStartFromTheEnginesAcceptanceAndAFixedWidthIsKept) {
   SpecCosts costs;
   costs.observe_plain(1.0);
@@ -159,7 +180,7 @@ TEST(Tracker, NewRequestsStartFromTheEnginesAcceptanceAndAFixedWidthIsKept) {
   SpecPrior prior;
   EXPECT_EQ(prior.counts(), std::make_pair(1.0, 1.0));
   SpecTracker fresh(5, prior.counts());
-  EXPECT_EQ(fresh.plan(costs), 1);  // 1.5 tokens for 1.3 steps: worth a draft
+  EXPECT_EQ(fresh.plan(costs), 1);                   // 1.5 tokens for 1.3 steps: worth a draft
   for (int i = 0; i < 50; ++i) prior.observe(3, 0);  // the drafter always misses
   EXPECT_NEAR(prior.counts().first, 0.0, 1e-12);
   SpecTracker warned(5, prior.counts());
