@@ -90,7 +90,7 @@ void SpecTracker::record(int64_t drafted, int64_t accepted) {
   if (drafted <= 0) return;
   accepted_ = kDecay * accepted_ + double(accepted);
   rejected_ = kDecay * rejected_ + (accepted < drafted ? 1.0 : 0.0);
-  if (probing_ && accepted > 0) interval_ = 8;  // the probe paid off: back to the short interval
+  if (probing_ && accepted > 0) interval_ = 16;  // the probe paid off: back to the first interval
   probing_ = false;
 }
 

@@ -98,7 +98,7 @@ class SpecTracker {
   int64_t fixed_;
   double accepted_ = 0, rejected_ = 0;  // decayed counts (first rejections)
   int64_t wait_ = 0;                    // plain steps left before the next probe
-  int64_t interval_ = 8;                // the next wait once drafting does not pay
+  int64_t interval_ = 16;               // the next wait once drafting does not pay
   bool probing_ = false;
 };
 

@@ -128,12 +128,12 @@ TEST(Tracker, StopsDraftingWhereItDoesNotPayAndProbesAgain) {
   int plain = 0;
   int64_t k = 0;
   while ((k = t.plan(costs)) == 0) ++plain;
-  EXPECT_EQ(plain, 7);  // 8 plain steps in all, then a probe of one draft
+  EXPECT_EQ(plain, 15);  // 16 plain steps in all, then a probe of one draft
   EXPECT_EQ(k, 1);
   t.record(1, 0);
   plain = 0;
   while (t.plan(costs) == 0) ++plain;
-  EXPECT_EQ(plain, 16);  // the interval doubled
+  EXPECT_EQ(plain, 32);  // the interval doubled
   // A drafter that is always right, on a model whose extra rows cost little: the whole block.
   SpecCosts cheap;
   cheap.observe_plain(1.0);
