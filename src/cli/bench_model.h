@@ -34,6 +34,7 @@ struct BenchArgs {
   std::string speculative = "off";  // bench decode: on = the DSpark A/B (cli/cmd_bench_spec.cpp)
   int64_t spec_tokens = 48;         // ... tokens each request generates
   int64_t spec_width = 0;           // ... drafts verified per step (0: the engine's cost model)
+  int64_t spec_repeats = 3;         // ... repetitions of the three modes, alternating
 };
 
 // "1,4,16" -> {1, 4, 16}; the error names `what`.

@@ -286,6 +286,10 @@ void add_bench_model(CLI::App* bench, Runner* run) {
                   "model picks per request)")
       ->check(CLI::Range(int64_t(0), int64_t(16)))
       ->capture_default_str();
+  dec->add_option("--spec-repeats", a->spec_repeats,
+                  "--speculative on: repetitions of off/on/oracle, alternating (medians reported)")
+      ->check(CLI::Range(int64_t(1), int64_t(100)))
+      ->capture_default_str();
   dec->add_option("--spec-tokens", a->spec_tokens,
                   "--speculative on: tokens each request generates")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 20))

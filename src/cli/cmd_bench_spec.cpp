@@ -5,11 +5,14 @@
 // per-stream decode tok/s (each stream's tokens after its first over the time from its first to
 // its last), aggregate tok/s, drafts verified and accepted, the acceptance rate, rows the model ran
 // per step and distinct routed experts per step (from the model's counters; the points' few
-// prefill steps included); and the on/off ratio of per-stream tok/s. A third mode, "oracle",
+// prefill steps included); and the on/off ratio of per-stream tok/s: the modes alternate within
+// each of --spec-repeats repetitions, rates are medians, ratios the median of each repetition's own
+// (drift of the machine's speed cancels). A third mode, "oracle",
 // drafts the control run's own tokens (model/oracle_drafter.h): the speed-up verification gives
 // when every draft is right, on this model and machine.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -109,6 +112,31 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
            steps > 0 ? double(fs1.distinct_experts - fs0.distinct_experts) / double(steps) : 0.0}};
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// One mode's repetitions: median rates, summed counts, the per-run rates.
+nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs) {
+  nlohmann::ordered_json j = runs.back();
+  std::vector<double> per_stream, tok_s;
+  for (const char* key : {"verify_steps", "drafts", "accepted", "tokens", "steps"}) j[key] = 0;
+  for (const auto& r : runs) {
+    per_stream.push_back(r["per_stream_tok_s"].get<double>());
+    tok_s.push_back(r["tok_s"].get<double>());
+    for (const char* key : {"verify_steps", "drafts", "accepted", "tokens", "steps"})
+      j[key] = j[key].get<int64_t>() + r[key].get<int64_t>();
+  }
+  j["per_stream_tok_s"] = median(per_stream);
+  j["tok_s"] = median(tok_s);
+  j["per_stream_tok_s_runs"] = per_stream;
+  const int64_t drafts = j["drafts"].get<int64_t>();
+  j["acceptance_rate"] = drafts > 0 ? double(j["accepted"].get<int64_t>()) / double(drafts) : 0.0;
+  return j;
+}
+
 }  // namespace
 
 int run_bench_speculative(const BenchArgs& a) {
@@ -170,22 +198,36 @@ int run_bench_speculative(const BenchArgs& a) {
       nlohmann::ordered_json pt = {{"prompt", kind}, {"streams", s}};
       Status err = Status::ok();
       std::vector<std::vector<int32_t>> streams_seen;
-      for (const char* mode : {"off", "on", "oracle"}) {
-        log::info("bench decode: speculative {} at {} streams, {} prompt ...", mode, s, kind);
-        const bool control = std::string(mode) == "off", known = std::string(mode) == "oracle";
-        (*engine)->set_drafting(!control);
-        oracle_ptr->set_streams(known ? streams_seen : std::vector<std::vector<int32_t>>{});
-        pt[mode] = measure(**engine, *fast, prompts, a.spec_tokens, &err,
-                           control ? &streams_seen : nullptr);
-        if (!err.is_ok()) {
-          log::error("bench decode: {}", err.message());
-          return kExitInvalid;
+      std::map<std::string, std::vector<nlohmann::ordered_json>> runs;
+      // Modes alternate within each repetition and the ratios are taken per repetition, so a
+      // drift of the machine's speed over the run cancels in the median.
+      for (int64_t rep = 0; rep < a.spec_repeats; ++rep)
+        for (const char* mode : {"off", "on", "oracle"}) {
+          log::info("bench decode: speculative {} at {} streams, {} prompt, run {} ...", mode, s,
+                    kind, rep + 1);
+          const bool control = std::string(mode) == "off", known = std::string(mode) == "oracle";
+          (*engine)->set_drafting(!control);
+          (*engine)->forget_acceptance();  // each drafter's requests learn their own acceptance
+          oracle_ptr->set_streams(known ? streams_seen : std::vector<std::vector<int32_t>>{});
+          runs[mode].push_back(measure(**engine, *fast, prompts, a.spec_tokens, &err,
+                                       control && rep == 0 ? &streams_seen : nullptr));
+          if (!err.is_ok()) {
+            log::error("bench decode: {}", err.message());
+            return kExitInvalid;
+          }
         }
+      for (const char* mode : {"off", "on", "oracle"}) pt[mode] = summarize(runs[mode]);
+      for (const char* mode : {"on", "oracle"}) {
+        std::vector<double> ratios;
+        for (std::size_t r = 0; r < runs[mode].size(); ++r) {
+          const double off = runs["off"][r]["per_stream_tok_s"].get<double>();
+          ratios.push_back(off > 0 ? runs[mode][r]["per_stream_tok_s"].get<double>() / off : 0.0);
+        }
+        pt[std::string(mode) == "on" ? "speedup_per_stream" : "oracle_speedup_per_stream"] =
+            median(ratios);
+        pt[std::string(mode) == "on" ? "speedup_per_stream_runs"
+                                     : "oracle_speedup_per_stream_runs"] = ratios;
       }
-      const double off = pt["off"]["per_stream_tok_s"].get<double>();
-      pt["speedup_per_stream"] = off > 0 ? pt["on"]["per_stream_tok_s"].get<double>() / off : 0.0;
-      pt["oracle_speedup_per_stream"] =
-          off > 0 ? pt["oracle"]["per_stream_tok_s"].get<double>() / off : 0.0;
       points.push_back(pt);
     }
   }
@@ -195,6 +237,7 @@ int run_bench_speculative(const BenchArgs& a) {
                               {"isa", ops::isa_name(ops::kernels().isa)},
                               {"tokens_per_request", a.spec_tokens},
                               {"spec_width", a.spec_width},
+                              {"repeats", a.spec_repeats},
                               {"control", "the same engine with drafting suppressed"},
                               {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());

@@ -269,6 +269,7 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     queue_.clear();
     return false;
   }
+  if (forget_acceptance_.exchange(false)) spec_prior_ = SpecPrior{};
   while (!queue_.empty()) {
     auto a = std::make_unique<Active>();
     a->ch = std::move(queue_.front());

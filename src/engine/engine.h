@@ -150,6 +150,9 @@ class Engine {
   // With speculative decoding loaded: whether decode steps draft at all (off: every step decodes
   // plainly, the drafter's rows still kept; the control of `bench decode --speculative on`).
   void set_drafting(bool on) { drafting_.store(on); }
+  // Forgets the acceptance learned so far (SpecPrior) before the next request is taken in (a bench
+  // switching drafters; the measured costs stay).
+  void forget_acceptance() { forget_acceptance_.store(true); }
 
  private:
   struct Active;  // a running or waiting request: its sequence, tokens, sampler, decoder
@@ -191,6 +194,7 @@ class Engine {
   SpecCosts spec_costs_;  // engine thread only
   SpecPrior spec_prior_;  // engine thread only
   std::atomic<bool> drafting_{true};
+  std::atomic<bool> forget_acceptance_{false};
   std::atomic<int64_t> spec_draft_tokens_{0}, spec_accepted_tokens_{0}, spec_steps_{0};
   mutable std::mutex hist_mu_;  // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};
