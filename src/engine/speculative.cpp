@@ -76,9 +76,15 @@ int64_t SpecTracker::plan(const SpecCosts& costs) {
     const double value = tokens / costs.ratio(k);
     if (value > best_value) best = k, best_value = value;
   }
-  // Explore: one width wider than the best, once, when drafts mostly land and its cost is unknown.
-  if (a > 0.5 && best + 1 <= block_ && !costs.measured(best + 1) && (best > 0 || probing_))
-    return best + 1;
+  // Explore, when drafts mostly land: the width above the best once while its cost is unknown
+  // (above nothing: the narrowest unmeasured one, so an expensive single draft does not hide a
+  // cheaper-per-token wider verify).
+  if (a > 0.5) {
+    int64_t k = best + 1;
+    if (best == 0)
+      while (k <= block_ && costs.measured(k)) ++k;
+    if (k <= block_ && !costs.measured(k)) return k;
+  }
   if (best > 0) return best;
   if (probing_) return 1;  // a probe verifies one draft, whatever the estimate
   wait_ = interval_ - 1;   // this step is the first plain one

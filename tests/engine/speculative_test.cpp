@@ -167,6 +167,15 @@ TEST(Tracker, WiderWidthsAreTriedWhileDraftsLand) {
   costs.observe_spec(4, 2.3);
   costs.observe_spec(5, 2.6);
   EXPECT_EQ(t.plan(costs), 5);  // a ~ 0.9: 1 + a + ... + a^5 = 4.5 tokens for 2.6 steps
+  // One draft costing more than it returns does not stop a drafter that lands from trying two.
+  SpecCosts dear;
+  dear.observe_plain(1.0);
+  dear.observe_spec(1, 2.0);
+  SpecTracker lands(5);
+  for (int i = 0; i < 10; ++i) lands.record(1, 1);
+  EXPECT_EQ(lands.plan(dear), 2);
+  dear.observe_spec(2, 2.1);  // 1 + a + a^2 = 2.65 tokens for 2.1 steps: drafting pays
+  EXPECT_GE(lands.plan(dear), 2);
   // Drafts that mostly miss explore nothing.
   SpecTracker miss(5);
   for (int i = 0; i < 10; ++i) miss.record(1, 0);
