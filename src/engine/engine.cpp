@@ -380,9 +380,12 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
   // The counts submit() checks the queue against, as of this plan: this step publishes outputs,
   // and a client that sees its request's first token must find it counted as running, not as
   // still waiting (the loop's own update comes after the step; found by the sanitized build,
-  // whose slower steps widened the gap).
+  // whose slower steps widened the gap). The blocks the plan reserved are published with them, so
+  // a scrape that counts a request running also counts its blocks (a short request used to be
+  // seen running with 0 blocks used, its blocks published only after its step).
   running_.store(sched_.running());
   waiting_.store(sched_.waiting());
+  kv_used_.store(kv_total_.load() - backend_->kv_blocks_free());
   if (plan.run.empty()) {
     // Nothing fits although no sequence runs: the waiting head cannot run (submission refuses
     // such requests, so this is a guard against a hang, not a path).

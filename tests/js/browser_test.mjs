@@ -202,7 +202,8 @@ try {
     headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ model: 'scripted', prompt, max_tokens: 600, ignore_eos: true, stream: true }) })
     .then((r) => r.body.getReader().read()).catch(() => {});
-  await page.waitForFunction(() => JSON.parse(document.getElementById('chart-requests').dataset.seen)[0] >= 1,
+  await page.waitForFunction(() => JSON.parse(document.getElementById('chart-requests').dataset.seen)[0] >= 1 &&
+                                   JSON.parse(document.getElementById('chart-kv').dataset.seen)[0] > 0,
                              null, { timeout: 20000 });
   longRun.abort();
   await longDone;
