@@ -13,9 +13,10 @@ allowed() {  # directory -> allowed include roots
     ops) echo "core ops" ;;
     model) echo "core io text model" ;;
     model/fast) echo "core io text model ops" ;;
-    engine) echo "core io text model engine" ;;
+    parallel) echo "core io text model parallel" ;;
+    engine) echo "core io text model parallel engine" ;;
     server) echo "core text engine server" ;;
-    cli) echo "core io text model ops engine server cli" ;;
+    cli) echo "core io text model ops parallel engine server cli" ;;
     *) echo "" ;;
   esac
 }

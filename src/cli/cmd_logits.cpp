@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/dspark_logits.h"
 #include "cli/fast_logits.h"
+#include "cli/fast_model_dir.h"
 #include "cli/float_file.h"
 #include "cli/token_args.h"
 #include "core/log.h"
@@ -215,6 +216,7 @@ void add_logits(CLI::App& app, Runner* run) {
       ->check(CLI::Range(0, 1000));
   sub->add_option("--companion-seed", a->fast.companion_seed, "Seed of the companions")
       ->capture_default_str();
+  add_split_options(sub, &a->fast.tp, &a->fast.ep, &a->fast.rank_timeout_s);
   sub->add_option("--threads", a->fast.threads, "fast path: threads (0: every core)")
       ->check(CLI::Range(0, 4096));
   sub->add_option("--kv-cache-gb", a->fast.kv_cache_gb,

@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/fast/fast_model.h"
+#include "parallel/distributed_runner.h"
 
 namespace dsv41::cli {
 namespace {
@@ -27,7 +28,7 @@ std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
 }
 
 // One step: the target's chunk among the companions' random chunks, the target at a random place.
-Status step_with_companions(FastModel& m, std::vector<Companion>& comp, Rng& rng,
+Status step_with_companions(ModelRunner& m, std::vector<Companion>& comp, Rng& rng,
                             const SeqSlice& target, std::vector<float>* logits) {
   StepBatch b;
   std::vector<SeqSlice> others;
@@ -74,12 +75,15 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
   o.threads = a.threads;
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
   const auto t0 = std::chrono::steady_clock::now();
-  auto m = FastModel::load(*dir, o);
+  // Under mpirun, ranks other than 0 follow rank 0 inside load_split and end there.
+  auto m = parallel::load_split(*dir, o, {a.tp, a.ep, a.rank_timeout_s});
   if (!m) {
     log::error("logits: --model: {}", m.status().message());
     return kExitInvalid;
   }
-  FastModel& fm = **m;
+  ModelRunner& fm = **m;
+  parallel::LeadRunner* lead = parallel::as_lead(m->get());
+  const FastModel& local = lead ? lead->local() : dynamic_cast<const FastModel&>(fm);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Rng rng(a.companion_seed);
@@ -121,7 +125,7 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
   const float* last = logits.data() + logits.size() - std::size_t(V);
   for (int64_t v = 1; v < V; ++v)
     if (last[v] > last[argmax]) argmax = v;
-  const KvLayout& L = fm.pool().layout();
+  const KvLayout& L = local.pool().layout();
   nlohmann::ordered_json j = {{"out", a.out},
                               {"tokens", ids.size()},
                               {"vocab", V},
@@ -132,14 +136,22 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
                               {"index_keys", a.index_keys},
                               {"act_quant", a.act_quant},
                               {"companions", a.companions},
-                              {"isa", fm.isa()},
+                              {"isa", local.isa()},
                               {"load_seconds", load_s},
                               {"run_seconds", run_s},
                               {"tok_s", double(ids.size()) / std::max(run_s, 1e-9)},
                               {"kv_global_bytes_per_token", L.global_bytes_per_token()},
                               {"kv_window_bytes_per_sequence", L.window_bytes_per_sequence()},
-                              {"foreign_reads", fm.stats().foreign_reads},
+                              {"foreign_reads", local.stats().foreign_reads},
                               {"last_argmax", argmax}};
+  if (lead) {  // a split forward: this rank's share and what the collectives cost
+    const FastStats st = local.stats();
+    j["ranks"] = parallel::World::get().size();
+    j["weight_bytes_rank0"] = st.share_weight_bytes;
+    j["collectives"] = st.collectives;
+    j["collective_bytes"] = st.collective_bytes;
+    j["collective_seconds"] = st.collective_seconds;
+  }
   std::printf("%s\n", j.dump().c_str());
   return kExitOk;
 }

@@ -15,6 +15,8 @@ struct FastLogitsArgs {
   uint64_t companion_seed = 1;
   int threads = 0;
   double kv_cache_gb = 0;
+  int tp = 0, ep = 0;  // under mpirun: the split (parallel/)
+  double rank_timeout_s = 60;
 };
 
 int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, int64_t chunk);

@@ -85,6 +85,23 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
                   "only while a request's measured acceptance pays for it | off")
       ->check(CLI::IsMember({"dspark", "off"}))
       ->capture_default_str();
+  add_split_options(sub, &a->tp, &a->ep, &a->rank_timeout_s);
+}
+
+void add_split_options(CLI::App* sub, int* tp, int* ep, double* timeout_s) {
+  sub->add_option("--tp", *tp,
+                  "fast path under mpirun: split attention (whole output groups of heads) over "
+                  "this many ranks (default 1; docs/parallel.md)")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--ep", *ep,
+                  "fast path under mpirun: split the routed experts over this many ranks "
+                  "(default: every rank); the larger of --tp/--ep is the number of ranks")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option("--rank-timeout", *timeout_s,
+                  "fast path under mpirun: seconds a rank waits for the others inside a step "
+                  "before the model is declared failed (/health 503, serve exits 3)")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
 }
 
 Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo) {
@@ -105,6 +122,9 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   eo->fast.act_quant = a.act_quant == "on";
   eo->fast.isolation = a.isolation;
   eo->fast.prefix_cache = a.prefix_cache == "on";
+  eo->fast.tp = a.tp;
+  eo->fast.ep = a.ep;
+  eo->fast.rank_timeout_s = a.rank_timeout_s;
   return Status::ok();
 }
 

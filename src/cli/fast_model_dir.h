@@ -17,8 +17,12 @@ struct PathArgs {
   std::string speculative = "off";
   int threads = 0;
   double kv_cache_gb = 0;
+  int tp = 0, ep = 0;  // under mpirun (parallel/): 0 = the default split
+  double rank_timeout_s = 60;
 };
 void add_path_options(CLI::App* sub, PathArgs* a);
+// --tp, --ep and --rank-timeout (part of add_path_options; `logits --path fast` takes them too).
+void add_split_options(CLI::App* sub, int* tp, int* ep, double* timeout_s);
 // Fills eo.path / eo.fast / eo.model_dir from the options (converting an official-layout model
 // for the fast path first).
 Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo);

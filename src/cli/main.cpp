@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "core/log.h"
 #include "ops/kernels.h"
+#include "parallel/world.h"
 
 #ifndef DSV41_VERSION
 #define DSV41_VERSION "0.0.0"
@@ -43,5 +44,7 @@ int main(int argc, char** argv) {
     std::fputs(app.help().c_str(), stdout);
     return dsv41::cli::kExitUsage;
   }
-  return run();
+  const int code = run();
+  dsv41::parallel::World::finalize();  // under mpirun: rank 0 ends the job cleanly
+  return code;
 }

@@ -160,7 +160,12 @@ Result<RequestHandle> Engine::submit(GenerationRequest request) {
   return handles->front();
 }
 
+Status Engine::health() const {
+  return backend_->health();
+}
+
 Result<std::vector<RequestHandle>> Engine::submit(GenerationRequest request, int n) {
+  if (Status h = backend_->health(); !h) return h;
   if (n < 1) return Status::error(fmt::format("n: must be at least 1 (got {})", n));
   if (n > options_.max_queue)
     return Status::error(fmt::format("n: {} samples exceed the server's queue of {} requests", n,

@@ -147,6 +147,9 @@ class Engine {
   int64_t max_requests() const { return int64_t(limits_.max_seqs) + options_.max_queue; }
   int32_t eos_id() const { return eos_id_; }
   EngineStats stats() const;
+  // The model's health (ModelRunner::health): not ok once a split model's ranks stopped answering;
+  // submissions are then refused as unavailable. Any thread.
+  Status health() const;
   // With speculative decoding loaded: whether decode steps draft at all (off: every step decodes
   // plainly, the drafter's rows still kept; the control of `bench decode --speculative on`).
   void set_drafting(bool on) { drafting_.store(on); }

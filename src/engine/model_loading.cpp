@@ -2,6 +2,7 @@
 #include "engine/model_loading.h"
 #include "model/fast/fast_model.h"
 #include "model/reference/reference_runner.h"
+#include "parallel/distributed_runner.h"
 
 namespace dsv41 {
 
@@ -26,9 +27,7 @@ Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& convert
   fo.isolation = o.isolation == "mask"  ? IsolationMode::kMask
                  : o.isolation == "off" ? IsolationMode::kOff
                                         : IsolationMode::kCount;
-  auto m = FastModel::load(converted_dir, fo);
-  if (!m) return m.status();
-  return std::unique_ptr<ModelRunner>(std::move(*m));
+  return parallel::load_split(converted_dir, fo, {o.tp, o.ep, o.rank_timeout_s});
 }
 
 }  // namespace dsv41

@@ -26,8 +26,14 @@ struct FastRunnerOptions {
   std::string isolation = "count";  // count | mask | off (model/fast/kv_pool.h)
   bool prefix_cache = true;         // model/fast/prefix_cache.cpp
   bool dspark = false;              // load the DSpark drafter (ModelRunner::draft)
+  // Split over the ranks of an mpirun job (parallel/distributed_runner.h; 0: the default split):
+  // attention over tp ranks, routed experts over ep ranks; a rank waits rank_timeout_s for the
+  // others inside a step before the model is declared failed.
+  int tp = 0, ep = 0;
+  double rank_timeout_s = 60;
 };
-// The fast forward (model/fast) on a converted checkpoint.
+// The fast forward (model/fast) on a converted checkpoint; under mpirun, this rank's share of it
+// (on ranks other than 0 the call follows rank 0 and never returns: parallel::load_split).
 Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& converted_dir,
                                                       const FastRunnerOptions& o);
 

@@ -100,6 +100,11 @@ class ModelRunner {
   // without a tagged pool. Safe to call from any thread.
   virtual int64_t foreign_reads() const { return 0; }
 
+  // Whether the path can still run steps: a split forward (parallel/) whose ranks stopped
+  // answering reports why (ErrorKind::kUnavailable) and fails every later call. Safe from any
+  // thread.
+  virtual Status health() const { return Status::ok(); }
+
   // KV capacity, in the pool's blocks, for a scheduler that admits and preempts before a step
   // rather than after a failed one. A path without a bounded pool reports 0 blocks in all and
   // needs none. kv_blocks_to_grow: the blocks a step taking `seq` to `new_len` tokens allocates

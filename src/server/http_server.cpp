@@ -316,6 +316,13 @@ void HttpServer::Impl::routes() {
       });
 
   on("GET", "/health", "/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (Status h = engine.health(); !h) {  // a split model whose ranks stopped answering
+      res.status = 503;
+      res.set_content(OJson{{"status", "unhealthy"}, {"error", h.message()}}.dump(),
+                      "application/json");
+      metrics.request_done("/health", 503);
+      return;
+    }
     res.set_content("{\"status\":\"ok\"}", "application/json");
     metrics.request_done("/health", 200);
   });

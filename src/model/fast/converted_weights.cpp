@@ -47,21 +47,24 @@ const WeightSpan& ConvertedWeights::get(const std::string& name) const {
 }
 
 uint64_t ConvertedWeights::warm(std::size_t threads) const {
-  std::vector<const WeightSpan*> todo;
-  uint64_t total = 0;
+  std::vector<Range> todo;
   for (const auto& [name, span] : spans_)
-    if (name.find(".engram.embed.bucket.") == std::string::npos) {
-      todo.push_back(&span);
-      total += span.bytes;
-    }
+    if (name.find(".engram.embed.bucket.") == std::string::npos)
+      todo.emplace_back(span.data, span.bytes);
+  return warm_ranges(todo, threads);
+}
+
+uint64_t ConvertedWeights::warm_ranges(const std::vector<Range>& todo, std::size_t threads) {
+  uint64_t total = 0;
+  for (const Range& r : todo) total += r.second;
   std::atomic<std::size_t> next{0};
   std::atomic<uint64_t> done{0}, sink{0};
   auto worker = [&] {
     uint64_t local = 0;
     for (std::size_t i; (i = next.fetch_add(1)) < todo.size();) {
-      const WeightSpan& s = *todo[i];
-      for (uint64_t off = 0; off < s.bytes; off += 4096) local += s.data[off];
-      done.fetch_add(s.bytes, std::memory_order_relaxed);
+      const Range& s = todo[i];
+      for (uint64_t off = 0; off < s.second; off += 4096) local += s.first[off];
+      done.fetch_add(s.second, std::memory_order_relaxed);
     }
     sink.fetch_add(local);
   };

@@ -43,6 +43,11 @@ class ConvertedWeights {
   // the rows a step hashes to are ever touched), on `threads` threads, so the first steps do not
   // fault the weights in from disk one page at a time; logs progress. Returns the bytes touched.
   uint64_t warm(std::size_t threads) const;
+  // The same over chosen byte ranges (a split forward's share: parallel/), with the same progress.
+  using Range = std::pair<const uint8_t*, uint64_t>;
+  static uint64_t warm_ranges(const std::vector<Range>& ranges, std::size_t threads);
+  // Every tensor by name, in no particular order.
+  const std::unordered_map<std::string, WeightSpan>& spans() const { return spans_; }
 
  private:
   std::string dir_, fp8_;

@@ -165,10 +165,18 @@ void FastModel::Impl::attention_queries(const fast::LayerW& w, const ref::Rope<f
   for (int64_t t = 0; t < n; ++t)
     kern->rmsnorm(qr.data() + t * QL, w.q_norm.data(), QL, float(tc.rms_norm_eps),
                   qr.data() + t * QL);
-  linear_batch(w.wq_b, qr.data(), n, tmp.data());
+  if (h1 - h0 == H) {
+    linear_batch(w.wq_b, qr.data(), n, tmp.data());
+  } else if (h1 > h0) {  // this process's heads only, placed at their offsets of tmp
+    const int64_t own = (h1 - h0) * Dh;
+    if (int64_t(att_o.size()) < n * own) att_o.resize(std::size_t(n * own));
+    linear_batch(w.wq_b_own, qr.data(), n, att_o.data());
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(att_o.data() + t * own, own, tmp.data() + t * H * Dh + h0 * Dh);
+  }
   for (int64_t t = 0; t < n; ++t) {
     rope_table(rope, rows[std::size_t(t0 + t)].pos);
-    for (int64_t hh = 0; hh < H; ++hh)
+    for (int64_t hh = h0; hh < h1; ++hh)
       kern->rope(tmp.data() + (t * H + hh) * Dh, Dh, rope.dim, cosb.data(), sinb.data(), false);
   }
 }
@@ -181,10 +189,14 @@ void FastModel::Impl::attention_output(const fast::LayerW& w, int64_t t0, int64_
   if (int64_t(att_o.size()) < n * (gin + R)) att_o.resize(std::size_t(n * (gin + R)));
   // Grouped low-rank output: group g (heads g*H/G ..) through rows [g*R, (g+1)*R) of wo_a, the
   // chunk's group inputs gathered contiguous.
-  linear_count(w.wo_a);
+  linear_count(w.wo_a_own);
   float* gin_x = att_o.data();
   float* gin_y = att_o.data() + n * gin;
-  for (int64_t g = 0; g < G; ++g) {
+  // Split over processes: each fills its own groups' columns, the others' stay 0 until the sum
+  // over processes (exact: one non-zero term per element); then wo_b on every process.
+  const bool split = opt.tp_parts > 1;
+  if (split) std::fill_n(ubuf.data(), n * G * R, 0.0f);
+  for (int64_t g = g0; g < g1; ++g) {
     Linear part = w.wo_a;
     part.stamp = stats.steps;  // counted whole above
     part.out = R;
@@ -199,6 +211,7 @@ void FastModel::Impl::attention_output(const fast::LayerW& w, int64_t t0, int64_
     linear_batch(part, gin_x, n, gin_y);
     for (int64_t t = 0; t < n; ++t) std::copy_n(gin_y + t * R, R, ubuf.data() + t * G * R + g * R);
   }
+  if (split) reduce(ubuf.data(), n * G * R);
   linear_batch(w.wo_b, ubuf.data(), n, ys.data() + t0 * D);
 }
 
@@ -223,15 +236,18 @@ void FastModel::Impl::attend_query(const fast::LayerW& w, const ref::Rope<float>
   const int64_t nrows = int64_t(att_rows.size());
   const float scale = float(1.0 / std::sqrt(double(Dh)));
   if (int64_t(att_o.size()) < H * Dh) att_o.resize(std::size_t(H * Dh));
-  auto heads = [&](int64_t h0, int64_t hend) {
+  // This process's heads [h0, h1) (all of them in one process), split over the thread pool by
+  // heads, which changes no head's arithmetic.
+  auto heads = [&](int64_t a, int64_t b) {
+    const int64_t hs0 = h0 + a, hend = h0 + b;
     // Output over the query of the same heads: each head reads only its own query first.
-    kern->sparse_attention(q + h0 * Dh, hend - h0, Dh, att_rows.data(), att_kinds.data(), nrows,
-                           scale, w.attn_sink + h0, att_o.data() + h0 * Dh);
-    std::copy_n(att_o.data() + h0 * Dh, (hend - h0) * Dh, q + h0 * Dh);
+    kern->sparse_attention(q + hs0 * Dh, hend - hs0, Dh, att_rows.data(), att_kinds.data(), nrows,
+                           scale, w.attn_sink + hs0, att_o.data() + hs0 * Dh);
+    std::copy_n(att_o.data() + hs0 * Dh, (hend - hs0) * Dh, q + hs0 * Dh);
   };
-  par_rows(H, 1, std::ref(heads));
+  if (h1 > h0) par_rows(h1 - h0, 1, std::ref(heads));
   rope_table(rope, pos);
-  for (int64_t hh = 0; hh < H; ++hh)
+  for (int64_t hh = h0; hh < h1; ++hh)
     kern->rope(q + hh * Dh, Dh, rope.dim, cosb.data(), sinb.data(), true);
 }
 

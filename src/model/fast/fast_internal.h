@@ -6,6 +6,7 @@
 // step seen), so a decode step of a warmed-up engine allocates nothing.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -50,6 +51,9 @@ struct LayerW {
   const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
   const float* attn_sink = nullptr;
   Linear wq_a, wq_b, wkv, wo_a, wo_b;
+  // Split attention (FastOptions::tp_parts): rows of wq_b for this process's heads and of wo_a for
+  // its groups (out 0 when it has none); equal to wq_b / wo_a in one process.
+  Linear wq_b_own, wo_a_own;
   std::vector<uint16_t> owned_wo_a;  // wo_a in BF16 when its groups straddle FP8 scale blocks
   Linear c_wkv, c_wgate, i_wk, i_wq_b, i_wproj;
   Linear gate;
@@ -109,6 +113,22 @@ struct Binder {
     return reinterpret_cast<const float*>(s.data);  // tensors start 64-byte aligned
   }
 };
+
+// Rows [r0, r1) of a linear as a linear of its own (r0 on a 32-row scale block for FP8; r1 too
+// unless it is the end).
+inline Linear linear_rows(const Linear& l, int64_t r0, int64_t r1) {
+  Linear p = l;
+  p.out = r1 - r0;
+  p.stamp = -1;
+  if (l.quantized()) {
+    DSV41_CHECK(r0 % 32 == 0 && (r1 % 32 == 0 || r1 == l.out));
+    p.w += r0 * l.in;
+    p.scale += (r0 / 32) * ((l.in + 31) / 32);
+  } else {
+    p.w += r0 * l.in * 2;
+  }
+  return p;
+}
 
 // The mean over the hc copies of a residual stream h [hc * d] (copy-major), in copy order: a tap
 // of the seam and DSpark's main_hidden.
@@ -198,6 +218,19 @@ struct FastModel::Impl {
   uint64_t prefix_clock = 0;
   uint64_t next_tag = 1;
   FastStats stats;
+  // This process's share of a split forward (all of it in one process): heads [h0, h1) = groups
+  // [g0, g1) of attention; routed experts [expert_lo(E), expert_hi(E)) of a layer with E experts.
+  int64_t h0 = 0, h1 = 0, g0 = 0, g1 = 0;
+  int64_t expert_lo(int64_t E) const {
+    return opt.ep_part < 0 ? 0 : E * opt.ep_part / std::max(1, opt.ep_parts);
+  }
+  int64_t expert_hi(int64_t E) const {
+    return opt.ep_part < 0 ? 0 : E * (opt.ep_part + 1) / std::max(1, opt.ep_parts);
+  }
+  // Element-wise sum over the processes (no-op in one): timed and counted in stats.
+  void reduce(float* data, int64_t n);
+  Status set_share(const std::string& dir);  // h0..g1 from the options, checked against the config
+  std::vector<ConvertedWeights::Range> share_ranges() const;  // the weights this process reads
 
   // ---- step scratch (grows only) ----
   std::vector<fast::TokenRow> rows;

@@ -1,6 +1,7 @@
 // The fast forward: loading and binding the converted weights, sequences and their blocks, the
 // step (embedding, layers, head) and the shared helpers (see fast_model.h, fast_internal.h).
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,8 +19,10 @@ using fast::Linear;
 // Steps of up to this many tokens get their selection scratch reserved up front (decode).
 constexpr int64_t kDecodeScratchTokens = 64;
 
+}  // namespace
+
 // A quarter of MemAvailable, at least 64 MB.
-int64_t default_kv_budget() {
+int64_t FastModel::default_kv_budget() {
   std::ifstream f("/proc/meminfo");
   std::string key;
   int64_t kb = 0;
@@ -29,6 +32,8 @@ int64_t default_kv_budget() {
   }
   return int64_t(1) << 30;
 }
+
+namespace {
 
 // An FP8 linear turned into BF16 (exact: an E4M3 value times a power of two has at most 4
 // significant bits). Used for wo_a when o_lora_rank is not a multiple of 32: its groups' row
@@ -46,8 +51,17 @@ void dequantize_to_bf16(fast::Linear* l, std::vector<uint16_t>* store) {
   l->scale = nullptr;
 }
 
+// This process's share of a split forward (FastOptions): attention rows of heads [h0, h1) and
+// groups [g0, g1), routed experts [e0, e1) of each layer's E (E * part / parts: contiguous).
+struct Share {
+  int64_t h0, h1, g0, g1;
+  int ep_part, ep_parts;
+  int64_t e0(int64_t E) const { return ep_part < 0 ? 0 : E * ep_part / ep_parts; }
+  int64_t e1(int64_t E) const { return ep_part < 0 ? 0 : E * (ep_part + 1) / ep_parts; }
+};
+
 fast::LayerW bind_layer(const fast::Binder& b, const LayerPlan& p, const EngramHasher& hasher,
-                        int64_t o_lora_rank) {
+                        int64_t o_lora_rank, int64_t head_dim, const Share& sh) {
   const BlockTensorNames n = block_tensor_names(p);
   fast::LayerW w;
   w.attn_norm = b.vec(n.attn_norm);
@@ -68,6 +82,11 @@ fast::LayerW bind_layer(const fast::Binder& b, const LayerPlan& p, const EngramH
   w.wo_a.act = false;
   if (w.wo_a.quantized() && o_lora_rank % 32 != 0) dequantize_to_bf16(&w.wo_a, &w.owned_wo_a);
   w.wo_b = b.lin(n.wo_b);
+  w.wq_b_own = fast::linear_rows(w.wq_b, sh.h0 * head_dim, sh.h1 * head_dim);
+  if (w.wo_a.quantized() && (sh.g0 * o_lora_rank) % 32 != 0)
+    dequantize_to_bf16(&w.wo_a, &w.owned_wo_a);  // a share boundary inside a scale block
+  w.wo_a_own = fast::linear_rows(w.wo_a, sh.g0 * o_lora_rank, sh.g1 * o_lora_rank);
+  w.wo_a_own.act = false;
   if (p.is_kv_source()) {
     w.c_norm = b.vec(n.c_norm);
     w.c_wkv = b.lin(n.c_wkv);
@@ -81,10 +100,12 @@ fast::LayerW bind_layer(const fast::Binder& b, const LayerPlan& p, const EngramH
   }
   w.gate = b.lin(n.gate);
   w.gate_bias = b.f32(n.gate_bias);
-  for (int e = 0; e < p.n_routed_experts; ++e) {  // the converted layout's fused w13 and w2
+  w.experts.resize(std::size_t(p.n_routed_experts));  // another process's experts stay unbound
+  for (int e = int(sh.e0(p.n_routed_experts)); e < sh.e1(p.n_routed_experts); ++e) {
+    // the converted layout's fused w13 and w2
     const std::string w13 = n.expert(e, "w13"), w2 = n.expert(e, "w2");
-    w.experts.push_back({b.w.get(w13 + ".weight").data, b.w.get(w13 + ".scale").data,
-                         b.w.get(w2 + ".weight").data, b.w.get(w2 + ".scale").data});
+    w.experts[std::size_t(e)] = {b.w.get(w13 + ".weight").data, b.w.get(w13 + ".scale").data,
+                                 b.w.get(w2 + ".weight").data, b.w.get(w2 + ".scale").data};
   }
   w.sh_w1 = b.lin(n.sh_w1);
   w.sh_w2 = b.lin(n.sh_w2);
@@ -127,14 +148,16 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   im.kern = &ops::kernels();
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   im.pool = std::make_unique<ThreadPool>(opt.threads > 0 ? std::size_t(opt.threads) : hw);
-  if (opt.warm) im.wts->warm(im.pool->size());
+  DSV41_RETURN_IF_ERROR(im.set_share(dir));
+  const Share share{im.h0, im.h1, im.g0, im.g1, opt.ep_part, std::max(1, opt.ep_parts)};
 
   const fast::Binder b{*im.wts};
   im.embed = reinterpret_cast<const uint16_t*>(im.wts->get(kEmbedName).data);
   im.head = b.lin(kHeadName);
   im.norm = b.vec(kFinalNormName);
   for (int l = 0; l < im.plan.num_backbone; ++l)
-    im.layers.push_back(bind_layer(b, im.plan.layers[std::size_t(l)], *im.hasher, tc.o_lora_rank));
+    im.layers.push_back(bind_layer(b, im.plan.layers[std::size_t(l)], *im.hasher, tc.o_lora_rank,
+                                   tc.head_dim, share));
   if (opt.dspark) {
     const int stages = int(im.plan.layers.size()) - im.plan.num_backbone;
     if (stages <= 0)
@@ -142,9 +165,15 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
                            "/config.json: text_config.num_nextn_predict_layers is 0: the "
                            "checkpoint has no DSpark drafter");
     for (int s = 0; s < stages; ++s)
-      im.dspark.stages.push_back(bind_layer(b, im.plan.stage(s), *im.hasher, tc.o_lora_rank));
+      im.dspark.stages.push_back(
+          bind_layer(b, im.plan.stage(s), *im.hasher, tc.o_lora_rank, tc.head_dim, share));
     im.bind_dspark();
   }
+  // The weights this process reads: everything but the Engram tables (only hashed rows are read),
+  // other processes' experts, and the attention rows of other processes' heads.
+  const std::vector<ConvertedWeights::Range> mine = im.share_ranges();
+  for (const auto& r : mine) im.stats.share_weight_bytes += int64_t(r.second);
+  if (opt.warm) ConvertedWeights::warm_ranges(mine, im.pool->size());
   const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});
   im.rope_swa = ref::Rope<float>::make(tc.qk_rope_head_dim, tc.rope_theta, false, 1, 1, 1, 1);
   im.rope_comp = ref::Rope<float>::make(
@@ -170,6 +199,65 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
                          " bytes hold fewer than two KV blocks of " +
                          std::to_string(im.kv->layout().block_bytes) + " bytes");
   return m;
+}
+
+Status FastModel::Impl::set_share(const std::string& dir) {
+  const TextConfig& tc = cfg.text;
+  const int64_t H = tc.num_attention_heads, G = tc.o_groups;
+  const int tp = std::max(1, opt.tp_parts), ep = std::max(1, opt.ep_parts);
+  if ((tp > 1 || ep > 1) && !opt.comm)
+    return Status::error("--tp/--ep: a split forward needs the process group (run under mpirun)");
+  if (G % tp != 0)
+    return Status::error(dir + "/config.json: text_config.o_groups " + std::to_string(G) +
+                         " is not a multiple of --tp " + std::to_string(tp) +
+                         " (attention is split on whole output groups)");
+  if (opt.tp_part >= tp || opt.ep_part >= ep)
+    return Status::error("--tp/--ep: part index beyond the split");
+  g0 = opt.tp_part < 0 ? 0 : G * opt.tp_part / tp;
+  g1 = opt.tp_part < 0 ? 0 : G * (opt.tp_part + 1) / tp;
+  h0 = g0 * (H / G);
+  h1 = g1 * (H / G);
+  if (tp > 1 && (h0 * tc.head_dim) % 32 != 0)
+    return Status::error(dir + "/config.json: --tp " + std::to_string(tp) +
+                         " would split wq_b inside a 32-row scale block (head_dim " +
+                         std::to_string(tc.head_dim) + ")");
+  return Status::ok();
+}
+
+std::vector<ConvertedWeights::Range> FastModel::Impl::share_ranges() const {
+  std::unordered_map<const uint8_t*, bool> skip;  // tensors read only in part, or not at all
+  auto drop = [&](const Linear& l) {
+    skip[l.w] = true;
+    if (l.scale) skip[l.scale] = true;
+  };
+  std::vector<ConvertedWeights::Range> out;
+  auto keep = [&](const Linear& l) {
+    if (l.out == 0) return;
+    const uint64_t nr = uint64_t(l.out), in = uint64_t(l.in);
+    out.emplace_back(l.w, l.quantized() ? nr * in : nr * in * 2);
+    if (l.quantized()) out.emplace_back(l.scale, (nr + 31) / 32 * ((in + 31) / 32));
+  };
+  auto layer = [&](const fast::LayerW& w) {
+    drop(w.wq_b);
+    drop(w.wo_a);
+    keep(w.wq_b_own);
+    if (w.owned_wo_a.empty()) keep(w.wo_a_own);  // a BF16 copy in memory otherwise
+  };
+  std::unordered_map<const uint8_t*, bool> owned_experts;
+  for (const auto* set : {&layers, &dspark.stages})
+    for (const auto& w : *set) {
+      layer(w);
+      for (const auto& e : w.experts)
+        for (const uint8_t* ptr : {e.w13, e.s13, e.w2, e.s2})
+          if (ptr) owned_experts[ptr] = true;
+    }
+  for (const auto& [name, span] : wts->spans()) {
+    if (name.find(".engram.embed.bucket.") != std::string::npos || skip.count(span.data)) continue;
+    // Routed experts: only those this process bound (its share of each layer).
+    if (name.find("ffn.experts.") != std::string::npos && !owned_experts.count(span.data)) continue;
+    out.emplace_back(span.data, span.bytes);
+  }
+  return out;
 }
 
 int32_t FastModel::vocab_size() const {
@@ -444,6 +532,16 @@ Status FastModel::debug_plant_foreign_block(SeqId victim, SeqId owner, int64_t i
 }
 
 // ---- helpers ----
+
+void FastModel::Impl::reduce(float* data, int64_t n) {
+  if (!opt.comm || opt.comm->size() <= 1) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  opt.comm->allreduce_sum(data, n);  // throws CollectiveFailure
+  stats.collective_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++stats.collectives;
+  stats.collective_bytes += n * int64_t(sizeof(float));
+}
 
 void FastModel::Impl::par_rows(int64_t n, int64_t align,
                                const std::function<void(int64_t, int64_t)>& fn) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "core/collective.h"
 #include "core/status.h"
 #include "model/fast/kv_pool.h"
 #include "model/reference/reference_model.h"  // IndexKeySemantics
@@ -41,6 +42,17 @@ struct FastOptions {
   // Load the DSpark drafter (mtp.* stages): every step then also writes each stage's window row
   // of its tokens (main_hidden -> main_x -> the stage's FP8 row), and draft() works.
   bool dspark = false;
+  // Split over processes (parallel/, docs/parallel.md): this process computes attention part
+  // tp_part of tp_parts (whole o_groups: the queries, attention and wo_a of its heads) and routed
+  // experts part ep_part of ep_parts (a contiguous range of each layer's experts); -1: no share
+  // (a rank beyond the split's size). Everything else (embedding, norms, mHC, KV projections,
+  // compressor, indexer, shared expert, head) runs on every rank, so each keeps the whole KV cache.
+  // The parts meet through comm->allreduce_sum of per-group and per-slot outputs in which every
+  // element comes from exactly one rank: the sums are exact and every rank continues with the
+  // bits one process would have (the same kernels on the same rows, the same summation order).
+  Collective* comm = nullptr;
+  int tp_parts = 1, tp_part = 0;
+  int ep_parts = 1, ep_part = 0;
 };
 
 struct FastStats {
@@ -58,12 +70,19 @@ struct FastStats {
   int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t prefix_entries = 0;    // cached global blocks now
   int64_t prefix_evictions = 0;  // cached blocks evicted (the pool was full)
+  // Split over processes: the weight bytes this process reads (its share; the Engram tables are
+  // not counted: only hashed rows are read), the collectives it took part in and their payload.
+  int64_t share_weight_bytes = 0;
+  int64_t collectives = 0, collective_bytes = 0;
+  double collective_seconds = 0;
 };
 
 class FastModel final : public ModelRunner {
  public:
   // dir: a converted checkpoint (model/convert); refuses anything else, naming what is wrong.
   static Result<std::unique_ptr<FastModel>> load(const std::string& dir, const FastOptions& opt);
+  // The KV budget kv_cache_bytes 0 stands for: a quarter of MemAvailable, at least 64 MB.
+  static int64_t default_kv_budget();
   ~FastModel() override;
 
   int32_t vocab_size() const override;

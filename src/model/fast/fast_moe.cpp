@@ -93,7 +93,11 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
     }
   }
   // Each expert's weights once per chunk of its tokens; every (token, slot) result in its own row.
-  for (int64_t e = 0; e < E; ++e) {
+  // Split over processes, each computes its own experts' rows and the others' stay 0 here: the
+  // sum over processes then gives every process every row exactly (one non-zero term each).
+  const bool split = opt.ep_parts > 1;
+  if (split) std::fill_n(ybuf.data(), n * K * D, 0.0f);
+  for (int64_t e = expert_lo(E); e < expert_hi(E); ++e) {
     const auto& items = by_expert[std::size_t(e)];
     if (items.empty()) continue;
     ++stats.distinct_experts;
@@ -111,6 +115,7 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
         std::copy_n(gy.data() + k * D, D, ybuf.data() + int64_t(items[c0 + std::size_t(k)]) * D);
     }
   }
+  if (split) reduce(ybuf.data(), n * K * D);
   // Shared expert per chunk, then each token's sum in its own slot order.
   const int64_t Is = w.sh_w1.out;
   const float lim = float(tc.swiglu_limit);

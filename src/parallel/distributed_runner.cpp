@@ -1,0 +1,366 @@
+// Rank 0's LeadRunner, the followers' loop and the split loading (parallel/distributed_runner.h).
+#include "parallel/distributed_runner.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/log.h"
+#include "io/sha256.h"
+
+#ifndef DSV41_VERSION
+#define DSV41_VERSION "0.0.0"
+#endif
+
+namespace dsv41::parallel {
+namespace {
+
+enum class Op : uint32_t { kOpen = 1, kFree, kTruncate, kStep, kDraft, kAttach, kFill, kStop };
+
+// Commands as plain little-endian bytes (every rank runs the same binary on the same kind of CPU:
+// the fingerprint check makes sure of the version).
+struct Writer {
+  std::vector<uint8_t> b;
+  template <typename T>
+  void put(T v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    b.insert(b.end(), p, p + sizeof(T));
+  }
+  void ints(const std::vector<int32_t>& v) {
+    put<uint64_t>(v.size());
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    b.insert(b.end(), p, p + v.size() * sizeof(int32_t));
+  }
+  void str(const std::string& s) {
+    put<uint64_t>(s.size());
+    b.insert(b.end(), s.begin(), s.end());
+  }
+};
+
+struct Reader {
+  const std::vector<uint8_t>& b;
+  std::size_t at = 0;
+  template <typename T>
+  T get() {
+    DSV41_CHECK(at + sizeof(T) <= b.size());
+    T v;
+    std::memcpy(&v, b.data() + at, sizeof(T));
+    at += sizeof(T);
+    return v;
+  }
+  std::vector<int32_t> ints() {
+    const auto n = get<uint64_t>();
+    DSV41_CHECK(at + n * sizeof(int32_t) <= b.size());
+    std::vector<int32_t> v(n);
+    std::memcpy(v.data(), b.data() + at, n * sizeof(int32_t));
+    at += n * sizeof(int32_t);
+    return v;
+  }
+  std::string str() {
+    const auto n = get<uint64_t>();
+    DSV41_CHECK(at + n <= b.size());
+    std::string s(reinterpret_cast<const char*>(b.data() + at), n);
+    at += n;
+    return s;
+  }
+};
+
+Writer command(Op op) {
+  Writer w;
+  w.put<uint32_t>(uint32_t(op));
+  return w;
+}
+
+void encode_step(const StepBatch& batch, Writer* w) {
+  w->put<uint64_t>(batch.slices.size());
+  for (const SeqSlice& s : batch.slices) {
+    w->put<uint64_t>(s.seq);
+    w->put<int64_t>(s.first_pos);
+    w->ints(s.tokens);
+    w->ints(s.logits_rows);
+    w->ints(s.taps);
+  }
+}
+
+StepBatch decode_step(Reader* r) {
+  StepBatch b;
+  b.slices.resize(r->get<uint64_t>());
+  for (SeqSlice& s : b.slices) {
+    s.seq = r->get<uint64_t>();
+    s.first_pos = r->get<int64_t>();
+    s.tokens = r->ints();
+    s.logits_rows = r->ints();
+    s.taps = r->ints();
+  }
+  return b;
+}
+
+// Applies one command of rank 0 to this rank's model; false on kStop. Errors a command returns are
+// rank 0's errors too (the ranks hold the same state), so they are not reported twice.
+bool apply_command(FastModel& m, const std::vector<uint8_t>& buf) {
+  Reader r{buf};
+  const auto op = Op(r.get<uint32_t>());
+  switch (op) {
+    case Op::kOpen:
+      (void)m.open(r.get<uint64_t>());
+      return true;
+    case Op::kFree:
+      m.free(r.get<uint64_t>());
+      return true;
+    case Op::kTruncate: {
+      const auto seq = r.get<uint64_t>();
+      (void)m.truncate(seq, r.get<int64_t>());
+      return true;
+    }
+    case Op::kStep: {
+      const StepBatch b = decode_step(&r);
+      StepOutput out;
+      (void)m.step(b, &out);
+      return true;
+    }
+    case Op::kDraft: {
+      std::vector<DraftQuery> q(r.get<uint64_t>());
+      for (auto& d : q) {
+        d.seq = r.get<uint64_t>();
+        d.next = r.get<int32_t>();
+      }
+      std::vector<DraftResult> out;
+      (void)m.draft(q, &out);
+      return true;
+    }
+    case Op::kAttach: {
+      const auto seq = r.get<uint64_t>();
+      const auto tokens = r.ints();
+      (void)m.attach_cached_prefix(seq, tokens, r.str());
+      return true;
+    }
+    case Op::kFill: {
+      const auto seq = r.get<uint64_t>();
+      const auto len = r.get<int64_t>();
+      (void)m.fill_random_context(seq, len, r.get<uint64_t>());
+      return true;
+    }
+    case Op::kStop:
+      return false;
+  }
+  DSV41_CHECK_MSG(false, "unknown command from rank 0");
+  return false;
+}
+
+// Follows rank 0 until it stops; the process's exit code.
+int follow(FastModel& m, World& w) {
+  std::vector<uint8_t> buf;
+  try {
+    for (;;) {
+      w.broadcast(&buf, /*wait_forever=*/true);
+      if (!apply_command(m, buf)) return 0;
+    }
+  } catch (const CollectiveFailure& e) {
+    log::error("rank {}: {}", w.rank(), e.what());
+    return 3;
+  }
+}
+
+}  // namespace
+
+Status resolve_split(const World& w, SplitOptions* s) {
+  const int n = w.size();
+  if (s->tp < 0 || s->ep < 0) return Status::error("--tp/--ep: must be at least 1");
+  if (s->tp == 0 && s->ep == 0) {
+    s->tp = 1;
+    s->ep = n;
+  }
+  if (s->tp == 0) s->tp = 1;
+  if (s->ep == 0) s->ep = 1;
+  if (std::max(s->tp, s->ep) != n || n % s->tp != 0 || n % s->ep != 0)
+    return Status::error("--tp " + std::to_string(s->tp) + " --ep " + std::to_string(s->ep) +
+                         ": the larger must equal the number of ranks (" + std::to_string(n) +
+                         (w.mpi() ? "" : "; start more than one with mpirun -np N") +
+                         ") and the smaller divide it");
+  return Status::ok();
+}
+
+LeadRunner::LeadRunner(std::unique_ptr<FastModel> local, World& world)
+    : local_(std::move(local)), world_(world) {}
+
+LeadRunner::~LeadRunner() {
+  if (!failed_.load()) send(command(Op::kStop).b);
+}
+
+void LeadRunner::fail(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(why_mu_);
+    if (why_.empty()) why_ = why;
+  }
+  if (!failed_.exchange(true)) log::error("rank 0: the split model failed: {}", why);
+}
+
+Status LeadRunner::health() const {
+  if (!failed_.load()) return Status::ok();
+  std::lock_guard<std::mutex> lock(why_mu_);
+  return Status::error("model ranks: " + why_, ErrorKind::kUnavailable);
+}
+
+bool LeadRunner::send(const std::vector<uint8_t>& cmd) {
+  if (failed_.load()) return false;
+  try {
+    std::vector<uint8_t> b = cmd;
+    world_.broadcast(&b);
+    return true;
+  } catch (const CollectiveFailure& e) {
+    fail(e.what());
+    return false;
+  }
+}
+
+Status LeadRunner::open(SeqId seq) {
+  Writer w = command(Op::kOpen);
+  w.put<uint64_t>(seq);
+  if (!send(w.b)) return health();
+  return local_->open(seq);
+}
+
+void LeadRunner::free(SeqId seq) {
+  Writer w = command(Op::kFree);
+  w.put<uint64_t>(seq);
+  send(w.b);
+  local_->free(seq);  // rank 0's own state stays consistent for the engine's bookkeeping
+}
+
+Status LeadRunner::truncate(SeqId seq, int64_t length) {
+  Writer w = command(Op::kTruncate);
+  w.put<uint64_t>(seq);
+  w.put<int64_t>(length);
+  if (!send(w.b)) return health();
+  return local_->truncate(seq, length);
+}
+
+Status LeadRunner::step(const StepBatch& batch, StepOutput* out) {
+  Writer w = command(Op::kStep);
+  encode_step(batch, &w);
+  if (!send(w.b)) return health();
+  try {
+    return local_->step(batch, out);
+  } catch (const CollectiveFailure& e) {
+    fail(e.what());
+    return health();
+  }
+}
+
+Status LeadRunner::draft(const std::vector<DraftQuery>& queries, std::vector<DraftResult>* out) {
+  Writer w = command(Op::kDraft);
+  w.put<uint64_t>(queries.size());
+  for (const auto& q : queries) {
+    w.put<uint64_t>(q.seq);
+    w.put<int32_t>(q.next);
+  }
+  if (!send(w.b)) return health();
+  try {
+    return local_->draft(queries, out);
+  } catch (const CollectiveFailure& e) {
+    fail(e.what());
+    return health();
+  }
+}
+
+int64_t LeadRunner::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& tokens,
+                                         const std::string& salt) {
+  Writer w = command(Op::kAttach);
+  w.put<uint64_t>(seq);
+  w.ints(tokens);
+  w.str(salt);
+  if (!send(w.b)) return 0;
+  return local_->attach_cached_prefix(seq, tokens, salt);
+}
+
+Status LeadRunner::fill_random_context(SeqId seq, int64_t length, uint64_t seed) {
+  Writer w = command(Op::kFill);
+  w.put<uint64_t>(seq);
+  w.put<int64_t>(length);
+  w.put<uint64_t>(seed);
+  if (!send(w.b)) return health();
+  return local_->fill_random_context(seq, length, seed);
+}
+
+LeadRunner* as_lead(ModelRunner* r) {
+  return dynamic_cast<LeadRunner*>(r);
+}
+
+Result<std::unique_ptr<ModelRunner>> load_split(const std::string& dir, FastOptions opt,
+                                                SplitOptions split) {
+  World& w = World::get();
+  if (w.size() <= 1) {
+    if (split.tp > 1 || split.ep > 1)
+      return Status::error("--tp " + std::to_string(std::max(1, split.tp)) + " --ep " +
+                           std::to_string(std::max(1, split.ep)) +
+                           ": a split needs as many processes: start dsv41 under mpirun -np " +
+                           std::to_string(std::max(split.tp, split.ep)));
+    auto m = FastModel::load(dir, opt);
+    if (!m) return m.status();
+    return std::unique_ptr<ModelRunner>(std::move(*m));
+  }
+  w.set_timeout(split.timeout_s);
+  DSV41_RETURN_IF_ERROR(resolve_split(w, &split));
+  // Every rank must load the same model, with the same binary and options: each publishes its
+  // fingerprint and checks everyone's (all ranks reach the same verdict, so all refuse together).
+  auto manifest = sha256_file((std::filesystem::path(dir) / "manifest.json").string());
+  if (opt.kv_cache_bytes <= 0) opt.kv_cache_bytes = FastModel::default_kv_budget();
+  const std::string mine_text =
+      std::string("dsv41 ") + DSV41_VERSION + " | manifest " +
+      (manifest ? manifest->substr(0, 16) : std::string("missing")) + " | tp " +
+      std::to_string(split.tp) + " ep " + std::to_string(split.ep) + " dspark " +
+      std::to_string(opt.dspark) + " act_quant " + std::to_string(opt.act_quant) + " int16 " +
+      std::to_string(opt.mxfp4_int16) + " keys " + std::to_string(int(opt.index_keys)) +
+      " prefix " + std::to_string(opt.prefix_cache) + " isolation " +
+      std::to_string(int(opt.isolation)) + " rollback " + std::to_string(opt.max_rollback);
+  constexpr std::size_t kPrint = 384;
+  std::vector<uint8_t> mine(kPrint + 8, 0);
+  std::memcpy(mine.data(), mine_text.data(), std::min(kPrint - 1, mine_text.size()));
+  // The KV pool must be the same size everywhere (rank 0 schedules by its own pool): the smallest
+  // budget any rank can give.
+  std::memcpy(mine.data() + kPrint, &opt.kv_cache_bytes, 8);
+  std::vector<uint8_t> all;
+  try {
+    all = w.allgather(mine);
+  } catch (const CollectiveFailure& e) {
+    return Status::error(std::string("startup: ") + e.what());
+  }
+  for (int r = 0; r < w.size(); ++r) {
+    const std::string theirs(reinterpret_cast<const char*>(all.data() + r * mine.size()));
+    if (theirs != mine_text.substr(0, kPrint - 1))
+      return Status::error("rank " + std::to_string(r) + " does not match rank " +
+                           std::to_string(w.rank()) + " (model directory, version or options): " +
+                           "it has [" + theirs + "], this rank [" + mine_text + "]");
+    int64_t budget;
+    std::memcpy(&budget, all.data() + r * mine.size() + kPrint, 8);
+    opt.kv_cache_bytes = std::min(opt.kv_cache_bytes, budget);
+  }
+  opt.comm = &w;
+  opt.tp_parts = split.tp;
+  // Part r on rank r; ranks beyond a split of more than one part hold none of it (they add zeros
+  // to its sums), and a part not split at all is computed whole by every rank.
+  auto part = [&](int parts) { return parts == 1 ? 0 : (w.rank() < parts ? w.rank() : -1); };
+  opt.tp_part = part(split.tp);
+  opt.ep_parts = split.ep;
+  opt.ep_part = part(split.ep);
+  auto m = FastModel::load(dir, opt);
+  // Every rank must know whether every other loaded: a rank that failed says so and all stop.
+  std::vector<uint8_t> ok(1, m ? 1 : 0);
+  try {
+    ok = w.allgather(ok);
+  } catch (const CollectiveFailure& e) {
+    return Status::error(std::string("startup: ") + e.what());
+  }
+  for (int r = 0; r < w.size(); ++r)
+    if (!ok[std::size_t(r)])
+      return m ? Status::error("rank " + std::to_string(r) + " could not load " + dir +
+                               " (its log says why)")
+               : m.status().with_context("rank " + std::to_string(w.rank()) + ": ");
+  const FastStats st = (*m)->stats();
+  log::info("rank {} on {}: tp part {} of {}, ep part {} of {}: {:.3f} GB of weights to read",
+            w.rank(), w.host(), opt.tp_part, split.tp, opt.ep_part, split.ep,
+            double(st.share_weight_bytes) / 1e9);
+  if (w.rank() != 0) World::exit_now(follow(**m, w));
+  return std::unique_ptr<ModelRunner>(std::make_unique<LeadRunner>(std::move(*m), w));
+}
+
+}  // namespace dsv41::parallel
