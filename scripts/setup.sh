@@ -11,6 +11,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libicu-dev libonig-dev libcpp-httplib-dev libdnnl-dev
+  openmpi-bin libopenmpi-dev
   clang
   chromium
 )
@@ -23,8 +24,9 @@ for p in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${#missing[@]} Debian packages (compiler and build tools, the C++"
-  echo "setup: libraries dsv41 links, GoogleTest, clang for the sanitized fuzz build, chromium for"
-  echo "setup: the browser tests, node/npm for the test clients): ${missing[*]}"
+  echo "setup: libraries dsv41 links, Open MPI for the split forward, GoogleTest, clang for the"
+  echo "setup: sanitized fuzz build, chromium for the browser tests, node/npm for the test"
+  echo "setup: clients): ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   echo "setup: apt-get update"
   apt-get update

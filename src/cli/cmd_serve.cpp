@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -14,9 +15,14 @@
 #include "cli/fast_model_dir.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "parallel/world.h"
 #include "server/http_server.h"
 
 namespace dsv41::cli {
+namespace {
+// How long /health says 503 before serve exits after the model's ranks failed.
+constexpr double kRankFailureGraceSeconds = 2.0;
+}  // namespace
 
 void add_serve(CLI::App& app, Runner* run) {
   struct Args {
@@ -139,11 +145,35 @@ void add_serve(CLI::App& app, Runner* run) {
         if (left > 0)
           log::warn("serve: {} requests still running after the shutdown timeout", left);
       });
+      // A split model (mpirun) whose other ranks died or hang: the failed step has failed its
+      // requests and /health answers 503; after a grace period for clients and load balancers to
+      // see it, the server stops and the job ends with kExitRankFailed.
+      std::atomic<bool> rank_failed{false}, stopped{false};
+      std::thread watch([&] {
+        while (!stopped.load()) {
+          if (!(*engine)->health()) {
+            log::error("serve: {}; stopping in {:.0f} s", (*engine)->health().message(),
+                       kRankFailureGraceSeconds);
+            rank_failed = true;
+            std::this_thread::sleep_for(std::chrono::duration<double>(kRankFailureGraceSeconds));
+            ::kill(::getpid(), SIGTERM);
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      });
       server.serve();
       // Normally serve() returns because the signal thread stopped it; if the listener failed on
       // its own, wake that thread so it can finish.
       ::kill(::getpid(), SIGTERM);
       signals.join();
+      stopped = true;
+      watch.join();
+      if (rank_failed) {
+        log::error("serve: stopped: the model's ranks failed");
+        // MPI cannot end cleanly with a rank gone: abort the job with this code.
+        parallel::World::exit_now(kExitRankFailed);
+      }
       log::info("serve: stopped");
       return kExitOk;
     };

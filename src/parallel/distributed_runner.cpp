@@ -1,6 +1,7 @@
 // Rank 0's LeadRunner, the followers' loop and the split loading (parallel/distributed_runner.h).
 #include "parallel/distributed_runner.h"
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 
@@ -148,6 +149,10 @@ bool apply_command(FastModel& m, const std::vector<uint8_t>& buf) {
 
 // Follows rank 0 until it stops; the process's exit code.
 int follow(FastModel& m, World& w) {
+  // Rank 0 decides when the job ends (mpirun forwards a Ctrl-C or SIGTERM to every rank): a
+  // follower keeps serving rank 0's steps while it drains, and ends on its stop command.
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
   std::vector<uint8_t> buf;
   try {
     for (;;) {

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The split forward under `mpirun --oversubscribe -np 2` on tiny checkpoints (issue 17):
+#  - logits with --tp 2, --ep 2 and both equal one process byte for byte (prefill, and chunked among
+#    random companion sequences: batched steps through the broadcast), on two presets;
+#  - generate (seeded sampling) gives one process's text;
+#  - refusals: a split without mpirun, a split that does not fit the ranks, ranks loading different
+#    models (the error names the rank);
+#  - faults: a rank killed mid-stream (mpirun --enable-recovery) and a rank that hangs (SIGSTOP):
+#    the stream ends with an error event, /health answers 503, rank 0 exits 3 within the timeout.
+set -euo pipefail
+BIN="$1"
+T="$(mktemp -d)"
+cleanup() {
+  pkill -KILL -f "$T/" 2>/dev/null || true
+  rm -rf "$T"
+}
+trap cleanup EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+MPI=(mpirun --oversubscribe -np 2)
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$BIN" make-tiny --out "$T/a" --preset tiny --seed 3 >/dev/null 2>&1
+"$BIN" make-tiny --out "$T/b" --preset small --seed 4 >/dev/null 2>&1
+"$BIN" make-tiny --out "$T/c" --preset tiny --seed 9 >/dev/null 2>&1
+for m in a b c; do "$BIN" convert --from "$T/$m" --to "$T/$m.conv" >/dev/null 2>&1; done
+python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(0, 300)) for _ in range(160)))" >"$T/toks"
+
+# --- logits: every split equals one process, bit for bit.
+for m in a b; do
+  "$BIN" logits --model "$T/$m.conv" --tokens-file "$T/toks" --out "$T/$m.solo.f32" --path fast \
+    --threads 1 >/dev/null 2>&1
+  for split in "--tp 2 --ep 1" "--tp 1 --ep 2" "--tp 2 --ep 2"; do
+    for mode in prefill "chunked:23 --companions 3"; do
+      # shellcheck disable=SC2086
+      "${MPI[@]}" "$BIN" logits --model "$T/$m.conv" --tokens-file "$T/toks" --path fast \
+        --threads 1 --out "$T/$m.split.f32" $split --mode $mode >"$T/out" 2>"$T/err" ||
+        { cat "$T/err"; fail "logits $m $split $mode"; }
+      cmp "$T/$m.solo.f32" "$T/$m.split.f32" || fail "logits $m $split --mode $mode differ from one process"
+      grep -q '"ranks":2' "$T/out" || fail "no ranks in the summary"
+      grep -q "rank 1 on .* of weights to read" "$T/err" || fail "rank 1 did not report its share"
+    done
+  done
+  echo "ok: logits of preset $m identical under tp 2, ep 2 and both"
+done
+
+# --- generate: seeded sampling gives the same text in one process and split.
+"$BIN" generate --model "$T/a.conv" --prompt "hello there" --max-tokens 40 --temperature 0.8 \
+  --seed 7 --threads 1 >"$T/gen1" 2>/dev/null
+"${MPI[@]}" "$BIN" generate --model "$T/a.conv" --prompt "hello there" --max-tokens 40 \
+  --temperature 0.8 --seed 7 --threads 1 --tp 2 --ep 2 >"$T/gen2" 2>/dev/null
+cmp "$T/gen1" "$T/gen2" || fail "generate differs split"
+test -s "$T/gen1" || fail "generate printed nothing"
+echo "ok: generate identical split"
+
+# --- refusals.
+set +e
+"$BIN" logits --model "$T/a.conv" --tokens 1,2,3 --out "$T/x.f32" --path fast --tp 2 2>"$T/err"
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "mpirun -np 2" "$T/err" || fail "--tp 2 without mpirun: rc $rc $(cat "$T/err")"
+set +e
+"${MPI[@]}" "$BIN" logits --model "$T/a.conv" --tokens 1,2,3 --out "$T/x.f32" --path fast --tp 4 \
+  >/dev/null 2>"$T/err"
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "the number of ranks (2)" "$T/err" || fail "--tp 4 on 2 ranks: rc $rc"
+set +e
+mpirun -np 1 "$BIN" logits --model "$T/a.conv" --tokens 1,2,3 --out "$T/x.f32" --path fast : \
+  -np 1 "$BIN" logits --model "$T/c.conv" --tokens 1,2,3 --out "$T/x.f32" --path fast \
+  >/dev/null 2>"$T/err"
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "rank 1 does not match rank 0" "$T/err" ||
+  fail "different models on the ranks: rc $rc $(cat "$T/err")"
+echo "ok: refusals name what is wrong"
+
+# --- faults. Each rank runs under a shell that records its pid and its exit code.
+fault() {  # $1: kill | stop; $2...: extra mpirun options
+  local how="$1"
+  shift
+  rm -f "$T"/pid.* "$T"/rc.*
+  local port=$((20000 + RANDOM % 20000))
+  "$@" -np 2 sh -c '"$0" serve --model "$1" --port "$2" --threads 1 --rank-timeout 3 &
+    p=$!; echo $p > "$3/pid.$OMPI_COMM_WORLD_RANK"; wait $p; echo $? > "$3/rc.$OMPI_COMM_WORLD_RANK"' \
+    "$BIN" "$T/a.conv" "$port" "$T" >"$T/serve.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 100); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  python3 - "$port" "$how" "$(cat "$T/pid.1")" <<'PY' || { cat "$T/serve.log"; fail "fault $how"; }
+import json, os, signal, sys, time, urllib.request
+port, how, pid1 = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+body = json.dumps({"model": "a.conv", "prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True,
+                   "stream": True}).encode()
+req = urllib.request.Request(f"http://localhost:{port}/v1/completions", body,
+                             {"Content-Type": "application/json"})
+t0 = time.time()
+tokens, error, done = 0, None, False
+with urllib.request.urlopen(req, timeout=60) as r:
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: "): continue
+        if line == "data: [DONE]": done = True; break
+        ev = json.loads(line[6:])
+        if "error" in ev: error = ev["error"]["message"]; continue
+        tokens += 1
+        if tokens == 20:
+            os.kill(pid1, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+            t_kill = time.time()
+assert tokens >= 20, f"only {tokens} tokens before the end"
+assert error and "rank" in error, f"the stream did not end with an error naming the ranks: {error}"
+took = time.time() - t_kill
+assert took < 15, f"the error came {took:.1f} s after the fault"
+# /health says 503 during the grace period (2 s), then the server is gone.
+h = None
+try:
+    urllib.request.urlopen(f"http://localhost:{port}/health", timeout=2)
+    h = 200
+except urllib.error.HTTPError as e:
+    h = e.code
+except Exception:
+    h = "gone"
+assert h in (503, "gone"), f"/health answered {h} after the fault"
+print(f"ok: {how}: {tokens} tokens streamed, error after {took:.1f} s ({error[:60]}...), /health {h}")
+PY
+  for _ in $(seq 200); do [ -f "$T/rc.0" ] && break; sleep 0.1; done
+  [ "$(cat "$T/rc.0" 2>/dev/null)" = 3 ] || { cat "$T/serve.log"; fail "rank 0 exit code $(cat "$T/rc.0" 2>/dev/null) (want 3)"; }
+  kill -CONT "$(cat "$T/pid.1")" 2>/dev/null || true
+  wait $job || true
+  grep -q "stopped: the model's ranks failed" "$T/serve.log" || fail "no failure line in the log"
+}
+fault kill mpirun --oversubscribe --enable-recovery
+fault stop mpirun --oversubscribe
+echo "ok: faults end the stream with an error, /health 503, rank 0 exits 3"
+echo "all mpi checks passed"
