@@ -16,6 +16,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "model/fast/fast_model.h"
+#include "parallel/distributed_runner.h"
 
 namespace dsv41::cli {
 
@@ -35,6 +36,20 @@ struct BenchArgs {
   int64_t spec_tokens = 48;         // ... tokens each request generates
   int64_t spec_width = 0;           // ... drafts verified per step (0: the engine's cost model)
   int64_t spec_repeats = 3;         // ... repetitions of the three modes, alternating
+  int tp = 0, ep = 0;               // under mpirun: the split (parallel/)
+  double rank_timeout_s = 60;
+};
+
+// A benchmark's fast model: one process's FastModel, or under mpirun rank 0's LeadRunner (the
+// other ranks follow inside load_for_bench and never return from it).
+struct BenchModel {
+  std::unique_ptr<ModelRunner> runner;
+  FastModel* local = nullptr;           // this process's model (stats, isa, pool)
+  parallel::LeadRunner* lead = nullptr;  // nullptr: one process
+  Status fill_random_context(SeqId seq, int64_t length, uint64_t seed) {
+    return lead ? lead->fill_random_context(seq, length, seed)
+                : local->fill_random_context(seq, length, seed);
+  }
 };
 
 // "1,4,16" -> {1, 4, 16}; the error names `what`.
@@ -52,7 +67,7 @@ class ReadProbe {
 };
 
 // The fast model of a.model (converted once if official), weights faulted in.
-Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a);
+Result<BenchModel> load_for_bench(const BenchArgs& a);
 
 // --model, --converted, --threads, --kv-cache-gb, --act-quant of every `bench` model command.
 void add_common(CLI::App* sub, BenchArgs* a);
@@ -62,7 +77,7 @@ int run_bench_speculative(const BenchArgs& a);
 
 // One decode point: `streams` sequences at `context` tokens (random rows, or a real prefill), a
 // warm-up step, then `steps` timed steps of one token each; JSON with tok_s, bytes, the probe.
-Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int64_t streams,
+Result<nlohmann::ordered_json> decode_point(BenchModel& bm, ReadProbe& probe, int64_t streams,
                                             int64_t context, int steps, bool prefill_context,
                                             Rng& rng);
 

@@ -56,7 +56,7 @@ double ReadProbe::gb_per_s() {
   return double(buf_.size() * sizeof(float)) / 1e9 / s;
 }
 
-Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a) {
+Result<BenchModel> load_for_bench(const BenchArgs& a) {
   auto dir = ensure_converted(a.model, a.converted);
   if (!dir) return dir.status();
   FastOptions o;
@@ -64,7 +64,13 @@ Result<std::unique_ptr<FastModel>> load_for_bench(const BenchArgs& a) {
   o.act_quant = a.act_quant == "on";
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
   o.warm = true;  // measure the kernels, not the first touch of the weights' pages
-  return FastModel::load(*dir, o);
+  auto r = parallel::load_split(*dir, o, {a.tp, a.ep, a.rank_timeout_s});
+  if (!r) return r.status();
+  BenchModel bm;
+  bm.runner = std::move(*r);
+  bm.lead = parallel::as_lead(bm.runner.get());
+  bm.local = bm.lead ? &bm.lead->local() : dynamic_cast<FastModel*>(bm.runner.get());
+  return bm;
 }
 
 static std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
@@ -73,14 +79,16 @@ static std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
   return t;
 }
 
-Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int64_t streams,
+Result<nlohmann::ordered_json> decode_point(BenchModel& bm, ReadProbe& probe, int64_t streams,
                                             int64_t context, int steps, bool prefill_context,
                                             Rng& rng) {
+  ModelRunner& m = *bm.runner;
+  const FastModel& local = *bm.local;
   const int32_t V = m.vocab_size();
   for (int64_t s = 0; s < streams; ++s) {
     DSV41_RETURN_IF_ERROR(m.open(SeqId(s + 1)));
     if (context > 0 && !prefill_context) {  // caches of `context` tokens, random rows
-      DSV41_RETURN_IF_ERROR(m.fill_random_context(SeqId(s + 1), context, rng.next_u64()));
+      DSV41_RETURN_IF_ERROR(bm.fill_random_context(SeqId(s + 1), context, rng.next_u64()));
     } else if (context > 0) {  // each stream's context, one prefill step per stream
       StepBatch b;
       b.slices.push_back({SeqId(s + 1), 0, random_tokens(rng, V, context), {}, {}});
@@ -100,17 +108,17 @@ Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int6
   };
   DSV41_RETURN_IF_ERROR(run_step());  // warm-up: scratch, first touch of pages
   const double probe_before = probe.gb_per_s();
-  const FastStats s0 = m.stats();
+  const FastStats s0 = local.stats();
   const auto t0 = Clock::now();
   for (int i = 0; i < steps; ++i) DSV41_RETURN_IF_ERROR(run_step());
   const double t = secs(t0, Clock::now());
-  const FastStats s1 = m.stats();
+  const FastStats s1 = local.stats();
   const double probe_gbs = std::max(probe_before, probe.gb_per_s());
   for (int64_t s = 0; s < streams; ++s) m.free(SeqId(s + 1));
   const double step_s = t / steps;
   const double bytes = double(s1.weight_bytes - s0.weight_bytes) / steps;
   const double tok_s = double(streams) / step_s;
-  return nlohmann::ordered_json{
+  nlohmann::ordered_json j{
       {"streams", streams},
       {"context", context},
       {"steps", steps},
@@ -123,6 +131,15 @@ Result<nlohmann::ordered_json> decode_point(FastModel& m, ReadProbe& probe, int6
       {"read_probe_gb_per_s", probe_gbs},
       {"fraction_of_floor", bytes / 1e9 / probe_gbs / step_s},
       {"foreign_reads", s1.foreign_reads}};
+  if (bm.lead) {  // split: rank 0's time in collectives (waiting for the others included)
+    const double comm_s = (s1.collective_seconds - s0.collective_seconds) / steps;
+    j["collective_ms_per_step"] = comm_s * 1e3;
+    j["collective_share"] = comm_s / step_s;
+    j["collectives_per_step"] = double(s1.collectives - s0.collectives) / steps;
+    j["exchanged_bytes_per_token"] =
+        double(s1.collective_bytes - s0.collective_bytes) / steps / double(streams);
+  }
+  return j;
 }
 
 namespace {
@@ -147,17 +164,48 @@ int run_bench_decode(const BenchArgs& a) {
     for (int64_t s : *streams) {
       if (s < 1) continue;
       log::info("bench decode: {} streams at context {} ...", s, c);
-      auto p = decode_point(**m, probe, s, c, a.steps, a.context_fill == "prefill", rng);
+      auto p = decode_point(*m, probe, s, c, a.steps, a.context_fill == "prefill", rng);
       if (!p) {
         log::error("bench decode: {} streams, context {}: {}", s, c, p.status().message());
         return kExitInvalid;
       }
       points.push_back(*p);
     }
-  nlohmann::ordered_json j = {{"bench", "decode"},    {"model", a.model},
-                              {"isa", (*m)->isa()},   {"act_quant", a.act_quant},
-                              {"threads", a.threads}, {"context_fill", a.context_fill},
+  nlohmann::ordered_json j = {{"bench", "decode"},      {"model", a.model},
+                              {"isa", m->local->isa()}, {"act_quant", a.act_quant},
+                              {"threads", a.threads},   {"context_fill", a.context_fill},
                               {"points", points}};
+  if (m->lead) {  // split: every rank's memory and collectives
+    auto reps = m->lead->reports();
+    if (!reps) {
+      log::error("bench decode: {}", reps.status().message());
+      return kExitRankFailed;
+    }
+    j["ranks"] = reps->size();
+    j["tp"] = m->lead->split().tp;
+    j["ep"] = m->lead->split().ep;
+    nlohmann::ordered_json rj = nlohmann::ordered_json::array();
+    for (const auto& r : *reps)
+      rj.push_back({{"rank", r.rank},
+                    {"weight_bytes", r.share_weight_bytes},
+                    {"rss_bytes", r.rss_bytes},
+                    {"rss_file_bytes", r.rss_file_bytes},
+                    {"kv_pool_bytes", r.kv_pool_bytes},
+                    {"collectives", r.collectives},
+                    {"collective_bytes", r.collective_bytes},
+                    {"collective_seconds", r.collective_seconds}});
+    j["per_rank"] = rj;
+  } else {
+    j["ranks"] = 1;
+    j["tp"] = 1;
+    j["ep"] = 1;
+    j["per_rank"] = nlohmann::ordered_json::array(
+        {{{"rank", 0},
+          {"weight_bytes", m->local->stats().share_weight_bytes},
+          {"rss_bytes", parallel::own_report(*m->local, 0).rss_bytes},
+          {"rss_file_bytes", parallel::own_report(*m->local, 0).rss_file_bytes},
+          {"kv_pool_bytes", parallel::own_report(*m->local, 0).kv_pool_bytes}}});
+  }
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;
 }
@@ -205,7 +253,8 @@ int run_bench_prefill(const BenchArgs& a) {
   for (int64_t len : *lengths) {
     if (len < 1) continue;
     log::info("bench prefill: {} tokens ...", len);
-    FastModel& fm = **m;
+    ModelRunner& fm = *m->runner;
+    const FastModel& local = *m->local;
     if (Status st = fm.open(1); !st.is_ok()) {
       log::error("bench prefill: {}", st.message());
       return kExitInvalid;
@@ -213,7 +262,7 @@ int run_bench_prefill(const BenchArgs& a) {
     StepBatch b;
     b.slices.push_back({1, 0, random_tokens(rng, fm.vocab_size(), len), {int32_t(len - 1)}, {}});
     StepOutput out;
-    const FastStats s0 = fm.stats();
+    const FastStats s0 = local.stats();
     const auto t0 = Clock::now();
     const Status st = fm.step(b, &out);
     const double t = secs(t0, Clock::now());
@@ -222,16 +271,16 @@ int run_bench_prefill(const BenchArgs& a) {
       log::error("bench prefill: {} tokens: {}", len, st.message());
       return kExitInvalid;
     }
-    const double gflops = 2.0 * double(fm.stats().macs - s0.macs) / t / 1e9;
+    const double gflops = 2.0 * double(local.stats().macs - s0.macs) / t / 1e9;
     points.push_back({{"tokens", len},
                       {"tok_s", double(len) / t},
                       {"ttft_ms", t * 1e3},
-                      {"bytes_read", double(fm.stats().weight_bytes - s0.weight_bytes)},
+                      {"bytes_read", double(local.stats().weight_bytes - s0.weight_bytes)},
                       {"linear_gflop_s", gflops},
                       {"fraction_of_gemm_peak", gflops / peak}});
   }
   nlohmann::ordered_json j = {{"bench", "prefill"},   {"model", a.model},
-                              {"isa", (*m)->isa()},   {"act_quant", a.act_quant},
+                              {"isa", m->local->isa()}, {"act_quant", a.act_quant},
                               {"threads", a.threads}, {"fp8_gemm_peak_gflop_s", peak},
                               {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());
@@ -260,6 +309,7 @@ void add_bench_model(CLI::App* bench, Runner* run) {
       "kernels read, counted), distinct_experts_per_step, achieved GB/s, read_probe_gb_per_s "
       "measured beside it, fraction_of_floor = (bytes/probe)/step time, isa.");
   add_common(dec, a.get());
+  add_split_options(dec, &a->tp, &a->ep, &a->rank_timeout_s);
   dec->add_option("--streams", a->streams, "Comma-separated stream counts")->capture_default_str();
   dec->add_option("--context", a->context, "Comma-separated context depths (tokens prefilled)")
       ->capture_default_str();
@@ -301,6 +351,7 @@ void add_bench_model(CLI::App* bench, Runner* run) {
       "Fast-engine prefill, JSON per prompt length: tok/s, ttft_ms, the multiply-adds' GFLOP/s "
       "and their fraction of the FP8 prefill GEMM's peak measured in the same run, isa.");
   add_common(pre, p.get());
+  add_split_options(pre, &p->tp, &p->ep, &p->rank_timeout_s);
   pre->add_option("--lengths", p->lengths, "Comma-separated prompt lengths")->capture_default_str();
   pre->callback([=] { *run = [=] { return run_bench_prefill(*p); }; });
 }

@@ -163,7 +163,7 @@ int run_bench_serve(const ServeBenchArgs& a) {
     Rng rng(3);
     for (int64_t c : *conc) {
       log::info("bench serve: engine decode at {} streams ...", c);
-      auto p = decode_point(**m, probe, std::max<int64_t>(1, c), a.prompt_len, 5, false, rng);
+      auto p = decode_point(*m, probe, std::max<int64_t>(1, c), a.prompt_len, 5, false, rng);
       if (!p) {
         log::error("bench serve: decode at {} streams: {}", c, p.status().message());
         return kExitInvalid;

@@ -15,25 +15,38 @@
 namespace dsv41::parallel {
 namespace {
 
-enum class Op : uint32_t { kOpen = 1, kFree, kTruncate, kStep, kDraft, kAttach, kFill, kStop };
+enum class Op : uint32_t {
+  kOpen = 1,
+  kFree,
+  kTruncate,
+  kStep,
+  kDraft,
+  kAttach,
+  kFill,
+  kReport,
+  kStop
+};
 
 // Commands as plain little-endian bytes (every rank runs the same binary on the same kind of CPU:
 // the fingerprint check makes sure of the version).
 struct Writer {
   std::vector<uint8_t> b;
+  void raw(const void* p, std::size_t n) {
+    const std::size_t at = b.size();
+    b.resize(at + n);
+    if (n > 0) std::memcpy(b.data() + at, p, n);
+  }
   template <typename T>
   void put(T v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    b.insert(b.end(), p, p + sizeof(T));
+    raw(&v, sizeof(T));
   }
   void ints(const std::vector<int32_t>& v) {
     put<uint64_t>(v.size());
-    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
-    b.insert(b.end(), p, p + v.size() * sizeof(int32_t));
+    raw(v.data(), v.size() * sizeof(int32_t));
   }
   void str(const std::string& s) {
     put<uint64_t>(s.size());
-    b.insert(b.end(), s.begin(), s.end());
+    raw(s.data(), s.size());
   }
 };
 
@@ -95,6 +108,24 @@ StepBatch decode_step(Reader* r) {
   return b;
 }
 
+int64_t status_kb(const char* key) {  // a "Key:   N kB" line of /proc/self/status
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  int64_t v = 0;
+  const std::size_t n = std::strlen(key);
+  while (std::fgets(line, sizeof(line), f))
+    if (std::strncmp(line, key, n) == 0) v = std::atoll(line + n);
+  std::fclose(f);
+  return v;
+}
+
+std::vector<uint8_t> report_bytes(const RankReport& r) {
+  std::vector<uint8_t> b(sizeof(RankReport));
+  std::memcpy(b.data(), &r, sizeof(RankReport));
+  return b;
+}
+
 // Applies one command of rank 0 to this rank's model; false on kStop. Errors a command returns are
 // rank 0's errors too (the ranks hold the same state), so they are not reported twice.
 bool apply_command(FastModel& m, const std::vector<uint8_t>& buf) {
@@ -140,6 +171,9 @@ bool apply_command(FastModel& m, const std::vector<uint8_t>& buf) {
       (void)m.fill_random_context(seq, len, r.get<uint64_t>());
       return true;
     }
+    case Op::kReport:
+      (void)World::get().allgather(report_bytes(own_report(m, World::get().rank())));
+      return true;
     case Op::kStop:
       return false;
   }
@@ -286,6 +320,34 @@ Status LeadRunner::fill_random_context(SeqId seq, int64_t length, uint64_t seed)
   return local_->fill_random_context(seq, length, seed);
 }
 
+RankReport own_report(const FastModel& m, int rank) {
+  const FastStats st = m.stats();
+  RankReport r;
+  r.rank = rank;
+  r.share_weight_bytes = st.share_weight_bytes;
+  r.rss_bytes = status_kb("VmRSS:") * 1024;
+  r.rss_file_bytes = status_kb("RssFile:") * 1024;
+  r.kv_pool_bytes = m.pool().blocks_total() * m.pool().layout().block_bytes;
+  r.collectives = st.collectives;
+  r.collective_bytes = st.collective_bytes;
+  r.collective_seconds = st.collective_seconds;
+  return r;
+}
+
+Result<std::vector<RankReport>> LeadRunner::reports() {
+  if (!send(command(Op::kReport).b)) return health();
+  std::vector<uint8_t> all;
+  try {
+    all = world_.allgather(report_bytes(own_report(*local_, 0)));
+  } catch (const CollectiveFailure& e) {
+    fail(e.what());
+    return health();
+  }
+  std::vector<RankReport> out(all.size() / sizeof(RankReport));
+  std::memcpy(out.data(), all.data(), out.size() * sizeof(RankReport));
+  return out;
+}
+
 LeadRunner* as_lead(ModelRunner* r) {
   return dynamic_cast<LeadRunner*>(r);
 }
@@ -365,7 +427,9 @@ Result<std::unique_ptr<ModelRunner>> load_split(const std::string& dir, FastOpti
             w.rank(), w.host(), opt.tp_part, split.tp, opt.ep_part, split.ep,
             double(st.share_weight_bytes) / 1e9);
   if (w.rank() != 0) World::exit_now(follow(**m, w));
-  return std::unique_ptr<ModelRunner>(std::make_unique<LeadRunner>(std::move(*m), w));
+  auto lead = std::make_unique<LeadRunner>(std::move(*m), w);
+  lead->set_split(split);
+  return std::unique_ptr<ModelRunner>(std::move(lead));
 }
 
 }  // namespace dsv41::parallel

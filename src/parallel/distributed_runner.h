@@ -32,12 +32,26 @@ struct SplitOptions {
 // the two equals it. Fills the defaults.
 Status resolve_split(const World& w, SplitOptions* s);
 
+// What one rank holds and did (LeadRunner::reports, `bench decode` under mpirun).
+struct RankReport {
+  int rank = 0;
+  int64_t share_weight_bytes = 0;      // weights this rank reads (FastStats::share_weight_bytes)
+  int64_t rss_bytes = 0;               // resident set (VmRSS of /proc/self/status)
+  int64_t rss_file_bytes = 0;          // of it, file-backed pages (the mapped weights)
+  int64_t kv_pool_bytes = 0;           // the KV pool's size
+  int64_t collectives = 0, collective_bytes = 0;
+  double collective_seconds = 0;
+};
+RankReport own_report(const FastModel& m, int rank);
+
 class LeadRunner final : public ModelRunner {
  public:
   LeadRunner(std::unique_ptr<FastModel> local, World& world);
   ~LeadRunner() override;  // tells the followers to stop
 
   FastModel& local() { return *local_; }
+  const SplitOptions& split() const { return split_; }
+  void set_split(const SplitOptions& s) { split_ = s; }
   int32_t vocab_size() const override { return local_->vocab_size(); }
   int64_t hidden_size() const override { return local_->hidden_size(); }
   int64_t max_context() const override { return local_->max_context(); }
@@ -63,6 +77,8 @@ class LeadRunner final : public ModelRunner {
   PrefixCacheCounts prefix_cache_counts() const override { return local_->prefix_cache_counts(); }
   Status health() const override;
   Status fill_random_context(SeqId seq, int64_t length, uint64_t seed);
+  // Every rank's report, rank-major (a collective: the followers answer between steps).
+  Result<std::vector<RankReport>> reports();
 
  private:
   // Broadcasts a command; false (and unhealthy) when the other ranks do not take it.
@@ -70,6 +86,7 @@ class LeadRunner final : public ModelRunner {
   void fail(const std::string& why);
   std::unique_ptr<FastModel> local_;
   World& world_;
+  SplitOptions split_;
   std::atomic<bool> failed_{false};
   mutable std::mutex why_mu_;
   std::string why_;
