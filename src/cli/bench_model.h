@@ -44,7 +44,7 @@ struct BenchArgs {
 // other ranks follow inside load_for_bench and never return from it).
 struct BenchModel {
   std::unique_ptr<ModelRunner> runner;
-  FastModel* local = nullptr;           // this process's model (stats, isa, pool)
+  FastModel* local = nullptr;            // this process's model (stats, isa, pool)
   parallel::LeadRunner* lead = nullptr;  // nullptr: one process
   Status fill_random_context(SeqId seq, int64_t length, uint64_t seed) {
     return lead ? lead->fill_random_context(seq, length, seed)

@@ -279,9 +279,9 @@ int run_bench_prefill(const BenchArgs& a) {
                       {"linear_gflop_s", gflops},
                       {"fraction_of_gemm_peak", gflops / peak}});
   }
-  nlohmann::ordered_json j = {{"bench", "prefill"},   {"model", a.model},
+  nlohmann::ordered_json j = {{"bench", "prefill"},     {"model", a.model},
                               {"isa", m->local->isa()}, {"act_quant", a.act_quant},
-                              {"threads", a.threads}, {"fp8_gemm_peak_gflop_s", peak},
+                              {"threads", a.threads},   {"fp8_gemm_peak_gflop_s", peak},
                               {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;

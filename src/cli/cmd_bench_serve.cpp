@@ -138,6 +138,10 @@ nlohmann::ordered_json serve_point(int port, int64_t conc, const ServeBenchArgs&
 }
 
 int run_bench_serve(const ServeBenchArgs& a) {
+  if (Status st = one_process_only("bench serve"); !st) {
+    log::error("bench serve: {}", st.message());
+    return kExitUsage;
+  }
   auto conc = parse_list(a.concurrency, "--concurrency");
   if (!conc) {
     log::error("bench serve: {}", conc.status().message());

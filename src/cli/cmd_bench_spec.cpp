@@ -140,6 +140,10 @@ nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs
 }  // namespace
 
 int run_bench_speculative(const BenchArgs& a) {
+  if (Status st = one_process_only("bench decode --speculative on"); !st) {
+    log::error("bench decode: {}", st.message());
+    return kExitUsage;
+  }
   auto streams = parse_list(a.streams, "--streams");
   if (!streams) {
     log::error("bench decode: {}", streams.status().message());

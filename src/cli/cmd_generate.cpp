@@ -8,6 +8,7 @@
 #include "cli/fast_model_dir.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "parallel/world.h"
 #include "text/chat.h"
 
 namespace dsv41::cli {
@@ -43,7 +44,7 @@ void add_generate(CLI::App& app, Runner* run) {
     *run = [a] {
       std::string dir = a->model;
       if (dir.empty()) {
-        auto d = ensure_demo_model();
+        auto d = parallel::World::get().rank0_first(ensure_demo_model);
         if (!d) {
           log::error("generate: demo model: {}", d.status().message());
           return kExitInvalid;

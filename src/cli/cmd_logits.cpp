@@ -115,6 +115,13 @@ int run_logits(const LogitsArgs& a) {
     log::error("logits: {}", ids.status().message());
     return kExitUsage;
   }
+  if (a.path != "fast" || a.dspark) {
+    if (Status st = one_process_only(a.dspark ? "logits --dspark" : "logits --path reference");
+        !st) {
+      log::error("logits: {}", st.message());
+      return kExitUsage;
+    }
+  }
   if (a.dspark) {
     if (a.mode != "prefill" || a.stream || !a.dump_dir.empty() || a.fast.companions > 0 ||
         (a.path == "fast" && a.precision != "fp32")) {

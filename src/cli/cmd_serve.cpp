@@ -94,7 +94,7 @@ void add_serve(CLI::App& app, Runner* run) {
       std::string dir = a->model;
       bool demo = dir.empty();
       if (demo) {
-        auto d = ensure_demo_model();
+        auto d = parallel::World::get().rank0_first(ensure_demo_model);
         if (!d) {
           log::error("serve: demo model: {}", d.status().message());
           return kExitInvalid;

@@ -29,8 +29,8 @@ void add_validate(CLI::App& app, Runner* run);
 
 // Exit codes shared by all subcommands.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitUsage = 1;    // bad command line
-inline constexpr int kExitInvalid = 2;  // the input (checkpoint, file) is invalid
+inline constexpr int kExitUsage = 1;       // bad command line
+inline constexpr int kExitInvalid = 2;     // the input (checkpoint, file) is invalid
 inline constexpr int kExitRankFailed = 3;  // under mpirun: another rank died or stopped answering
 
 }  // namespace dsv41::cli

@@ -8,11 +8,26 @@
 #include "model/convert/converted_checkpoint.h"
 #include "model/convert/converter.h"
 #include "model/convert/manifest.h"
+#include "parallel/world.h"
 
 namespace dsv41::cli {
 
+namespace {
+Result<std::string> ensure_converted_here(const std::string& model_dir,
+                                          const std::string& converted_dir);
+}  // namespace
+
+// Under mpirun, rank 0 converts first; the others then find the conversion (same host) or make
+// their own (another host), never two at once into the same files.
 Result<std::string> ensure_converted(const std::string& model_dir,
                                      const std::string& converted_dir) {
+  return parallel::World::get().rank0_first(
+      [&] { return ensure_converted_here(model_dir, converted_dir); });
+}
+
+namespace {
+Result<std::string> ensure_converted_here(const std::string& model_dir,
+                                          const std::string& converted_dir) {
   namespace fs = std::filesystem;
   if (is_converted_checkpoint(model_dir)) return model_dir;
   std::string to = converted_dir;
@@ -49,6 +64,7 @@ Result<std::string> ensure_converted(const std::string& model_dir,
             r->seconds);
   return to;
 }
+}  // namespace
 
 void add_path_options(CLI::App* sub, PathArgs* a) {
   sub->add_option("--path", a->path,
@@ -104,7 +120,15 @@ void add_split_options(CLI::App* sub, int* tp, int* ep, double* timeout_s) {
       ->capture_default_str();
 }
 
+Status one_process_only(const std::string& what) {
+  const int n = parallel::World::get().size();
+  if (n <= 1) return Status::ok();
+  return Status::error(what + " runs in one process, not split over " + std::to_string(n) +
+                       " mpirun ranks (the split forward is the fast path's: docs/parallel.md)");
+}
+
 Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo) {
+  if (a.path == "reference") DSV41_RETURN_IF_ERROR(one_process_only("--path reference"));
   eo->path = a.path;
   eo->model_dir = model_dir;
   eo->speculative = a.speculative == "dspark";

@@ -21,6 +21,9 @@ struct PathArgs {
   double rank_timeout_s = 60;
 };
 void add_path_options(CLI::App* sub, PathArgs* a);
+// An error when the process runs under mpirun with more than one rank: for what has no split
+// (the reference path, `logits --dspark`, `bench serve`, the speculative bench); `what` names it.
+Status one_process_only(const std::string& what);
 // --tp, --ep and --rank-timeout (part of add_path_options; `logits --path fast` takes them too).
 void add_split_options(CLI::App* sub, int* tp, int* ep, double* timeout_s);
 // Fills eo.path / eo.fast / eo.model_dir from the options (converting an official-layout model

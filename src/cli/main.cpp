@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
     return dsv41::cli::kExitUsage;
   }
   const int code = run();
-  dsv41::parallel::World::finalize();  // under mpirun: rank 0 ends the job cleanly
+  // Under mpirun: rank 0 ends the job cleanly, unless a rank failed (MPI cannot finalise without
+  // it; exit_now aborts the job with a non-zero code).
+  if (dsv41::parallel::World::get().failed())
+    dsv41::parallel::World::exit_now(code != 0 ? code : 3);
+  dsv41::parallel::World::finalize();
   return code;
 }

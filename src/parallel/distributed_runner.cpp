@@ -1,6 +1,8 @@
 // Rank 0's LeadRunner, the followers' loop and the split loading (parallel/distributed_runner.h).
 #include "parallel/distributed_runner.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +16,8 @@
 
 namespace dsv41::parallel {
 namespace {
+
+constexpr double kStartupTimeoutSeconds = 7200;
 
 enum class Op : uint32_t {
   kOpen = 1,
@@ -30,7 +34,7 @@ enum class Op : uint32_t {
 // Commands as plain little-endian bytes (every rank runs the same binary on the same kind of CPU:
 // the fingerprint check makes sure of the version).
 struct Writer {
-  std::vector<uint8_t> b;
+  std::vector<uint8_t>& b;
   void raw(const void* p, std::size_t n) {
     const std::size_t at = b.size();
     b.resize(at + n);
@@ -61,13 +65,12 @@ struct Reader {
     at += sizeof(T);
     return v;
   }
-  std::vector<int32_t> ints() {
+  void ints(std::vector<int32_t>* v) {  // into v's storage (no allocation once it is large enough)
     const auto n = get<uint64_t>();
     DSV41_CHECK(at + n * sizeof(int32_t) <= b.size());
-    std::vector<int32_t> v(n);
-    std::memcpy(v.data(), b.data() + at, n * sizeof(int32_t));
+    v->resize(n);
+    if (n > 0) std::memcpy(v->data(), b.data() + at, n * sizeof(int32_t));
     at += n * sizeof(int32_t);
-    return v;
   }
   std::string str() {
     const auto n = get<uint64_t>();
@@ -78,34 +81,27 @@ struct Reader {
   }
 };
 
-Writer command(Op op) {
-  Writer w;
+// Starts command `op` in buf (cleared; its capacity is kept, so steady decode does not allocate).
+Writer command(std::vector<uint8_t>* buf, Op op) {
+  buf->clear();
+  Writer w{*buf};
   w.put<uint32_t>(uint32_t(op));
   return w;
 }
 
-void encode_step(const StepBatch& batch, Writer* w) {
-  w->put<uint64_t>(batch.slices.size());
-  for (const SeqSlice& s : batch.slices) {
-    w->put<uint64_t>(s.seq);
-    w->put<int64_t>(s.first_pos);
-    w->ints(s.tokens);
-    w->ints(s.logits_rows);
-    w->ints(s.taps);
-  }
-}
-
-StepBatch decode_step(Reader* r) {
-  StepBatch b;
-  b.slices.resize(r->get<uint64_t>());
-  for (SeqSlice& s : b.slices) {
+// Into b's storage. A follower needs no logits and no taps (only rank 0's are used; the head and
+// the taps change no state), so it asks for none.
+void decode_step(Reader* r, StepBatch* b) {
+  b->slices.resize(r->get<uint64_t>());
+  for (SeqSlice& s : b->slices) {
     s.seq = r->get<uint64_t>();
     s.first_pos = r->get<int64_t>();
-    s.tokens = r->ints();
-    s.logits_rows = r->ints();
-    s.taps = r->ints();
+    r->ints(&s.tokens);
+    r->ints(&s.logits_rows);
+    r->ints(&s.taps);
+    s.logits_rows.clear();
+    s.taps.clear();
   }
-  return b;
 }
 
 int64_t status_kb(const char* key) {  // a "Key:   N kB" line of /proc/self/status
@@ -126,10 +122,20 @@ std::vector<uint8_t> report_bytes(const RankReport& r) {
   return b;
 }
 
+// A follower's state between commands (reused: a steady decode allocates nothing here).
+struct Follower {
+  FastModel& m;
+  std::vector<uint8_t> buf;
+  StepBatch batch;
+  StepOutput out;
+  std::vector<int32_t> tokens;
+};
+
 // Applies one command of rank 0 to this rank's model; false on kStop. Errors a command returns are
 // rank 0's errors too (the ranks hold the same state), so they are not reported twice.
-bool apply_command(FastModel& m, const std::vector<uint8_t>& buf) {
-  Reader r{buf};
+bool apply_command(Follower& f) {
+  FastModel& m = f.m;
+  Reader r{f.buf};
   const auto op = Op(r.get<uint32_t>());
   switch (op) {
     case Op::kOpen:
@@ -143,12 +149,10 @@ bool apply_command(FastModel& m, const std::vector<uint8_t>& buf) {
       (void)m.truncate(seq, r.get<int64_t>());
       return true;
     }
-    case Op::kStep: {
-      const StepBatch b = decode_step(&r);
-      StepOutput out;
-      (void)m.step(b, &out);
+    case Op::kStep:
+      decode_step(&r, &f.batch);
+      (void)m.step(f.batch, &f.out);
       return true;
-    }
     case Op::kDraft: {
       std::vector<DraftQuery> q(r.get<uint64_t>());
       for (auto& d : q) {
@@ -161,8 +165,8 @@ bool apply_command(FastModel& m, const std::vector<uint8_t>& buf) {
     }
     case Op::kAttach: {
       const auto seq = r.get<uint64_t>();
-      const auto tokens = r.ints();
-      (void)m.attach_cached_prefix(seq, tokens, r.str());
+      r.ints(&f.tokens);
+      (void)m.attach_cached_prefix(seq, f.tokens, r.str());
       return true;
     }
     case Op::kFill: {
@@ -181,19 +185,23 @@ bool apply_command(FastModel& m, const std::vector<uint8_t>& buf) {
   return false;
 }
 
-// Follows rank 0 until it stops; the process's exit code.
+// Follows rank 0 until it stops; the process's exit code. Inside a step a follower waits longer
+// than rank 0 does, so that when a rank fails, rank 0 is the one that notices, reports (/health
+// 503, the failed requests) and ends the job; a follower gives up only if rank 0 itself is gone.
 int follow(FastModel& m, World& w) {
-  // Rank 0 decides when the job ends (mpirun forwards a Ctrl-C or SIGTERM to every rank): a
-  // follower keeps serving rank 0's steps while it drains, and ends on its stop command.
+  // Rank 0 decides when the job ends: a Ctrl-C or SIGTERM that mpirun passes to every rank leaves
+  // the followers serving rank 0's steps while it drains (mpirun itself ends them a few seconds
+  // later: docs/parallel.md says to signal rank 0 alone for a full drain).
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
-  std::vector<uint8_t> buf;
+  w.set_timeout(2 * w.timeout() + 30);
+  Follower f{m, {}, {}, {}, {}};
   try {
     for (;;) {
-      w.broadcast(&buf, /*wait_forever=*/true);
-      if (!apply_command(m, buf)) return 0;
+      w.broadcast(&f.buf, /*wait_forever=*/true);
+      if (!apply_command(f)) return 0;
     }
-  } catch (const CollectiveFailure& e) {
+  } catch (const std::exception& e) {
     log::error("rank {}: {}", w.rank(), e.what());
     return 3;
   }
@@ -222,7 +230,9 @@ LeadRunner::LeadRunner(std::unique_ptr<FastModel> local, World& world)
     : local_(std::move(local)), world_(world) {}
 
 LeadRunner::~LeadRunner() {
-  if (!failed_.load()) send(command(Op::kStop).b);
+  if (failed_.load()) return;
+  command(&cmd_, Op::kStop);
+  send();
 }
 
 void LeadRunner::fail(const std::string& why) {
@@ -230,6 +240,7 @@ void LeadRunner::fail(const std::string& why) {
     std::lock_guard<std::mutex> lock(why_mu_);
     if (why_.empty()) why_ = why;
   }
+  world_.mark_failed();
   if (!failed_.exchange(true)) log::error("rank 0: the split model failed: {}", why);
 }
 
@@ -239,11 +250,10 @@ Status LeadRunner::health() const {
   return Status::error("model ranks: " + why_, ErrorKind::kUnavailable);
 }
 
-bool LeadRunner::send(const std::vector<uint8_t>& cmd) {
+bool LeadRunner::send() {
   if (failed_.load()) return false;
   try {
-    std::vector<uint8_t> b = cmd;
-    world_.broadcast(&b);
+    world_.broadcast(&cmd_);
     return true;
   } catch (const CollectiveFailure& e) {
     fail(e.what());
@@ -251,73 +261,89 @@ bool LeadRunner::send(const std::vector<uint8_t>& cmd) {
   }
 }
 
-Status LeadRunner::open(SeqId seq) {
-  Writer w = command(Op::kOpen);
-  w.put<uint64_t>(seq);
-  if (!send(w.b)) return health();
-  return local_->open(seq);
-}
-
-void LeadRunner::free(SeqId seq) {
-  Writer w = command(Op::kFree);
-  w.put<uint64_t>(seq);
-  send(w.b);
-  local_->free(seq);  // rank 0's own state stays consistent for the engine's bookkeeping
-}
-
-Status LeadRunner::truncate(SeqId seq, int64_t length) {
-  Writer w = command(Op::kTruncate);
-  w.put<uint64_t>(seq);
-  w.put<int64_t>(length);
-  if (!send(w.b)) return health();
-  return local_->truncate(seq, length);
-}
-
-Status LeadRunner::step(const StepBatch& batch, StepOutput* out) {
-  Writer w = command(Op::kStep);
-  encode_step(batch, &w);
-  if (!send(w.b)) return health();
+// Rank 0's own half of a command. Any exception there (a collective that timed out, or anything
+// else thrown mid-step) leaves rank 0 out of step with the others, whose collectives it may never
+// join: the model is failed for good.
+template <typename Fn>
+auto LeadRunner::guarded(Fn&& fn, decltype(fn()) on_failure) -> decltype(fn()) {
   try {
-    return local_->step(batch, out);
-  } catch (const CollectiveFailure& e) {
+    return fn();
+  } catch (const std::exception& e) {
     fail(e.what());
-    return health();
+    return on_failure;
   }
 }
 
+Status LeadRunner::open(SeqId seq) {
+  command(&cmd_, Op::kOpen).put<uint64_t>(seq);
+  if (!send()) return health();
+  return guarded([&] { return local_->open(seq); }, health_error());
+}
+
+void LeadRunner::free(SeqId seq) {
+  command(&cmd_, Op::kFree).put<uint64_t>(seq);
+  send();
+  // Rank 0's own state stays consistent for the engine's bookkeeping, failed or not.
+  guarded(
+      [&] {
+        local_->free(seq);
+        return 0;
+      },
+      0);
+}
+
+Status LeadRunner::truncate(SeqId seq, int64_t length) {
+  Writer w = command(&cmd_, Op::kTruncate);
+  w.put<uint64_t>(seq);
+  w.put<int64_t>(length);
+  if (!send()) return health();
+  return guarded([&] { return local_->truncate(seq, length); }, health_error());
+}
+
+Status LeadRunner::step(const StepBatch& batch, StepOutput* out) {
+  Writer w = command(&cmd_, Op::kStep);
+  w.put<uint64_t>(batch.slices.size());
+  for (const SeqSlice& sl : batch.slices) {
+    w.put<uint64_t>(sl.seq);
+    w.put<int64_t>(sl.first_pos);
+    w.ints(sl.tokens);
+    w.ints(sl.logits_rows);
+    w.ints(sl.taps);
+  }
+  if (!send()) return health();
+  Status st = guarded([&] { return local_->step(batch, out); }, health_error());
+  return failed_.load() ? health() : st;
+}
+
 Status LeadRunner::draft(const std::vector<DraftQuery>& queries, std::vector<DraftResult>* out) {
-  Writer w = command(Op::kDraft);
+  Writer w = command(&cmd_, Op::kDraft);
   w.put<uint64_t>(queries.size());
   for (const auto& q : queries) {
     w.put<uint64_t>(q.seq);
     w.put<int32_t>(q.next);
   }
-  if (!send(w.b)) return health();
-  try {
-    return local_->draft(queries, out);
-  } catch (const CollectiveFailure& e) {
-    fail(e.what());
-    return health();
-  }
+  if (!send()) return health();
+  Status st = guarded([&] { return local_->draft(queries, out); }, health_error());
+  return failed_.load() ? health() : st;
 }
 
 int64_t LeadRunner::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& tokens,
                                          const std::string& salt) {
-  Writer w = command(Op::kAttach);
+  Writer w = command(&cmd_, Op::kAttach);
   w.put<uint64_t>(seq);
   w.ints(tokens);
   w.str(salt);
-  if (!send(w.b)) return 0;
-  return local_->attach_cached_prefix(seq, tokens, salt);
+  if (!send()) return 0;
+  return guarded([&] { return local_->attach_cached_prefix(seq, tokens, salt); }, int64_t(0));
 }
 
 Status LeadRunner::fill_random_context(SeqId seq, int64_t length, uint64_t seed) {
-  Writer w = command(Op::kFill);
+  Writer w = command(&cmd_, Op::kFill);
   w.put<uint64_t>(seq);
   w.put<int64_t>(length);
   w.put<uint64_t>(seed);
-  if (!send(w.b)) return health();
-  return local_->fill_random_context(seq, length, seed);
+  if (!send()) return health();
+  return guarded([&] { return local_->fill_random_context(seq, length, seed); }, health_error());
 }
 
 RankReport own_report(const FastModel& m, int rank) {
@@ -335,7 +361,8 @@ RankReport own_report(const FastModel& m, int rank) {
 }
 
 Result<std::vector<RankReport>> LeadRunner::reports() {
-  if (!send(command(Op::kReport).b)) return health();
+  command(&cmd_, Op::kReport);
+  if (!send()) return health();
   std::vector<uint8_t> all;
   try {
     all = world_.allgather(report_bytes(own_report(*local_, 0)));
@@ -367,6 +394,13 @@ Result<std::unique_ptr<ModelRunner>> load_split(const std::string& dir, FastOpti
   }
   w.set_timeout(split.timeout_s);
   DSV41_RETURN_IF_ERROR(resolve_split(w, &split));
+  if (!w.thread_level_ok())
+    return Status::error(
+        "MPI: this Open MPI gives less than MPI_THREAD_SERIALIZED (the engine "
+        "thread calls MPI); a split forward cannot run on it");
+  // Startup exchanges wait for the slowest rank's conversion check and weight loading, which can
+  // differ by minutes on a large checkpoint: they get a long timeout of their own.
+  const double startup_s = std::max(split.timeout_s, kStartupTimeoutSeconds);
   // Every rank must load the same model, with the same binary and options: each publishes its
   // fingerprint and checks everyone's (all ranks reach the same verdict, so all refuse together).
   auto manifest = sha256_file((std::filesystem::path(dir) / "manifest.json").string());
@@ -387,7 +421,7 @@ Result<std::unique_ptr<ModelRunner>> load_split(const std::string& dir, FastOpti
   std::memcpy(mine.data() + kPrint, &opt.kv_cache_bytes, 8);
   std::vector<uint8_t> all;
   try {
-    all = w.allgather(mine);
+    all = w.allgather(mine, startup_s);
   } catch (const CollectiveFailure& e) {
     return Status::error(std::string("startup: ") + e.what());
   }
@@ -410,22 +444,37 @@ Result<std::unique_ptr<ModelRunner>> load_split(const std::string& dir, FastOpti
   opt.ep_parts = split.ep;
   opt.ep_part = part(split.ep);
   auto m = FastModel::load(dir, opt);
-  // Every rank must know whether every other loaded: a rank that failed says so and all stop.
-  std::vector<uint8_t> ok(1, m ? 1 : 0);
+  // Every rank must know whether every other loaded (a rank that failed says so and all stop),
+  // and all must run the same kernels: another ISA tier gives other last bits, other expert
+  // choices, and rank 0's results would silently stop being one process's.
+  constexpr std::size_t kIsa = 32;
+  std::vector<uint8_t> ok(kIsa, 0);
+  ok[0] = m ? 1 : 0;
+  if (m) std::strncpy(reinterpret_cast<char*>(ok.data() + 1), (*m)->isa(), kIsa - 2);
   try {
-    ok = w.allgather(ok);
+    ok = w.allgather(ok, startup_s);
   } catch (const CollectiveFailure& e) {
     return Status::error(std::string("startup: ") + e.what());
   }
   for (int r = 0; r < w.size(); ++r)
-    if (!ok[std::size_t(r)])
+    if (!ok[std::size_t(r) * kIsa])
       return m ? Status::error("rank " + std::to_string(r) + " could not load " + dir +
                                " (its log says why)")
                : m.status().with_context("rank " + std::to_string(w.rank()) + ": ");
+  for (int r = 0; r < w.size(); ++r) {
+    const std::string isa(reinterpret_cast<const char*>(ok.data() + std::size_t(r) * kIsa + 1));
+    if (isa != (*m)->isa())
+      return Status::error("rank " + std::to_string(r) + " runs the " + isa + " kernels and rank " +
+                           std::to_string(w.rank()) + " the " + (*m)->isa() +
+                           " ones: results would differ between ranks (set "
+                           "DSV41_ISA to the lower tier on every rank)");
+  }
   const FastStats st = (*m)->stats();
-  log::info("rank {} on {}: tp part {} of {}, ep part {} of {}: {:.3f} GB of weights to read",
-            w.rank(), w.host(), opt.tp_part, split.tp, opt.ep_part, split.ep,
-            double(st.share_weight_bytes) / 1e9);
+  log::info(
+      "rank {} on {} (pid {}): tp part {} of {}, ep part {} of {}: {:.3f} GB of weights "
+      "to read",
+      w.rank(), w.host(), ::getpid(), opt.tp_part, split.tp, opt.ep_part, split.ep,
+      double(st.share_weight_bytes) / 1e9);
   if (w.rank() != 0) World::exit_now(follow(**m, w));
   auto lead = std::make_unique<LeadRunner>(std::move(*m), w);
   lead->set_split(split);

@@ -35,10 +35,10 @@ Status resolve_split(const World& w, SplitOptions* s);
 // What one rank holds and did (LeadRunner::reports, `bench decode` under mpirun).
 struct RankReport {
   int rank = 0;
-  int64_t share_weight_bytes = 0;      // weights this rank reads (FastStats::share_weight_bytes)
-  int64_t rss_bytes = 0;               // resident set (VmRSS of /proc/self/status)
-  int64_t rss_file_bytes = 0;          // of it, file-backed pages (the mapped weights)
-  int64_t kv_pool_bytes = 0;           // the KV pool's size
+  int64_t share_weight_bytes = 0;  // weights this rank reads (FastStats::share_weight_bytes)
+  int64_t rss_bytes = 0;           // resident set (VmRSS of /proc/self/status)
+  int64_t rss_file_bytes = 0;      // of it, file-backed pages (the mapped weights)
+  int64_t kv_pool_bytes = 0;       // the KV pool's size
   int64_t collectives = 0, collective_bytes = 0;
   double collective_seconds = 0;
 };
@@ -81,9 +81,16 @@ class LeadRunner final : public ModelRunner {
   Result<std::vector<RankReport>> reports();
 
  private:
-  // Broadcasts a command; false (and unhealthy) when the other ranks do not take it.
-  bool send(const std::vector<uint8_t>& cmd);
+  // Broadcasts cmd_; false (and unhealthy) when the other ranks do not take it.
+  bool send();
   void fail(const std::string& why);
+  template <typename Fn>
+  auto guarded(Fn&& fn, decltype(fn()) on_failure) -> decltype(fn());
+  // The status a failed call returns (health() once fail() has run; evaluated before it has).
+  Status health_error() const {
+    return Status::error("model ranks: failed", ErrorKind::kUnavailable);
+  }
+  std::vector<uint8_t> cmd_;  // the command being sent (its capacity reused)
   std::unique_ptr<FastModel> local_;
   World& world_;
   SplitOptions split_;

@@ -11,7 +11,9 @@
 // and which ranks it was waiting for, so a rank that died or hangs turns into an error, not a hang.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,19 +39,34 @@ class World final : public Collective {
   std::string host() const { return host_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
+  // MPI gave at least MPI_THREAD_SERIALIZED (the engine thread calls MPI, not the main thread).
+  bool thread_level_ok() const { return thread_ok_; }
+  // Set when the split model failed (a rank died or hangs): MPI cannot finalise then (it would
+  // wait for the missing rank), so the process ends through exit_now.
+  void mark_failed() { failed_ = true; }
+  bool failed() const { return failed_; }
 
   void allreduce_sum(float* data, int64_t n) override;  // throws CollectiveFailure on timeout
   // Every rank's `mine` (the same size on every rank), rank-major, on every rank.
   std::vector<uint8_t> allgather(const std::vector<uint8_t>& mine);
   // Rank 0's bytes to every rank (buf holds them on rank 0; resized and filled elsewhere). The
   // size travels first. wait_forever: a follower waiting for its next command.
-  void broadcast(std::vector<uint8_t>* buf, bool wait_forever = false);
+  // timeout_s < 0: the world's timeout. A follower waiting for its next command waits forever.
+  void broadcast(std::vector<uint8_t>* buf, bool wait_forever = false, double timeout_s = -1);
+  std::vector<uint8_t> allgather(const std::vector<uint8_t>& mine, double timeout_s);
+
+  // Runs fn on rank 0 first and on the other ranks once rank 0 is done (work that writes files the
+  // others may share, like converting a checkpoint: two ranks on one host must not write the same
+  // files at once). A rank 0 failure is every rank's failure. In a world of one: fn().
+  Result<std::string> rank0_first(const std::function<Result<std::string>()>& fn);
 
  private:
   World();
   int rank_ = 0, size_ = 1;
   bool mpi_ = false;
   double timeout_s_ = 60;
+  bool thread_ok_ = true;
+  std::atomic<bool> failed_{false};
   std::string host_;
 };
 

@@ -37,7 +37,7 @@ for m in a b; do
         { cat "$T/err"; fail "logits $m $split $mode"; }
       cmp "$T/$m.solo.f32" "$T/$m.split.f32" || fail "logits $m $split --mode $mode differ from one process"
       grep -q '"ranks":2' "$T/out" || fail "no ranks in the summary"
-      grep -q "rank 1 on .* of weights to read" "$T/err" || fail "rank 1 did not report its share"
+      grep -q "rank 1 on .* of weights" "$T/err" || fail "rank 1 did not report its share"
     done
   done
   echo "ok: logits of preset $m identical under tp 2, ep 2 and both"
@@ -72,7 +72,29 @@ rc=$?
 set -e
 [ $rc -ne 0 ] && grep -q "rank 1 does not match rank 0" "$T/err" ||
   fail "different models on the ranks: rc $rc $(cat "$T/err")"
+set +e
+"${MPI[@]}" "$BIN" logits --model "$T/a" --tokens 1,2,3 --out "$T/x.f32" >/dev/null 2>"$T/err"
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "runs in one process" "$T/err" || fail "reference path under mpirun: rc $rc"
 echo "ok: refusals name what is wrong"
+
+# --- bench decode under mpirun: the collectives' figures and every rank's memory.
+"${MPI[@]}" "$BIN" bench decode --model "$T/b.conv" --streams 1,2 --steps 2 --probe-mb 16 \
+  --threads 1 --ep 2 --kv-cache-gb 0.05 2>/dev/null >"$T/bench.json"
+python3 - "$T/bench.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ranks"] == 2 and d["tp"] == 1 and d["ep"] == 2, d
+for p in d["points"]:
+    for k in ("tok_s", "collective_ms_per_step", "collective_share", "exchanged_bytes_per_token"):
+        assert k in p, (k, p)
+    assert p["exchanged_bytes_per_token"] > 0 and 0 <= p["collective_share"] < 1, p
+r = d["per_rank"]
+assert [x["rank"] for x in r] == [0, 1], r
+assert all(x["weight_bytes"] > 0 and x["rss_bytes"] > 0 and x["kv_pool_bytes"] > 0 for x in r), r
+print("ok: bench decode under mpirun reports", {k: d["points"][0][k] for k in ("tok_s", "collective_share", "exchanged_bytes_per_token")})
+PY
 
 # --- faults. Each rank runs under a shell that records its pid and its exit code.
 fault() {  # $1: kill | stop; $2...: extra mpirun options

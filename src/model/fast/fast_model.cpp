@@ -83,8 +83,8 @@ fast::LayerW bind_layer(const fast::Binder& b, const LayerPlan& p, const EngramH
   if (w.wo_a.quantized() && o_lora_rank % 32 != 0) dequantize_to_bf16(&w.wo_a, &w.owned_wo_a);
   w.wo_b = b.lin(n.wo_b);
   w.wq_b_own = fast::linear_rows(w.wq_b, sh.h0 * head_dim, sh.h1 * head_dim);
-  if (w.wo_a.quantized() && (sh.g0 * o_lora_rank) % 32 != 0)
-    dequantize_to_bf16(&w.wo_a, &w.owned_wo_a);  // a share boundary inside a scale block
+  // wo_a's share boundaries are multiples of o_lora_rank: on 32-row scale blocks whenever wo_a is
+  // still FP8 here (o_lora_rank % 32 == 0; otherwise it was made BF16 above).
   w.wo_a_own = fast::linear_rows(w.wo_a, sh.g0 * o_lora_rank, sh.g1 * o_lora_rank);
   w.wo_a_own.act = false;
   if (p.is_kv_source()) {
@@ -217,10 +217,13 @@ Status FastModel::Impl::set_share(const std::string& dir) {
   g1 = opt.tp_part < 0 ? 0 : G * (opt.tp_part + 1) / tp;
   h0 = g0 * (H / G);
   h1 = g1 * (H / G);
-  if (tp > 1 && (h0 * tc.head_dim) % 32 != 0)
-    return Status::error(dir + "/config.json: --tp " + std::to_string(tp) +
-                         " would split wq_b inside a 32-row scale block (head_dim " +
-                         std::to_string(tc.head_dim) + ")");
+  // Every part's wq_b rows must start on a 32-row scale block (checked for all parts, so every
+  // rank refuses the same split).
+  for (int p = 1; p < tp; ++p)
+    if ((G * p / tp) * (H / G) * tc.head_dim % 32 != 0)
+      return Status::error(dir + "/config.json: --tp " + std::to_string(tp) +
+                           " would split wq_b inside a 32-row scale block (head_dim " +
+                           std::to_string(tc.head_dim) + ")");
   return Status::ok();
 }
 
