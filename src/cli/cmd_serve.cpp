@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -124,6 +125,14 @@ void add_serve(CLI::App& app, Runner* run) {
       log::info("serve: model loaded in {:.1f} s (vocab {}, context {} tokens)",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                 (*engine)->vocab_size(), (*engine)->max_context());
+      if (parallel::World::get().size() > 1) {
+        const char* rec = std::getenv("OMPI_MCA_orte_enable_recovery");
+        if (!rec || std::string(rec) != "1")
+          log::warn(
+              "serve: mpirun was started without --enable-recovery: if a rank dies, mpirun ends "
+              "rank 0 at once (clients see their connections close) instead of rank 0 failing "
+              "the requests and answering 503 on /health (docs/parallel.md)");
+      }
       HttpServer server(**engine, a->server);
       if (Status st = server.bind(); !st) {
         log::error("serve: {}", st.message());

@@ -152,4 +152,40 @@ PY
 fault kill mpirun --oversubscribe --enable-recovery
 fault stop mpirun --oversubscribe
 echo "ok: faults end the stream with an error, /health 503, rank 0 exits 3"
+
+# Without --enable-recovery, mpirun itself ends every rank when one dies: serve warns about that at
+# startup, and a client's stream is cut (not hung) and mpirun exits non-zero.
+port=$((20000 + RANDOM % 20000))
+"${MPI[@]}" "$BIN" serve --model "$T/a.conv" --port "$port" --threads 1 >"$T/serve2.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+grep -q "started without --enable-recovery" "$T/serve2.log" || fail "no --enable-recovery warning"
+pid1=$(sed -n 's/.*rank 1 on .* (pid \([0-9]*\)).*/\1/p' "$T/serve2.log")
+[ -n "$pid1" ] || fail "no pid of rank 1 in the log"
+python3 - "$port" "$pid1" <<'PY' || { cat "$T/serve2.log"; fail "kill without recovery"; }
+import json, os, signal, sys, time, urllib.request
+port, pid1 = int(sys.argv[1]), int(sys.argv[2])
+body = json.dumps({"model": "a.conv", "prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True,
+                   "stream": True}).encode()
+req = urllib.request.Request(f"http://localhost:{port}/v1/completions", body,
+                             {"Content-Type": "application/json"})
+tokens, done, cut = 0, False, None
+try:
+    with urllib.request.urlopen(req, timeout=30) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line == "data: [DONE]": done = True; break
+            if line.startswith("data: "):
+                tokens += 1
+                if tokens == 20: os.kill(pid1, signal.SIGKILL); t_kill = time.time()
+except Exception as e:
+    cut = repr(e)
+assert tokens >= 20 and (cut or not done), f"{tokens} tokens, done {done}, cut {cut}"
+print(f"ok: kill without --enable-recovery: stream cut {time.time() - t_kill:.1f} s after the fault ({cut or 'closed'})")
+PY
+set +e
+wait $job
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "mpirun exited 0 after a rank was killed without --enable-recovery"
 echo "all mpi checks passed"
