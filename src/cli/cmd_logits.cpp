@@ -203,6 +203,17 @@ void add_logits(CLI::App& app, Runner* run) {
   sub->add_option(
       "--dump-layers", a->dump_dir,
       "Write each layer's output residual stream to DIR/layer_NNN.f32|f64 ([T, hc_mult, hidden])");
+  sub->add_option("--decoder-replay", a->fast.decoder_replay,
+                  "fast path: on = decoder replay (spec §10.3, an approximation): a chunk longer "
+                  "than sliding_window + --replay-margin runs the layers from the split layer on "
+                  "only for its last window + margin tokens; the other rows get no logits (NaN "
+                  "rows in --out)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub->add_option("--replay-margin", a->fast.replay_margin,
+                  "fast path, --decoder-replay on: tokens replayed beyond the window")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
+      ->capture_default_str();
   sub->add_option("--act-quant", a->fast.act_quant,
                   "on = DeepSeek's inference numerics (E4M3 per 32 before every "
                   "FP8/FP4 linear), off = model-faithful as the reference")

@@ -2,6 +2,7 @@
 #include "cli/fast_logits.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -72,6 +73,8 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
   FastOptions o;
   o.index_keys = a.index_keys == "vendor" ? IndexKeySemantics::kVendor : IndexKeySemantics::kOwner;
   o.act_quant = a.act_quant == "on";
+  o.decoder_replay = a.decoder_replay == "on";
+  o.replay_margin = a.replay_margin;
   o.threads = a.threads;
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
   const auto t0 = std::chrono::steady_clock::now();
@@ -135,6 +138,7 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
                               {"mode", a.mode},
                               {"index_keys", a.index_keys},
                               {"act_quant", a.act_quant},
+                              {"decoder_replay", a.decoder_replay},
                               {"companions", a.companions},
                               {"isa", local.isa()},
                               {"load_seconds", load_s},
@@ -144,6 +148,12 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
                               {"kv_window_bytes_per_sequence", L.window_bytes_per_sequence()},
                               {"foreign_reads", local.stats().foreign_reads},
                               {"last_argmax", argmax}};
+  if (a.decoder_replay == "on") {  // rows the decoder skipped have no logits (NaN in the file)
+    int64_t nan_rows = 0;
+    for (std::size_t r = 0; r < ids.size(); ++r) nan_rows += std::isnan(logits[r * std::size_t(V)]);
+    j["replay_margin"] = a.replay_margin;
+    j["rows_without_logits"] = nan_rows;
+  }
   if (lead) {  // a split forward: this rank's share and what the collectives cost
     const FastStats st = local.stats();
     j["ranks"] = parallel::World::get().size();

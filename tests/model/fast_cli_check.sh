@@ -86,4 +86,42 @@ for q in j["points"]:
     assert q["on"]["verify_steps"] > 0, q
     assert q["speedup_per_stream"] > 0 and q["oracle_speedup_per_stream"] > 0, q
 PY
+# Decoder replay (logits --decoder-replay on): in chunks of 100 the rows before each chunk's last
+# window + margin (8 + 12) have no logits (NaN), the others are finite; it stays batch-invariant
+# among companions and reads no foreign row; a margin covering the whole chunk (no replay) gives
+# the full path's bytes; and the quality script compares replay and the full path with the
+# reference over the replayed rows (figures printed, bounded loosely: random weights amplify the
+# truncated windows, docs/decoder_replay.md).
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/full100.f32" --path fast \
+  --mode chunked:100 2>/dev/null >/dev/null
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/rep.f32" --path fast \
+  --mode chunked:100 --decoder-replay on 2>/dev/null >"$T/rep.json"
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/repmix.f32" --path fast \
+  --mode chunked:100 --decoder-replay on --companions 4 --companion-seed 9 2>/dev/null >"$T/repmix.json"
+cmp "$T/rep.f32" "$T/repmix.f32"
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/rep92.f32" --path fast \
+  --mode chunked:100 --decoder-replay on --replay-margin 92 2>/dev/null >/dev/null
+cmp "$T/full100.f32" "$T/rep92.f32"
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/ref100.f32" --mode chunked:100 \
+  >/dev/null 2>&1
+python3 - "$T/rep.json" "$T/repmix.json" "$T/rep.f32" <<'PY'
+import json, math, struct, sys
+for f in sys.argv[1:3]:
+    j = json.load(open(f))
+    assert j["decoder_replay"] == "on" and j["foreign_reads"] == 0, j
+    assert j["rows_without_logits"] == 10 * 80, j
+data = open(sys.argv[3], "rb").read(); V = len(data) // 4 // 1000
+for t in range(1000):
+    v = struct.unpack_from("<f", data, 4 * t * V)[0]
+    assert math.isnan(v) == (t % 100 < 80), (t, v)
+PY
+python3 "$(dirname "$0")/../../scripts/replay_quality.py" "$T/toks" "$T/ref100.f32" \
+  "$T/full100.f32" "$T/rep.f32" | tee "$T/q.json"
+python3 - "$T/q.json" <<'PY'
+import json, sys
+q = json.load(open(sys.argv[1]))
+assert q["rows_compared"] == 199, q
+assert q["full"]["mean_abs_dlogprob"] < 0.05 and q["full"]["argmax_off"] < 0.1, q
+assert q["replay"]["mean_abs_dlogprob"] < 0.5 and q["replay"]["argmax_off"] < 0.5, q
+PY
 echo ok

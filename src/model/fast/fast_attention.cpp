@@ -252,7 +252,7 @@ void FastModel::Impl::attend_query(const fast::LayerW& w, const ref::Rope<float>
 }
 
 void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0,
-                                      int64_t n) {
+                                      int64_t n, AttnPart part) {
   const TextConfig& tc = cfg.text;
   const int64_t H = tc.num_attention_heads, Dh = tc.head_dim, D = tc.hidden_size;
   const int64_t G = tc.o_groups, gin = H * Dh / G;
@@ -263,16 +263,19 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
   grow(kvrow, 2 * n * Dh);
   grow(att_o, std::max(H * Dh, n * (gin + tc.o_lora_rank)));
   const float* xt = xs.data() + t0 * D;
-  // Queries and window rows of the chunk (every token's row is written before any is read).
-  attention_queries(w, rope, t0, n);
-  linear_batch(w.wkv, xt, n, kvrow.data());
-  for (int64_t t = 0; t < n; ++t) {
-    const fast::TokenRow& row = rows[std::size_t(t0 + t)];
-    float* kvt = kvrow.data() + t * Dh;
-    window_row_values(w, rope, row.pos, kvt);
-    store_window_row(*row.seq, p.index, row.pos, kvt);
+  if (part != AttnPart::kCompressorOnly) {
+    // Queries and window rows of the chunk (every token's row is written before any is read).
+    attention_queries(w, rope, t0, n);
+    linear_batch(w.wkv, xt, n, kvrow.data());
+    for (int64_t t = 0; t < n; ++t) {
+      const fast::TokenRow& row = rows[std::size_t(t0 + t)];
+      float* kvt = kvrow.data() + t * Dh;
+      window_row_values(w, rope, row.pos, kvt);
+      store_window_row(*row.seq, p.index, row.pos, kvt);
+    }
   }
-  if (p.is_kv_source()) {  // compressor: projections for the chunk, then each token in order
+  if (p.is_kv_source() && part != AttnPart::kNoCompressor) {
+    // Compressor: projections for the chunk, then each token in order.
     float* kvp = kvrow.data();
     float* g = kvrow.data() + n * Dh;
     linear_batch(w.c_wkv, xt, n, kvp);
@@ -282,6 +285,7 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
       compressor_step(p, w, *row.seq, row.pos, kvp + t * Dh, g + t * Dh);
     }
   }
+  if (part == AttnPart::kCompressorOnly) return;
   const int64_t nh = tc.index_n_heads, di = tc.index_head_dim;
   if (p.has_indexer()) {
     grow(iq, n * nh * di);
@@ -295,7 +299,9 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
     const int64_t P = row.pos;
     att_rows.clear();
     att_kinds.clear();
-    for (int64_t k0 = std::max<int64_t>(0, P - tc.sliding_window + 1); k0 <= P; ++k0)
+    // (decoder replay: not below the first row the decoder layers computed)
+    for (int64_t k0 = std::max<int64_t>(window_floor(s, p.index), P - tc.sliding_window + 1);
+         k0 <= P; ++k0)
       if (const uint8_t* rr = read_window_row(s, p.index, k0)) {
         att_rows.push_back(rr);
         att_kinds.push_back(0);

@@ -83,7 +83,7 @@ void FastModel::Impl::dspark_attention(const LayerPlan& p, const fast::LayerW& w
   const int64_t P0 = rows[std::size_t(t0)].pos;  // = the sequence's length
   att_rows.clear();
   att_kinds.clear();
-  for (int64_t k = std::max<int64_t>(0, P0 - tc.sliding_window); k < P0; ++k)
+  for (int64_t k = std::max<int64_t>(window_floor(s, p.index), P0 - tc.sliding_window); k < P0; ++k)
     if (const uint8_t* rr = read_window_row(s, p.index, k)) {
       att_rows.push_back(rr);
       att_kinds.push_back(0);

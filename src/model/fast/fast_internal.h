@@ -157,6 +157,9 @@ struct SeqState {
   std::vector<BlockRef> win, glob;
   std::vector<SourceSeq> src;  // per KvLayout source
   int vendor_slot = -1;        // vendor index keys: the source that published last
+  // Decoder replay: the first position whose window rows of the decoder layers (the split layer
+  // on) and DSpark stages were computed; their window reads start here (0: all of them were).
+  int64_t dec_floor = 0;
   // Prefix cache (model/fast/prefix_cache.cpp): the token ids, the positions attached from the
   // cache (read-only, never truncated into), and the hash chain of the global blocks registered.
   std::vector<int32_t> tokens;
@@ -177,7 +180,8 @@ struct PrefixEntry {
   int64_t first_win = 0;      // index of win[0] in a window block table
   std::vector<BlockRef> win;  // window blocks covering [end - window, end)
   uint64_t last_use = 0;
-  int children = 0;  // cached entries whose parent this is
+  int children = 0;       // cached entries whose parent this is
+  int64_t dec_floor = 0;  // the registering sequence's SeqState::dec_floor then
 };
 
 // One token row of a step.
@@ -227,6 +231,19 @@ struct FastModel::Impl {
   int64_t expert_hi(int64_t E) const {
     return opt.ep_part < 0 ? 0 : E * (opt.ep_part + 1) / std::max(1, opt.ep_parts);
   }
+  // Decoder replay (FastOptions::decoder_replay): the split layer (-1: none in this config), and
+  // whether the next steps replay.
+  int replay_split = -1;
+  bool replay_on = false;
+  std::vector<int64_t> replay_index;  // per row of the step: its row after compaction (-1: gone)
+  std::vector<uint8_t> replay_keep;   // per row of the step: whether the decoder runs on it
+  // The first position a window read of pool layer `layer` may use for sequence s.
+  int64_t window_floor(const fast::SeqState& s, int layer) const {
+    return replay_split >= 0 && layer >= replay_split ? s.dec_floor : 0;
+  }
+  // Keeps rows [i] with keep[i] (in order) in every per-token array a layer reads: rows, hs, pre,
+  // pre_a, mix_post, mix_comb, xs, main_hidden. Returns the rows kept.
+  int64_t compact_rows(const std::vector<uint8_t>& keep);
   // Element-wise sum over the processes (no-op in one): timed and counted in stats.
   void reduce(float* data, int64_t n);
   Status set_share(const std::string& dir);  // h0..g1 from the options, checked against the config
@@ -302,8 +319,12 @@ struct FastModel::Impl {
   void dspark_attention(const LayerPlan& p, const fast::LayerW& w, int64_t t0, int64_t n);
 
   // ---- layers ----
-  // Attention of tokens [t0, t0 + n) (n <= kChunk): xs rows in, ys rows out.
-  void attention_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0, int64_t n);
+  // Attention of tokens [t0, t0 + n) (n <= kChunk): xs rows in, ys rows out. part: all of it, only
+  // a KV source's compressor and index keys (decoder replay's pass over every token), or all but
+  // those (the replayed tokens of the split layer).
+  enum class AttnPart { kAll, kCompressorOnly, kNoCompressor };
+  void attention_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0, int64_t n,
+                       AttnPart part = AttnPart::kAll);
   // Pieces of it shared with the DSpark stages: the chunk's queries (RoPE'd at each row's
   // position) into tmp [n, heads * head_dim], qr kept; and the grouped low-rank output of the
   // heads' outputs in tmp (inverse RoPE already applied) into ys.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "core/rng.h"
@@ -149,6 +150,14 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   im.pool = std::make_unique<ThreadPool>(opt.threads > 0 ? std::size_t(opt.threads) : hw);
   DSV41_RETURN_IF_ERROR(im.set_share(dir));
+  // Decoder replay's split layer: the first ratio-1 layer, when no later layer owns compressed KV
+  // (their caches would need every token's decoder state).
+  for (int l = 0; l < im.plan.num_backbone && im.replay_split < 0; ++l)
+    if (im.plan.layers[std::size_t(l)].compress_ratio == 1) im.replay_split = l;
+  for (int l = im.replay_split + 1; im.replay_split >= 0 && l < im.plan.num_backbone; ++l)
+    if (im.plan.layers[std::size_t(l)].is_kv_source()) im.replay_split = -1;
+  if (opt.decoder_replay)
+    DSV41_RETURN_IF_ERROR(m->set_decoder_replay(true).with_context(dir + ": "));
   const Share share{im.h0, im.h1, im.g0, im.g1, opt.ep_part, std::max(1, opt.ep_parts)};
 
   const fast::Binder b{*im.wts};
@@ -403,6 +412,7 @@ Status FastModel::truncate(SeqId seq, int64_t length) {
   };
   trim(s.win, L.window_tokens);
   trim(s.glob, L.global_tokens);
+  s.dec_floor = std::min(s.dec_floor, length);  // rows from `length` on are computed again
   // Compressed entries from the one straddling the new end (completed by a removed position).
   for (std::size_t si = 0; si < L.sources.size(); ++si) {
     const int r = L.sources[si].ratio;
@@ -792,6 +802,44 @@ void FastModel::Impl::mhc_ffn_output(int64_t t) {
                   mix_comb.data() + t * HC * HC, HC, D, hs.data() + t * HC * D);
 }
 
+int64_t FastModel::Impl::compact_rows(const std::vector<uint8_t>& keep) {
+  const TextConfig& tc = cfg.text;
+  const int64_t D = tc.hidden_size, HC = tc.hc_mult, n = int64_t(rows.size());
+  const int64_t nt = int64_t(tc.dspark_target_layer_ids.size());
+  int64_t k = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    replay_index[std::size_t(t)] = keep[std::size_t(t)] ? k : -1;
+    if (!keep[std::size_t(t)]) continue;
+    if (k != t) {  // k < t: moving down never overwrites a row still to be moved
+      rows[std::size_t(k)] = rows[std::size_t(t)];
+      std::copy_n(hs.data() + t * HC * D, HC * D, hs.data() + k * HC * D);
+      std::copy_n(pre.data() + t * HC, HC, pre.data() + k * HC);
+      std::copy_n(pre_a.data() + t * HC, HC, pre_a.data() + k * HC);
+      std::copy_n(mix_post.data() + t * HC, HC, mix_post.data() + k * HC);
+      std::copy_n(mix_comb.data() + t * HC * HC, HC * HC, mix_comb.data() + k * HC * HC);
+      std::copy_n(xs.data() + t * D, D, xs.data() + k * D);
+      if (opt.dspark)
+        std::copy_n(main_hidden.data() + t * nt * D, nt * D, main_hidden.data() + k * nt * D);
+    }
+    ++k;
+  }
+  rows.resize(std::size_t(k));
+  return k;
+}
+
+int FastModel::replay_split_layer() const {
+  return impl_->replay_split;
+}
+
+Status FastModel::set_decoder_replay(bool on) {
+  if (on && impl_->replay_split < 0)
+    return Status::error(
+        "--decoder-replay on: this config has no split layer (a layer with compress ratio 1 "
+        "after which no layer owns compressed KV): every layer's output is needed for every token");
+  impl_->replay_on = on;
+  return Status::ok();
+}
+
 // ---- the step ----
 
 Status FastModel::step(const StepBatch& batch, StepOutput* out) {
@@ -861,20 +909,42 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     out->slices[si].taps.resize(sl.taps.size());
     for (auto& tp : out->slices[si].taps) tp.resize(sl.tokens.size() * std::size_t(D));
   }
+  // Decoder replay: which rows the decoder layers run on (a slice longer than window + margin:
+  // its last window + margin rows), decided before the layers.
+  const int64_t replay_len = tc.sliding_window + im.opt.replay_margin;
+  std::vector<uint8_t>& keep = im.replay_keep;
+  bool replay_step = false;
+  if (im.replay_on) {
+    keep.assign(std::size_t(n), 1);
+    int64_t t0r = 0;
+    for (const auto& sl : batch.slices) {
+      const int64_t len = int64_t(sl.tokens.size());
+      if (len > replay_len) {
+        std::fill_n(keep.begin() + t0r, len - replay_len, uint8_t(0));
+        replay_step = true;
+      }
+      t0r += len;
+    }
+  }
+  int64_t n_cur = n;  // rows the layers run on (fewer from the split layer on, when replaying)
+  im.replay_index.resize(std::size_t(n));
+  for (int64_t t = 0; t < n; ++t) im.replay_index[std::size_t(t)] = t;
   // Vendor index keys: the sources that publish in this step, per sequence (spec §5.6.7).
   const float eps = float(tc.rms_norm_eps);
   const ops::Kernels& kk = *im.kern;
   for (int l = 0; l < im.plan.num_backbone; ++l) {
     const LayerPlan& p = im.plan.layers[std::size_t(l)];
     const fast::LayerW& w = im.layers[std::size_t(l)];
+    const bool split_here = replay_step && l == im.replay_split;
     im.stats.weight_bytes += 2 * tc.hc_mix() * HC * D * 4;  // hc_attn_fn, hc_ffn_fn (F32)
-    im.stats.macs += 2 * tc.hc_mix() * HC * D * n;
     if (p.is_kv_source())
       for (const auto& sl : batch.slices)
         for (int64_t P = sl.first_pos; P < sl.first_pos + int64_t(sl.tokens.size()); ++P)
           if ((P + 1) % p.compress_ratio == 0) im.seqs.at(sl.seq)->vendor_slot = l;
-    for (int64_t c0 = 0; c0 < n; c0 += Impl::kChunk) {
-      const int64_t cn = std::min(Impl::kChunk, n - c0);
+    // The attention input of every row (and, at the split layer when replaying, the compressor
+    // and index keys of every row), then the rows the rest of the layer runs on.
+    for (int64_t c0 = 0; c0 < n_cur; c0 += Impl::kChunk) {
+      const int64_t cn = std::min(Impl::kChunk, n_cur - c0);
       if (p.engram >= 0) im.engram_chunk(p, w, c0, cn);
       for (int64_t t = c0; t < c0 + cn; ++t) {
         float* ht = im.hs.data() + t * HC * D;
@@ -891,13 +961,36 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
               im.main_hidden.data() + (t * n_targets + im.dspark.target_slot[std::size_t(l)]) * D);
         im.mhc_attention_input(w, t);
       }
+      if (split_here) {
+        im.attention_chunk(p, w, c0, cn, Impl::AttnPart::kCompressorOnly);
+        continue;
+      }
       im.attention_chunk(p, w, c0, cn);  // xs -> ys
       for (int64_t t = c0; t < c0 + cn; ++t) im.mhc_ffn_input(w, t);
     }
-    im.moe(p, w, n);  // x -> y for every token, grouped by expert
-    for (int64_t t = 0; t < n; ++t) im.mhc_ffn_output(t);
+    if (split_here) {
+      // The decoder from here on: only the kept rows, each replayed sequence's decoder windows
+      // floored at its first kept row.
+      for (const auto& sl : batch.slices) {
+        const int64_t len = int64_t(sl.tokens.size());
+        if (len > replay_len) {
+          im.seqs.at(sl.seq)->dec_floor = sl.first_pos + len - replay_len;
+          ++im.stats.replayed_slices;
+          im.stats.replay_skipped_rows += len - replay_len;
+        }
+      }
+      n_cur = im.compact_rows(keep);
+      for (int64_t c0 = 0; c0 < n_cur; c0 += Impl::kChunk) {
+        const int64_t cn = std::min(Impl::kChunk, n_cur - c0);
+        im.attention_chunk(p, w, c0, cn, Impl::AttnPart::kNoCompressor);
+        for (int64_t t = c0; t < c0 + cn; ++t) im.mhc_ffn_input(w, t);
+      }
+    }
+    im.stats.macs += 2 * tc.hc_mix() * HC * D * n_cur;
+    im.moe(p, w, n_cur);  // x -> y for every row, grouped by expert
+    for (int64_t t = 0; t < n_cur; ++t) im.mhc_ffn_output(t);
   }
-  if (im.opt.dspark) im.dspark_rows(n);
+  if (im.opt.dspark) im.dspark_rows(n_cur);
   // Head: the rows the slices want, up to kChunk at a time through the batch kernel.
   const int64_t V = tc.vocab_size;
   std::size_t nwant = 0;
@@ -917,7 +1010,12 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   for (std::size_t si = 0; si < batch.slices.size(); ++si) {
     const SeqSlice& sl = batch.slices[si];
     for (std::size_t r = 0; r < sl.logits_rows.size(); ++r) {
-      const int64_t t = t0 + sl.logits_rows[r];
+      const int64_t t = im.replay_index[std::size_t(t0 + sl.logits_rows[r])];
+      if (t < 0) {  // a row the decoder did not run on (replay): no logits
+        std::fill_n(out->slices[si].logits.data() + r * std::size_t(V), V,
+                    std::numeric_limits<float>::quiet_NaN());
+        continue;
+      }
       kk.hc_collapse_rmsnorm(im.hs.data() + t * HC * D, im.pre.data() + t * HC, HC, D,
                              im.norm.data(), eps, im.gx.data() + pending * D);
       want_slice[pending] = si;

@@ -50,6 +50,13 @@ struct FastOptions {
   // The parts meet through comm->allreduce_sum of per-group and per-slot outputs in which every
   // element comes from exactly one rank: the sums are exact and every rank continues with the
   // bits one process would have (the same kernels on the same rows, the same summation order).
+  // Decoder replay (spec §10.3, docs/decoder_replay.md; an approximation): in a slice longer than
+  // sliding_window + replay_margin tokens, the layers before the split layer (the first ratio-1
+  // layer) and the split layer's compressor and index keys run on every token; the split layer's
+  // attention and FFN and every later layer run only on the slice's last window + margin tokens,
+  // their windows floored at the first of them. Logits of the other rows are not computed (NaN).
+  bool decoder_replay = false;
+  int64_t replay_margin = 12;
   Collective* comm = nullptr;
   int tp_parts = 1, tp_part = 0;
   int ep_parts = 1, ep_part = 0;
@@ -74,6 +81,8 @@ struct FastStats {
   // not counted: only hashed rows are read), the collectives it took part in and their payload.
   int64_t share_weight_bytes = 0;
   int64_t collectives = 0, collective_bytes = 0;
+  int64_t replayed_slices = 0;  // slices that ran the decoder on their last window + margin only
+  int64_t replay_skipped_rows = 0;  // token rows the decoder layers did not run on
   double collective_seconds = 0;
 };
 
@@ -118,6 +127,11 @@ class FastModel final : public ModelRunner {
   // the steps that follow does not depend on the values; their logits mean nothing. Refuses a
   // non-empty sequence and a pool too small, like a step.
   Status fill_random_context(SeqId seq, int64_t length, uint64_t seed);
+  // Decoder replay on or off from the next step (bench prefill's A/B); refuses on a config without
+  // a split layer (a ratio-1 layer after which no layer owns compressed KV).
+  Status set_decoder_replay(bool on);
+  // The split layer (-1: the config has none).
+  int replay_split_layer() const;
 
  private:
   FastModel();

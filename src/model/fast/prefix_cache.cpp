@@ -55,6 +55,7 @@ void FastModel::Impl::register_prefix(fast::SeqState& s) {
       e.parent = parent;
       e.tokens.assign(s.tokens.begin() + k * G, s.tokens.begin() + end);
       e.glob = s.glob[std::size_t(k)];
+      e.dec_floor = s.dec_floor;
       e.first_win = std::max<int64_t>(0, end - L.window) / L.window_tokens;
       for (int64_t i = e.first_win; i < end / L.window_tokens; ++i) {
         if (!s.win[std::size_t(i)].valid()) {  // a step releases old window blocks only after this
@@ -149,6 +150,9 @@ int64_t FastModel::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& t
   for (int64_t p = 0; p < P; ++p)
     s.history[std::size_t(p)] = im.cmap[std::size_t(tokens[std::size_t(p)])];
   s.len = s.shared_len = P;
+  // Decoder replay: the attached window rows of the decoder layers are valid from the writer's
+  // floor on (none below P if the writer's floor lies past it).
+  s.dec_floor = std::min(last.dec_floor, P);
   s.chain = std::move(chain);
   for (const fast::PrefixEntry* e : hit) {
     im.kv->share(e->glob);
