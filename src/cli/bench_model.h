@@ -36,6 +36,8 @@ struct BenchArgs {
   int64_t spec_tokens = 48;         // ... tokens each request generates
   int64_t spec_width = 0;           // ... drafts verified per step (0: the engine's cost model)
   int64_t spec_repeats = 3;         // ... repetitions of the three modes, alternating
+  std::string decoder_replay = "off";  // bench prefill: off | on | ab (both, alternating)
+  int64_t chunk = 0;                    // bench prefill: tokens per step (0: the whole prompt)
   int tp = 0, ep = 0;               // under mpirun: the split (parallel/)
   double rank_timeout_s = 60;
 };
