@@ -32,13 +32,13 @@ struct BenchArgs {
   double kv_cache_gb = 0;
   std::string act_quant = "off";
   std::size_t probe_mb = 1024;
-  std::string speculative = "off";  // bench decode: on = the DSpark A/B (cli/cmd_bench_spec.cpp)
-  int64_t spec_tokens = 48;         // ... tokens each request generates
-  int64_t spec_width = 0;           // ... drafts verified per step (0: the engine's cost model)
-  int64_t spec_repeats = 3;         // ... repetitions of the three modes, alternating
+  std::string speculative = "off";     // bench decode: on = the DSpark A/B (cli/cmd_bench_spec.cpp)
+  int64_t spec_tokens = 48;            // ... tokens each request generates
+  int64_t spec_width = 0;              // ... drafts verified per step (0: the engine's cost model)
+  int64_t spec_repeats = 3;            // ... repetitions of the three modes, alternating
   std::string decoder_replay = "off";  // bench prefill: off | on | ab (both, alternating)
-  int64_t chunk = 0;                    // bench prefill: tokens per step (0: the whole prompt)
-  int tp = 0, ep = 0;               // under mpirun: the split (parallel/)
+  int64_t chunk = 0;                   // bench prefill: tokens per step (0: the whole prompt)
+  int tp = 0, ep = 0;                  // under mpirun: the split (parallel/)
   double rank_timeout_s = 60;
 };
 
@@ -48,6 +48,9 @@ struct BenchModel {
   std::unique_ptr<ModelRunner> runner;
   FastModel* local = nullptr;            // this process's model (stats, isa, pool)
   parallel::LeadRunner* lead = nullptr;  // nullptr: one process
+  Status set_decoder_replay(bool on) {
+    return lead ? lead->set_decoder_replay(on) : local->set_decoder_replay(on);
+  }
   Status fill_random_context(SeqId seq, int64_t length, uint64_t seed) {
     return lead ? lead->fill_random_context(seq, length, seed)
                 : local->fill_random_context(seq, length, seed);

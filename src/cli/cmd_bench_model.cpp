@@ -261,7 +261,7 @@ int run_bench_prefill(const BenchArgs& a) {
     for (bool replay : modes) {
       log::info("bench prefill: {} tokens in chunks of {}, decoder replay {} ...", len, chunk,
                 replay ? "on" : "off");
-      if (Status st = m->local->set_decoder_replay(replay); !st.is_ok()) {
+      if (Status st = m->set_decoder_replay(replay); !st.is_ok()) {
         log::error("bench prefill: {}", st.message());
         return kExitInvalid;
       }

@@ -101,6 +101,12 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
                   "only while a request's measured acceptance pays for it | off")
       ->check(CLI::IsMember({"dspark", "off"}))
       ->capture_default_str();
+  sub->add_option("--decoder-replay", a->decoder_replay,
+                  "fast path: on = decoder replay (spec §10.3, an approximation; "
+                  "docs/decoder_replay.md): a prompt chunk longer than the window + 12 tokens runs "
+                  "the decoder layers only on its last window + 12 tokens | off (the full stack)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   add_split_options(sub, &a->tp, &a->ep, &a->rank_timeout_s);
 }
 
@@ -146,6 +152,7 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   eo->fast.act_quant = a.act_quant == "on";
   eo->fast.isolation = a.isolation;
   eo->fast.prefix_cache = a.prefix_cache == "on";
+  eo->fast.decoder_replay = a.decoder_replay == "on";
   eo->fast.tp = a.tp;
   eo->fast.ep = a.ep;
   eo->fast.rank_timeout_s = a.rank_timeout_s;

@@ -15,6 +15,7 @@ namespace dsv41::cli {
 struct PathArgs {
   std::string path = "fast", converted, act_quant = "off", isolation = "count", prefix_cache = "on";
   std::string speculative = "off";
+  std::string decoder_replay = "off";
   int threads = 0;
   double kv_cache_gb = 0;
   int tp = 0, ep = 0;  // under mpirun (parallel/): 0 = the default split

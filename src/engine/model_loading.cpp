@@ -24,6 +24,7 @@ Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& convert
   fo.warm = o.warm;
   fo.prefix_cache = o.prefix_cache;
   fo.dspark = o.dspark;
+  fo.decoder_replay = o.decoder_replay;
   fo.isolation = o.isolation == "mask"  ? IsolationMode::kMask
                  : o.isolation == "off" ? IsolationMode::kOff
                                         : IsolationMode::kCount;

@@ -28,6 +28,7 @@ enum class Op : uint32_t {
   kAttach,
   kFill,
   kReport,
+  kReplay,
   kStop
 };
 
@@ -177,6 +178,9 @@ bool apply_command(Follower& f) {
     }
     case Op::kReport:
       (void)World::get().allgather(report_bytes(own_report(m, World::get().rank())));
+      return true;
+    case Op::kReplay:
+      (void)m.set_decoder_replay(r.get<uint8_t>() != 0);
       return true;
     case Op::kStop:
       return false;
@@ -337,6 +341,12 @@ int64_t LeadRunner::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& 
   return guarded([&] { return local_->attach_cached_prefix(seq, tokens, salt); }, int64_t(0));
 }
 
+Status LeadRunner::set_decoder_replay(bool on) {
+  command(&cmd_, Op::kReplay).put<uint8_t>(on ? 1 : 0);
+  if (!send()) return health();
+  return guarded([&] { return local_->set_decoder_replay(on); }, health_error());
+}
+
 Status LeadRunner::fill_random_context(SeqId seq, int64_t length, uint64_t seed) {
   Writer w = command(&cmd_, Op::kFill);
   w.put<uint64_t>(seq);
@@ -409,8 +419,9 @@ Result<std::unique_ptr<ModelRunner>> load_split(const std::string& dir, FastOpti
       std::string("dsv41 ") + DSV41_VERSION + " | manifest " +
       (manifest ? manifest->substr(0, 16) : std::string("missing")) + " | tp " +
       std::to_string(split.tp) + " ep " + std::to_string(split.ep) + " dspark " +
-      std::to_string(opt.dspark) + " act_quant " + std::to_string(opt.act_quant) + " int16 " +
-      std::to_string(opt.mxfp4_int16) + " keys " + std::to_string(int(opt.index_keys)) +
+      std::to_string(opt.dspark) + " replay " + std::to_string(opt.decoder_replay) + "/" +
+      std::to_string(opt.replay_margin) + " act_quant " + std::to_string(opt.act_quant) +
+      " int16 " + std::to_string(opt.mxfp4_int16) + " keys " + std::to_string(int(opt.index_keys)) +
       " prefix " + std::to_string(opt.prefix_cache) + " isolation " +
       std::to_string(int(opt.isolation)) + " rollback " + std::to_string(opt.max_rollback);
   constexpr std::size_t kPrint = 384;

@@ -43,6 +43,14 @@ for m in a b; do
   echo "ok: logits of preset $m identical under tp 2, ep 2 and both"
 done
 
+# --- decoder replay split: the same bytes as one process with replay (chunks of 37 > 8 + 12).
+"$BIN" logits --model "$T/a.conv" --tokens-file "$T/toks" --out "$T/rep.solo.f32" --path fast \
+  --threads 1 --mode chunked:37 --decoder-replay on >/dev/null 2>&1
+"${MPI[@]}" "$BIN" logits --model "$T/a.conv" --tokens-file "$T/toks" --path fast --threads 1 \
+  --out "$T/rep.split.f32" --tp 2 --ep 2 --mode chunked:37 --decoder-replay on >/dev/null 2>&1
+cmp "$T/rep.solo.f32" "$T/rep.split.f32" || fail "decoder replay differs split"
+echo "ok: decoder replay identical split"
+
 # --- generate: seeded sampling gives the same text in one process and split.
 "$BIN" generate --model "$T/a.conv" --prompt "hello there" --max-tokens 40 --temperature 0.8 \
   --seed 7 --threads 1 >"$T/gen1" 2>/dev/null
