@@ -42,6 +42,11 @@ class RequestChannel {
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
 
   // Producer side: merge into the pending output and wake the consumer.
+  void publish_prompt(std::vector<PromptLogprob>&& entries) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& e : entries) pending_.prompt_logprobs.push_back(std::move(e));
+    cv_.notify_all();
+  }
   void publish(OutputToken* token, const std::string& text) {
     std::lock_guard<std::mutex> lock(mu_);
     if (token) pending_.tokens.push_back(std::move(*token));
@@ -260,6 +265,7 @@ struct Engine::Active {
   std::unique_ptr<StreamDecoder> decoder;
   std::unique_ptr<SpecTracker> spec;  // speculative decoding on
   int64_t prompt_len = 0, generated = 0;
+  int64_t prompt_lp_next = 1;  // prompt_logprobs: the next prompt position to publish
   bool prompt_counted = false;
   bool failed = false;  // finished with an error; dropped at the next sweep
 };
@@ -374,7 +380,10 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     Active& a = *by_id.at(s.id);
     if (Status st = backend_->open(s.id); !st) return;  // opened at slice time, failing there
     s.open = true;
-    s.computed = backend_->attach_cached_prefix(s.id, a.tokens, a.ch->request().cache_salt);
+    // prompt_logprobs needs every prompt row computed: no cached prefix.
+    s.computed = a.ch->request().sampling.prompt_logprobs >= 0
+                     ? 0
+                     : backend_->attach_cached_prefix(s.id, a.tokens, a.ch->request().cache_salt);
     if (!a.ch->cached_known()) {  // the first admission's hit (a preempted one re-attaches its own)
       a.ch->set_cached(std::min(s.computed, a.prompt_len));
       a.ch->mark_cached_known();
@@ -430,7 +439,17 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     sl.first_pos = a.sched.computed;
     sl.tokens.assign(a.tokens.begin() + a.sched.computed,
                      a.tokens.begin() + a.sched.computed + sc.tokens);
-    if (a.sched.computed + sc.tokens == a.sched.known)
+    // prompt_logprobs: a row for every prompt position whose next token is still unpublished,
+    // on the full stack (decoder replay would leave them without logits).
+    if (a.ch->request().sampling.prompt_logprobs >= 0 && a.sched.computed < a.prompt_len) {
+      for (int64_t r = 0; r < sc.tokens; ++r) {
+        const int64_t p = a.sched.computed + r;
+        if (p + 1 < a.prompt_len && p + 1 >= a.prompt_lp_next) sl.logits_rows.push_back(int32_t(r));
+      }
+      sl.full_stack = true;
+    }
+    if (a.sched.computed + sc.tokens == a.sched.known &&
+        (sl.logits_rows.empty() || sl.logits_rows.back() != int32_t(sc.tokens) - 1))
       sl.logits_rows.push_back(int32_t(sc.tokens) - 1);
     for (std::size_t j = 0; j < drafts[pi].size(); ++j) {  // a verify step: a row per token
       sl.tokens.push_back(drafts[pi][j]);
@@ -476,13 +495,25 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
       emitted += a.generated - before;
       continue;
     }
-    a.sched.computed += int64_t(batch.slices[k].tokens.size());
-    if (batch.slices[k].logits_rows.empty()) continue;
+    const SeqSlice& sl = batch.slices[k];
+    const int64_t first = a.sched.computed, ntok = int64_t(sl.tokens.size());
+    a.sched.computed += ntok;
+    if (sl.logits_rows.empty()) continue;
+    const int prompt_top = a.ch->request().sampling.prompt_logprobs;
+    if (prompt_top >= 0) publish_prompt_logprobs(a, sl, first, out.slices[k].logits, prompt_top);
+    if (sl.logits_rows.back() != int32_t(ntok) - 1 || a.sched.computed != a.sched.known) continue;
     if (!a.prompt_counted) {
       prompt_tokens_total_.fetch_add(a.prompt_len);
       a.prompt_counted = true;
     }
-    if (advance(a, out.slices[k].logits)) finished.push_back(a.sched.id);
+    const std::size_t V = std::size_t(vocab_size_);
+    if (sl.logits_rows.size() == 1) {
+      if (advance(a, out.slices[k].logits)) finished.push_back(a.sched.id);
+    } else {  // the last row samples
+      const std::vector<float> last(out.slices[k].logits.end() - std::ptrdiff_t(V),
+                                    out.slices[k].logits.end());
+      if (advance(a, last)) finished.push_back(a.sched.id);
+    }
     emitted += a.generated - before;
   }
   if (decodes_only) {
@@ -504,6 +535,31 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
         drop(active, i);
         break;
       }
+}
+
+void Engine::publish_prompt_logprobs(Active& a, const SeqSlice& sl, int64_t first,
+                                     const std::vector<float>& logits, int top) {
+  const std::size_t V = std::size_t(vocab_size_);
+  std::vector<PromptLogprob> entries;
+  std::vector<float> row(V);
+  for (std::size_t r = 0; r < sl.logits_rows.size(); ++r) {
+    const int64_t next = first + sl.logits_rows[r] + 1;  // the prompt position this row predicts
+    if (next >= a.prompt_len || next < a.prompt_lp_next) continue;
+    std::copy_n(logits.begin() + std::ptrdiff_t(r * V), V, row.begin());
+    PromptLogprob e;
+    e.token = a.tokens[std::size_t(next)];
+    e.logprob = token_logprob(row, e.token);
+    const float lt = row[std::size_t(e.token)];
+    int32_t rank =
+        1;  // 1 + the tokens strictly more likely (ties: lower id first, as top_logprobs)
+    for (std::size_t v = 0; v < V; ++v)
+      rank += row[v] > lt || (row[v] == lt && int32_t(v) < e.token);
+    e.rank = rank;
+    e.top = top_logprobs(row, top);
+    entries.push_back(std::move(e));
+    a.prompt_lp_next = next + 1;
+  }
+  if (!entries.empty()) a.ch->publish_prompt(std::move(entries));
 }
 
 bool Engine::advance(Active& a, const std::vector<float>& logits) {

@@ -43,6 +43,15 @@ struct OutputToken {
   std::vector<TokenLogprob> top;  // sampling.logprobs most likely tokens
 };
 
+// A prompt token's logprob (prompt_logprobs): its distribution is the logits row of the position
+// before it; rank 1 = the most likely token (vLLM's Logprob).
+struct PromptLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  int32_t rank = 0;
+  std::vector<TokenLogprob> top;  // the prompt_logprobs most likely tokens, ranks 1..k
+};
+
 // What a request produced since the caller last looked.
 struct RequestOutput {
   std::vector<OutputToken> tokens;
@@ -54,6 +63,9 @@ struct RequestOutput {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_prompt_tokens = 0;  // of the prompt, taken from the prefix cache (not computed)
+  // prompt_logprobs: entries for prompt positions 1, 2, ... in order (position 0 has none), as the
+  // prompt's chunks are computed.
+  std::vector<PromptLogprob> prompt_logprobs;
 };
 
 class RequestChannel;  // engine-side state shared with a RequestHandle
@@ -166,6 +178,9 @@ class Engine {
   void run_step(std::vector<std::unique_ptr<Active>>& active);
   // After a step gave a sequence its next-token logits: sample, publish, maybe finish.
   bool advance(Active& a, const std::vector<float>& logits);
+  // prompt_logprobs: the entries of a prefill slice's rows (first: the slice's first position).
+  void publish_prompt_logprobs(Active& a, const SeqSlice& sl, int64_t first,
+                               const std::vector<float>& logits, int top);
   // Publishes `tok` (drawn from `logits`) as the sequence's next token; true when that finished it.
   bool emit(Active& a, int32_t tok, const std::vector<float>& logits);
   // Speculation: the drafts each planned decode verifies this step (empty: none), drafted now.

@@ -37,6 +37,9 @@ Status validate_sampling(const SamplingParams& p, int32_t vocab_size) {
   if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs)
     return Status::error(
         fmt::format("logprobs: {} is outside [0, {}]", p.logprobs, kMaxTopLogprobs));
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > kMaxTopLogprobs)
+    return Status::error(
+        fmt::format("prompt_logprobs: {} is outside [0, {}]", p.prompt_logprobs, kMaxTopLogprobs));
   if (p.max_tokens < 1)
     return Status::error(fmt::format("max_tokens: {} must be at least 1", p.max_tokens));
   for (int32_t id : p.stop_token_ids)

@@ -32,6 +32,9 @@ struct SamplingParams {
   double frequency_penalty = 0.0;                     // [-2, 2]
   std::vector<std::pair<int32_t, float>> logit_bias;  // [-100, 100] each
   int logprobs = -1;  // -1: none; 0..kMaxTopLogprobs: the chosen token's logprob + that many top
+  // vLLM's prompt_logprobs: -1 none; 0..kMaxTopLogprobs: each prompt token's logprob (from the
+  // row before it) + that many top. Such a request runs the full stack and takes no cached prefix.
+  int prompt_logprobs = -1;
   int max_tokens = 16;
   std::vector<std::string> stop;        // stop strings (matched on decoded text)
   std::vector<int32_t> stop_token_ids;  // in addition to EOS

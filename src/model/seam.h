@@ -32,6 +32,9 @@ struct SeqSlice {
   std::vector<int32_t> tokens;
   std::vector<int32_t> logits_rows;  // ascending slice-relative rows
   std::vector<int32_t> taps;         // ascending backbone layer indices
+  // Every layer on every token even when the path's decoder replay is on (a request that wants
+  // the logits of every prompt token: prompt_logprobs).
+  bool full_stack = false;
 };
 
 struct StepBatch {

@@ -100,6 +100,7 @@ void decode_step(Reader* r, StepBatch* b) {
     r->ints(&s.tokens);
     r->ints(&s.logits_rows);
     r->ints(&s.taps);
+    s.full_stack = r->get<uint8_t>() != 0;
     s.logits_rows.clear();
     s.taps.clear();
   }
@@ -313,6 +314,7 @@ Status LeadRunner::step(const StepBatch& batch, StepOutput* out) {
     w.ints(sl.tokens);
     w.ints(sl.logits_rows);
     w.ints(sl.taps);
+    w.put<uint8_t>(sl.full_stack ? 1 : 0);
   }
   if (!send()) return health();
   Status st = guarded([&] { return local_->step(batch, out); }, health_error());

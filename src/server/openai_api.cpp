@@ -59,6 +59,11 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
   if (best_of != n)
     return bad("best_of", "only best_of equal to n is supported (every sample is returned)");
   if (!f.boolean("stream", job.stream)) return f.err;
+  int64_t prompt_lp = -1;  // vLLM's field: each prompt token's logprob + that many top ones
+  if (!f.integer("prompt_logprobs", 0, kMaxTopLogprobs, prompt_lp)) return f.err;
+  if (prompt_lp >= 0 && job.stream)
+    return bad("prompt_logprobs", "is not supported with stream=true (ask without streaming)");
+  s.prompt_logprobs = static_cast<int>(prompt_lp);
   if (const OJson* so = f.get("stream_options")) {
     if (!job.stream) return bad("stream_options", "only allowed when stream is true");
     if (!so->is_object()) return bad("stream_options", "must be an object");
@@ -300,6 +305,29 @@ OJson ResponseBuilder::logprobs_json(const std::vector<OutputToken>& tokens) {
   return lp;
 }
 
+// vLLM's PromptLogprobs: null for the first prompt token, then per token {"id": {logprob, rank,
+// decoded_token}} with the prompt token and the top ones (ranks 1..k).
+OJson ResponseBuilder::prompt_logprobs_json() const {
+  auto entry = [&](int32_t id, float lp, int32_t rank) {
+    OJson e = OJson::object();
+    e["logprob"] = lp;
+    e["rank"] = rank;
+    e["decoded_token"] = utf8_lossy(tok_.token_bytes(id));
+    return e;
+  };
+  OJson list = OJson::array();
+  list.push_back(nullptr);
+  for (const PromptLogprob& p : prompt_lp_) {
+    OJson m = OJson::object();
+    m[std::to_string(p.token)] = entry(p.token, p.logprob, p.rank);
+    for (std::size_t i = 0; i < p.top.size(); ++i)
+      if (p.top[i].token != p.token)
+        m[std::to_string(p.top[i].token)] = entry(p.top[i].token, p.top[i].logprob, int32_t(i + 1));
+    list.push_back(std::move(m));
+  }
+  return list;
+}
+
 OJson ResponseBuilder::usage_json(int64_t completion_tokens) const {
   OJson u = OJson::object();
   u["prompt_tokens"] = prompt_tokens_;
@@ -419,6 +447,7 @@ void ResponseBuilder::add(const RequestOutput& out) {
   std::vector<AssistantEvent> events;
   absorb(out, events);
   tokens_.insert(tokens_.end(), out.tokens.begin(), out.tokens.end());
+  prompt_lp_.insert(prompt_lp_.end(), out.prompt_logprobs.begin(), out.prompt_logprobs.end());
   if (!job_.chat) text_ += out.text;
   for (auto& e : events) {
     if (e.kind == AssistantEvent::Kind::kReasoning) reasoning_ += e.text;
@@ -453,6 +482,8 @@ OJson ResponseBuilder::choice_json() {
   }
   choice["logprobs"] = job_.want_logprobs ? logprobs_json(tokens_) : OJson(nullptr);
   choice["finish_reason"] = finish_reason();
+  if (!job_.chat && job_.request.sampling.prompt_logprobs >= 0)
+    choice["prompt_logprobs"] = prompt_logprobs_json();
   return choice;
 }
 
@@ -475,6 +506,8 @@ std::string build_response(const std::vector<ResponseBuilder*>& choices) {
   }
   r["choices"] = std::move(list);
   r["usage"] = first.usage_json(completion);  // the prompt counted once, as OpenAI does
+  if (first.job_.chat && first.job_.request.sampling.prompt_logprobs >= 0)
+    r["prompt_logprobs"] = choices.front()->prompt_logprobs_json();  // vLLM: top level for chat
   return dump_safe(r);
 }
 

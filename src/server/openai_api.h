@@ -78,6 +78,7 @@ class ResponseBuilder {
 
  private:
   OJson logprobs_json(const std::vector<OutputToken>& tokens);
+  OJson prompt_logprobs_json() const;
   friend std::string build_response(const std::vector<ResponseBuilder*>& choices);
   OJson choice_json();
   OJson usage_json(int64_t completion_tokens) const;
@@ -96,6 +97,7 @@ class ResponseBuilder {
   std::vector<DsmlToolCall> calls_;
   OJson logprobs_ = OJson::array();  // chat: content entries; completions: built at the end
   std::vector<OutputToken> tokens_;
+  std::vector<PromptLogprob> prompt_lp_;  // prompt_logprobs, as the engine published them
   int64_t text_offset_ = 0;
   std::vector<int64_t> offsets_;
   bool finished_ = false;

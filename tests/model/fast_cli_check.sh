@@ -124,4 +124,47 @@ assert q["rows_compared"] == 199, q
 assert q["full"]["mean_abs_dlogprob"] < 0.05 and q["full"]["argmax_off"] < 0.1, q
 assert q["replay"]["mean_abs_dlogprob"] < 0.5 and q["replay"]["argmax_off"] < 0.5, q
 PY
+# prompt_logprobs (vLLM's field) through serve with decoder replay on and prompt chunks of 32
+# (> window + margin: replay would skip rows): every prompt token's logprob equals the logits
+# file's (full stack, no cached prefix), top entries ranked; chat has it at the top level; with
+# stream it is refused naming the field.
+python3 -c "import random; random.seed(4); print(','.join(str(random.randrange(0, 300)) for _ in range(60)))" >"$T/p60"
+"$BIN" logits --model "$T/m" --tokens-file "$T/p60" --out "$T/p60.f32" --path fast >/dev/null 2>&1
+"$BIN" serve --model "$T/m" --port 0 --decoder-replay on --max-num-batched-tokens 32 \
+  >"$T/plp.log" 2>&1 &
+SPID=$!
+for _ in $(seq 100); do grep -q "listening on" "$T/plp.log" && break; sleep 0.1; done
+PORT=$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$T/plp.log")
+python3 - "$PORT" "$T/p60" "$T/p60.f32" <<'PY'
+import json, math, struct, sys, urllib.request, urllib.error
+port, toks = int(sys.argv[1]), [int(x) for x in open(sys.argv[2]).read().split(",")]
+def post(path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        return 200, json.load(urllib.request.urlopen(req))
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+st, r = post("/v1/completions", {"model": "m", "prompt": toks, "max_tokens": 2, "prompt_logprobs": 3})
+assert st == 200, r
+pl = r["choices"][0]["prompt_logprobs"]
+assert pl[0] is None and len(pl) == len(toks), len(pl)
+data = open(sys.argv[3], "rb").read(); V = len(data) // 4 // len(toks)
+for p in range(1, len(toks)):
+    row = struct.unpack_from(f"<{V}f", data, 4 * (p - 1) * V)
+    m = max(row); lz = m + math.log(sum(math.exp(v - m) for v in row))
+    e = pl[p][str(toks[p])]
+    assert abs(e["logprob"] - (row[toks[p]] - lz)) < 1e-4, (p, e)
+    assert e["rank"] == 1 + sum(v > row[toks[p]] for v in row), (p, e)
+    ranks = sorted(x["rank"] for k, x in pl[p].items() if k != str(toks[p]))
+    assert ranks == [i for i in (1, 2, 3) if i != e["rank"]][:len(ranks)] and len(pl[p]) >= 3, pl[p]
+st, c = post("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                      "max_tokens": 2, "prompt_logprobs": 0})
+assert st == 200 and c["prompt_logprobs"][0] is None and len(c["prompt_logprobs"]) == c["usage"]["prompt_tokens"], c
+st, e = post("/v1/completions", {"model": "m", "prompt": toks, "max_tokens": 2, "prompt_logprobs": 1,
+                                 "stream": True})
+assert st == 400 and e["error"]["param"] == "prompt_logprobs", e
+print("ok: prompt_logprobs match the logits file (decoder replay on, full stack)")
+PY
+kill $SPID; wait $SPID || true
 echo ok

@@ -919,7 +919,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     int64_t t0r = 0;
     for (const auto& sl : batch.slices) {
       const int64_t len = int64_t(sl.tokens.size());
-      if (len > replay_len) {
+      if (len > replay_len && !sl.full_stack) {
         std::fill_n(keep.begin() + t0r, len - replay_len, uint8_t(0));
         replay_step = true;
       }
@@ -973,7 +973,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
       // floored at its first kept row.
       for (const auto& sl : batch.slices) {
         const int64_t len = int64_t(sl.tokens.size());
-        if (len > replay_len) {
+        if (len > replay_len && !sl.full_stack) {
           im.seqs.at(sl.seq)->dec_floor = sl.first_pos + len - replay_len;
           ++im.stats.replayed_slices;
           im.stats.replay_skipped_rows += len - replay_len;
