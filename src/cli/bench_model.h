@@ -37,8 +37,9 @@ struct BenchArgs {
   int64_t spec_width = 0;              // ... drafts verified per step (0: the engine's cost model)
   int64_t spec_repeats = 3;            // ... repetitions of the three modes, alternating
   std::string decoder_replay = "off";  // bench prefill: off | on | ab (both, alternating)
-  int64_t chunk = 0;                   // bench prefill: tokens per step (0: the whole prompt)
-  int tp = 0, ep = 0;                  // under mpirun: the split (parallel/)
+  std::string prefill_attention = "on";  // bench prefill: off | on | ab
+  int64_t chunk = 0;                     // bench prefill: tokens per step (0: the whole prompt)
+  int tp = 0, ep = 0;                    // under mpirun: the split (parallel/)
   double rank_timeout_s = 60;
 };
 
@@ -48,6 +49,12 @@ struct BenchModel {
   std::unique_ptr<ModelRunner> runner;
   FastModel* local = nullptr;            // this process's model (stats, isa, pool)
   parallel::LeadRunner* lead = nullptr;  // nullptr: one process
+  void set_prefill_attention(bool on) {
+    if (lead)
+      lead->set_prefill_attention(on);
+    else
+      local->set_prefill_attention(on);
+  }
   Status set_decoder_replay(bool on) {
     return lead ? lead->set_decoder_replay(on) : local->set_decoder_replay(on);
   }

@@ -249,18 +249,27 @@ int run_bench_prefill(const BenchArgs& a) {
   Rng rng(2);
   log::info("bench prefill: measuring the FP8 GEMM peak ...");
   const double peak = fp8_gemm_peak_gflops(a.threads);
-  std::vector<bool> modes;  // decoder replay per measurement
-  if (a.decoder_replay != "on") modes.push_back(false);
-  if (a.decoder_replay != "off") modes.push_back(true);
+  // The switches' combinations, each measured on the same prompt (first: everything off).
+  std::vector<std::pair<bool, bool>> modes;  // (decoder replay, prefill attention)
+  for (bool rep : {false, true})
+    for (bool pa : {false, true})
+      if ((a.decoder_replay == "ab" || (a.decoder_replay == "on") == rep) &&
+          (a.prefill_attention == "ab" || (a.prefill_attention == "on") == pa))
+        modes.emplace_back(rep, pa);
+  auto label = [](std::pair<bool, bool> md) {
+    return std::string(md.first ? "replay_on" : "replay_off") +
+           (md.second ? "+prefill_attention_on" : "+prefill_attention_off");
+  };
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   for (int64_t len : *lengths) {
     if (len < 1) continue;
     const std::vector<int32_t> prompt = random_tokens(rng, m->runner->vocab_size(), len);
     const int64_t chunk = a.chunk > 0 ? std::min(a.chunk, len) : len;
     nlohmann::ordered_json by_mode = nlohmann::ordered_json::object();
-    for (bool replay : modes) {
-      log::info("bench prefill: {} tokens in chunks of {}, decoder replay {} ...", len, chunk,
-                replay ? "on" : "off");
+    for (const auto& mode : modes) {
+      const bool replay = mode.first;
+      log::info("bench prefill: {} tokens in chunks of {}, {} ...", len, chunk, label(mode));
+      m->set_prefill_attention(mode.second);
       if (Status st = m->set_decoder_replay(replay); !st.is_ok()) {
         log::error("bench prefill: {}", st.message());
         return kExitInvalid;
@@ -294,7 +303,7 @@ int run_bench_prefill(const BenchArgs& a) {
       }
       const double gflops = 2.0 * double(local.stats().macs - s0.macs) / t / 1e9;
       const int64_t chunks = (len + chunk - 1) / chunk;
-      by_mode[replay ? "replay_on" : "replay_off"] = {
+      by_mode[label(mode)] = {
           {"tok_s", double(len) / t},
           {"ttft_ms", t * 1e3},
           {"ms_per_chunk", t * 1e3 / double(chunks)},
@@ -308,9 +317,18 @@ int run_bench_prefill(const BenchArgs& a) {
     // The first mode's figures at the top level (the keys checks read), each mode under its name.
     for (const auto& [k, v] : by_mode.begin().value().items()) pt[k] = v;
     pt["modes"] = by_mode;
-    if (by_mode.contains("replay_on") && by_mode.contains("replay_off"))
-      pt["replay_speedup_per_chunk"] = by_mode["replay_off"]["ms_per_chunk"].get<double>() /
-                                       by_mode["replay_on"]["ms_per_chunk"].get<double>();
+    // Each switch's ratio with the other switch as in the first mode, and everything on against
+    // everything off.
+    auto ratio = [&](std::pair<bool, bool> off, std::pair<bool, bool> on) -> double {
+      if (!by_mode.contains(label(off)) || !by_mode.contains(label(on))) return 0;
+      return by_mode[label(off)]["ms_per_chunk"].get<double>() /
+             by_mode[label(on)]["ms_per_chunk"].get<double>();
+    };
+    const bool pa0 = modes.front().second, rep0 = modes.front().first;
+    if (double r = ratio({false, pa0}, {true, pa0}); r > 0) pt["replay_speedup_per_chunk"] = r;
+    if (double r = ratio({rep0, false}, {rep0, true}); r > 0)
+      pt["prefill_attention_speedup_per_chunk"] = r;
+    if (double r = ratio({false, false}, {true, true}); r > 0) pt["all_on_speedup"] = r;
     points.push_back(pt);
   }
   nlohmann::ordered_json j = {{"bench", "prefill"},     {"model", a.model},
@@ -389,6 +407,13 @@ void add_bench_model(CLI::App* bench, Runner* run) {
   pre->add_option("--decoder-replay", p->decoder_replay,
                   "off | on | ab: each length with decoder replay off and on in the same run "
                   "(ratio replay_speedup_per_chunk)")
+      ->check(CLI::IsMember({"off", "on", "ab"}))
+      ->capture_default_str();
+  pre->add_option(
+         "--prefill-attention", p->prefill_attention,
+         "off | on | ab: ops' banded prefill attention (same bits as the one-query "
+         "kernel) against the one-query path, in the same run "
+         "(prefill_attention_speedup_per_chunk; with --decoder-replay ab also all_on_speedup)")
       ->check(CLI::IsMember({"off", "on", "ab"}))
       ->capture_default_str();
   pre->add_option("--chunk", p->chunk,

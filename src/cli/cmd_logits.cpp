@@ -210,6 +210,11 @@ void add_logits(CLI::App& app, Runner* run) {
                   "rows in --out)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  sub->add_option("--prefill-attention", a->fast.prefill_attention,
+                  "fast path: on = a run of consecutive positions through ops' banded prefill "
+                  "attention (the same bits as off, the one-query kernel per token)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   sub->add_option("--replay-margin", a->fast.replay_margin,
                   "fast path, --decoder-replay on: tokens replayed beyond the window")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20))

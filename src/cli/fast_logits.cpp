@@ -74,6 +74,7 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
   o.index_keys = a.index_keys == "vendor" ? IndexKeySemantics::kVendor : IndexKeySemantics::kOwner;
   o.act_quant = a.act_quant == "on";
   o.decoder_replay = a.decoder_replay == "on";
+  o.prefill_attention = a.prefill_attention == "on";
   o.replay_margin = a.replay_margin;
   o.threads = a.threads;
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);

@@ -29,6 +29,7 @@ enum class Op : uint32_t {
   kFill,
   kReport,
   kReplay,
+  kPrefillAttention,
   kStop
 };
 
@@ -182,6 +183,9 @@ bool apply_command(Follower& f) {
       return true;
     case Op::kReplay:
       (void)m.set_decoder_replay(r.get<uint8_t>() != 0);
+      return true;
+    case Op::kPrefillAttention:
+      m.set_prefill_attention(r.get<uint8_t>() != 0);
       return true;
     case Op::kStop:
       return false;
@@ -341,6 +345,11 @@ int64_t LeadRunner::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& 
   w.str(salt);
   if (!send()) return 0;
   return guarded([&] { return local_->attach_cached_prefix(seq, tokens, salt); }, int64_t(0));
+}
+
+void LeadRunner::set_prefill_attention(bool on) {
+  command(&cmd_, Op::kPrefillAttention).put<uint8_t>(on ? 1 : 0);
+  if (send()) local_->set_prefill_attention(on);
 }
 
 Status LeadRunner::set_decoder_replay(bool on) {

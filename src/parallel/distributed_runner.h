@@ -77,7 +77,8 @@ class LeadRunner final : public ModelRunner {
   PrefixCacheCounts prefix_cache_counts() const override { return local_->prefix_cache_counts(); }
   Status health() const override;
   Status fill_random_context(SeqId seq, int64_t length, uint64_t seed);
-  Status set_decoder_replay(bool on);  // on every rank (FastModel::set_decoder_replay)
+  Status set_decoder_replay(bool on);   // on every rank (FastModel::set_decoder_replay)
+  void set_prefill_attention(bool on);  // on every rank (FastModel::set_prefill_attention)
   // Every rank's report, rank-major (a collective: the followers answer between steps).
   Result<std::vector<RankReport>> reports();
 

@@ -86,6 +86,14 @@ for q in j["points"]:
     assert q["on"]["verify_steps"] > 0, q
     assert q["speedup_per_stream"] > 0 and q["oracle_speedup_per_stream"] > 0, q
 PY
+# ops' banded prefill attention (the default) gives the one-query path's bytes: prefill, and
+# chunks among companions (runs of several sequences in one chunk).
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/nopa.f32" --path fast \
+  --prefill-attention off 2>/dev/null >/dev/null
+cmp "$T/solo.f32" "$T/nopa.f32"
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/nopa_mixed.f32" --path fast \
+  --companions 8 --companion-seed 5 --mode chunked:37 --prefill-attention off 2>/dev/null >/dev/null
+cmp "$T/mixed.f32" "$T/nopa_mixed.f32"
 # Decoder replay (logits --decoder-replay on): in chunks of 100 the rows before each chunk's last
 # window + margin (8 + 12) have no logits (NaN), the others are finite; it stays batch-invariant
 # among companions and reads no foreign row; a margin covering the whole chunk (no replay) gives

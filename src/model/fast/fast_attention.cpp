@@ -293,10 +293,28 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
     linear_batch(w.i_wq_b, qr.data(), n, iq.data());
     linear_batch(w.i_wproj, xt, n, tmp2.data());
   }
+  // Prefill kernel: runs of a sequence's consecutive positions through ops' banded prefill
+  // attention (the same bits as the one-query path, tested; faster because each window row is
+  // unpacked once for the run), the other tokens one by one.
+  prefill_done.assign(std::size_t(n), 0);  // capacity kept: no allocation once grown
+  // (Not in mask mode: a masked row must leave exactly the queries that read it, which the
+  // one-query path does; not with the heads split over processes: the kernel takes every head.)
+  if (prefill_attention_on && opt.isolation != IsolationMode::kMask && h0 == 0 && h1 == H) {
+    for (int64_t a = 0; a < n;) {
+      int64_t b = a + 1;
+      while (b < n && rows[std::size_t(t0 + b)].seq == rows[std::size_t(t0 + a)].seq &&
+             rows[std::size_t(t0 + b)].pos == rows[std::size_t(t0 + b - 1)].pos + 1)
+        ++b;
+      if (b - a >= 2 && prefill_run(p, w, rope, t0, a, b))
+        std::fill(prefill_done.begin() + a, prefill_done.begin() + b, uint8_t(1));
+      a = b;
+    }
+  }
   for (int64_t t = 0; t < n; ++t) {
     const fast::TokenRow& row = rows[std::size_t(t0 + t)];
     SeqState& s = *row.seq;
     const int64_t P = row.pos;
+    if (prefill_done[std::size_t(t)]) continue;
     att_rows.clear();
     att_kinds.clear();
     // (decoder replay: not below the first row the decoder layers computed)
@@ -318,6 +336,58 @@ void FastModel::Impl::attention_chunk(const LayerPlan& p, const fast::LayerW& w,
     attend_query(w, rope, P, tmp.data() + t * H * Dh);
   }
   attention_output(w, t0, n);
+}
+
+// Tokens [t0 + a, t0 + b) of one sequence at consecutive positions: each one's indexer, then all
+// of them through ops' prefill attention (banded window rows gathered contiguous, each query's
+// compressed rows), queries split over the pool, then each one's inverse RoPE. Returns false (and
+// does nothing) when a row the band needs is not readable or the window is floored inside the band
+// (decoder replay): the one-query path then handles those tokens.
+bool FastModel::Impl::prefill_run(const LayerPlan& p, const fast::LayerW& w,
+                                  const ref::Rope<float>& rope, int64_t t0, int64_t a, int64_t b) {
+  const TextConfig& tc = cfg.text;
+  const int64_t H = tc.num_attention_heads, Dh = tc.head_dim, win = tc.sliding_window;
+  const fast::TokenRow& first = rows[std::size_t(t0 + a)];
+  SeqState& s = *first.seq;
+  const int64_t P0 = first.pos, nq = b - a;
+  const int64_t wpos0 = std::max<int64_t>(0, P0 - win + 1), nwin = P0 + nq - wpos0;
+  if (window_floor(s, p.index) > wpos0) return false;
+  const int64_t rb = ops::window_row_bytes(Dh);
+  if (int64_t(pre_win.size()) < nwin * rb) pre_win.resize(std::size_t(nwin * rb));
+  for (int64_t k = 0; k < nwin; ++k) {
+    const uint8_t* r = read_window_row(s, p.index, wpos0 + k);
+    if (!r) return false;
+    std::memcpy(pre_win.data() + k * rb, r, std::size_t(rb));
+  }
+  // Each query's compressed rows (its indexer's selection), after the indexer of every query.
+  pre_comp.clear();
+  pre_cofs.assign(1, 0);
+  const int64_t nh = tc.index_n_heads, di = tc.index_head_dim;
+  for (int64_t t = a; t < b; ++t) {
+    if (p.compress_ratio > 0) {
+      if (p.has_indexer()) indexer(p, t0 + t, iq.data() + t * nh * di, tmp2.data() + t * nh);
+      const int src = source_of_layer[std::size_t(p.kv_source)];
+      for (int64_t j : sel[std::size_t(t0 + t)])
+        if (const uint8_t* rr = read_comp_row(s, src, j, false)) pre_comp.push_back(rr);
+    }
+    pre_cofs.push_back(int64_t(pre_comp.size()));
+  }
+  const float scale = float(1.0 / std::sqrt(double(Dh)));
+  if (int64_t(pre_out.size()) < nq * H * Dh) pre_out.resize(std::size_t(nq * H * Dh));
+  float* q = tmp.data() + a * H * Dh;
+  auto queries = [&](int64_t i0, int64_t i1) {
+    kern->prefill_attention(q + i0 * H * Dh, i1 - i0, H, Dh, pre_win.data(), wpos0, nwin, P0 + i0,
+                            win, pre_comp.data(), pre_cofs.data() + i0, scale, w.attn_sink,
+                            pre_out.data() + i0 * H * Dh);
+  };
+  par_rows(nq, 1, std::ref(queries));
+  std::copy_n(pre_out.data(), nq * H * Dh, q);
+  for (int64_t i = 0; i < nq; ++i) {
+    rope_table(rope, P0 + i);
+    for (int64_t hh = 0; hh < H; ++hh)
+      kern->rope(q + (i * H + hh) * Dh, Dh, rope.dim, cosb.data(), sinb.data(), true);
+  }
+  return true;
 }
 
 }  // namespace dsv41

@@ -235,6 +235,7 @@ struct FastModel::Impl {
   // whether the next steps replay.
   int replay_split = -1;
   bool replay_on = false;
+  bool prefill_attention_on = true;   // FastOptions::prefill_attention, switchable (bench A/B)
   std::vector<int64_t> replay_index;  // per row of the step: its row after compaction (-1: gone)
   std::vector<uint8_t> replay_keep;   // per row of the step: whether the decoder runs on it
   // The first position a window read of pool layer `layer` may use for sequence s.
@@ -260,6 +261,12 @@ struct FastModel::Impl {
   std::vector<float> qr, iq, kvrow, att_o, ubuf, tmp, tmp2, xq, scores, cosb, sinb, emb, ekv, lat,
       gbuf;
   std::vector<uint8_t> qpack;
+  // prefill attention (prefill_run): the band's window rows contiguous, the queries' compressed
+  // rows and their offsets, the outputs; which chunk tokens it attended
+  std::vector<uint8_t> pre_win, prefill_done;
+  std::vector<const uint8_t*> pre_comp;
+  std::vector<int64_t> pre_cofs;
+  std::vector<float> pre_out;
   std::vector<const uint8_t*> att_rows;
   std::vector<uint8_t> att_kinds;
   std::vector<int64_t> topk_out;
@@ -342,6 +349,10 @@ struct FastModel::Impl {
   // One token's compressor step from its projections kvp (and gate g for ratio > 1).
   void compressor_step(const LayerPlan& p, const fast::LayerW& w, fast::SeqState& s, int64_t pos,
                        const float* kvp, const float* g);
+  // Prefill attention of chunk tokens [t0 + a, t0 + b) (one sequence, consecutive positions)
+  // through ops::prefill_attention; false: not possible here (the caller attends them one by one).
+  bool prefill_run(const LayerPlan& p, const fast::LayerW& w, const ref::Rope<float>& rope,
+                   int64_t t0, int64_t a, int64_t b);
   // Token t's indexer from its queries qi [heads, dim] (rotated in place) and weights wts [heads].
   void indexer(const LayerPlan& p, int64_t t, float* qi, float* wts);
   void moe(const LayerPlan& p, const fast::LayerW& w, int64_t n);  // xs -> ys for tokens [0, n)

@@ -156,6 +156,7 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
     if (im.plan.layers[std::size_t(l)].compress_ratio == 1) im.replay_split = l;
   for (int l = im.replay_split + 1; im.replay_split >= 0 && l < im.plan.num_backbone; ++l)
     if (im.plan.layers[std::size_t(l)].is_kv_source()) im.replay_split = -1;
+  im.prefill_attention_on = opt.prefill_attention;
   if (opt.decoder_replay)
     DSV41_RETURN_IF_ERROR(m->set_decoder_replay(true).with_context(dir + ": "));
   const Share share{im.h0, im.h1, im.g0, im.g1, opt.ep_part, std::max(1, opt.ep_parts)};
@@ -825,6 +826,10 @@ int64_t FastModel::Impl::compact_rows(const std::vector<uint8_t>& keep) {
   }
   rows.resize(std::size_t(k));
   return k;
+}
+
+void FastModel::set_prefill_attention(bool on) {
+  impl_->prefill_attention_on = on;
 }
 
 int FastModel::replay_split_layer() const {

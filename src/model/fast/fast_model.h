@@ -55,6 +55,9 @@ struct FastOptions {
   // layer) and the split layer's compressor and index keys run on every token; the split layer's
   // attention and FFN and every later layer run only on the slice's last window + margin tokens,
   // their windows floored at the first of them. Logits of the other rows are not computed (NaN).
+  // Prefill attention through ops::prefill_attention (a run of a sequence's consecutive positions
+  // at once: each window row unpacked once for the run); the same bits as the one-query path.
+  bool prefill_attention = true;
   bool decoder_replay = false;
   int64_t replay_margin = 12;
   Collective* comm = nullptr;
@@ -130,6 +133,8 @@ class FastModel final : public ModelRunner {
   // Decoder replay on or off from the next step (bench prefill's A/B); refuses on a config without
   // a split layer (a ratio-1 layer after which no layer owns compressed KV).
   Status set_decoder_replay(bool on);
+  // ops::prefill_attention on or off from the next step (bench prefill's A/B; the same bits).
+  void set_prefill_attention(bool on);
   // The split layer (-1: the config has none).
   int replay_split_layer() const;
 
