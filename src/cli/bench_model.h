@@ -38,8 +38,9 @@ struct BenchArgs {
   int64_t spec_repeats = 3;            // ... repetitions of the three modes, alternating
   std::string decoder_replay = "off";  // bench prefill: off | on | ab (both, alternating)
   std::string prefill_attention = "on";  // bench prefill: off | on | ab
-  int64_t chunk = 0;                     // bench prefill: tokens per step (0: the whole prompt)
-  int tp = 0, ep = 0;                    // under mpirun: the split (parallel/)
+  bool extremes = false;  // bench prefill with both ab: only everything off and everything on
+  int64_t chunk = 0;      // bench prefill: tokens per step (0: the whole prompt)
+  int tp = 0, ep = 0;     // under mpirun: the split (parallel/)
   double rank_timeout_s = 60;
 };
 

@@ -255,7 +255,7 @@ int run_bench_prefill(const BenchArgs& a) {
     for (bool pa : {false, true})
       if ((a.decoder_replay == "ab" || (a.decoder_replay == "on") == rep) &&
           (a.prefill_attention == "ab" || (a.prefill_attention == "on") == pa))
-        modes.emplace_back(rep, pa);
+        if (!a.extremes || rep == pa) modes.emplace_back(rep, pa);
   auto label = [](std::pair<bool, bool> md) {
     return std::string(md.first ? "replay_on" : "replay_off") +
            (md.second ? "+prefill_attention_on" : "+prefill_attention_off");
@@ -416,6 +416,9 @@ void add_bench_model(CLI::App* bench, Runner* run) {
          "(prefill_attention_speedup_per_chunk; with --decoder-replay ab also all_on_speedup)")
       ->check(CLI::IsMember({"off", "on", "ab"}))
       ->capture_default_str();
+  pre->add_flag("--extremes", p->extremes,
+                "With --decoder-replay ab --prefill-attention ab: measure only everything off and "
+                "everything on (all_on_speedup), for lengths where four modes take too long");
   pre->add_option("--chunk", p->chunk,
                   "Prompt tokens per step (0: the whole prompt in one step), as the engine's "
                   "--max-num-batched-tokens chunks a prompt")
