@@ -249,6 +249,10 @@ int run_bench_prefill(const BenchArgs& a) {
   Rng rng(2);
   log::info("bench prefill: measuring the FP8 GEMM peak ...");
   const double peak = fp8_gemm_peak_gflops(a.threads);
+  if (a.extremes && (a.decoder_replay != "ab" || a.prefill_attention != "ab")) {
+    log::error("bench prefill: --extremes needs --decoder-replay ab and --prefill-attention ab");
+    return kExitUsage;
+  }
   // The switches' combinations, each measured on the same prompt (first: everything off).
   std::vector<std::pair<bool, bool>> modes;  // (decoder replay, prefill attention)
   for (bool rep : {false, true})

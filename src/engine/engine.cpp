@@ -45,6 +45,7 @@ class RequestChannel {
   void publish_prompt(std::vector<PromptLogprob>&& entries) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& e : entries) pending_.prompt_logprobs.push_back(std::move(e));
+    has_news_ = true;
     cv_.notify_all();
   }
   void publish(OutputToken* token, const std::string& text) {
@@ -380,10 +381,14 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     Active& a = *by_id.at(s.id);
     if (Status st = backend_->open(s.id); !st) return;  // opened at slice time, failing there
     s.open = true;
-    // prompt_logprobs needs every prompt row computed: no cached prefix.
+    // prompt_logprobs needs every prompt row computed: no cached prefix. It still hands the model
+    // its salt (a one-token prefix attaches nothing, the last token always being left to compute),
+    // so the blocks it registers for later requests stay in its salt's partition.
+    const std::string& salt = a.ch->request().cache_salt;
     s.computed = a.ch->request().sampling.prompt_logprobs >= 0
-                     ? 0
-                     : backend_->attach_cached_prefix(s.id, a.tokens, a.ch->request().cache_salt);
+                     ? backend_->attach_cached_prefix(
+                           s.id, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + 1), salt)
+                     : backend_->attach_cached_prefix(s.id, a.tokens, salt);
     if (!a.ch->cached_known()) {  // the first admission's hit (a preempted one re-attaches its own)
       a.ch->set_cached(std::min(s.computed, a.prompt_len));
       a.ch->mark_cached_known();
@@ -451,6 +456,9 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     if (a.sched.computed + sc.tokens == a.sched.known &&
         (sl.logits_rows.empty() || sl.logits_rows.back() != int32_t(sc.tokens) - 1))
       sl.logits_rows.push_back(int32_t(sc.tokens) - 1);
+    // A verify step has a logits row per token: the full stack (decoder replay must not skip
+    // any of them, whatever the window).
+    if (!drafts[pi].empty()) sl.full_stack = true;
     for (std::size_t j = 0; j < drafts[pi].size(); ++j) {  // a verify step: a row per token
       sl.tokens.push_back(drafts[pi][j]);
       sl.logits_rows.push_back(int32_t(j + 1));
@@ -500,7 +508,8 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     a.sched.computed += ntok;
     if (sl.logits_rows.empty()) continue;
     const int prompt_top = a.ch->request().sampling.prompt_logprobs;
-    if (prompt_top >= 0) publish_prompt_logprobs(a, sl, first, out.slices[k].logits, prompt_top);
+    if (prompt_top >= 0 && a.prompt_lp_next < a.prompt_len)
+      publish_prompt_logprobs(a, sl, first, out.slices[k].logits, prompt_top);
     if (sl.logits_rows.back() != int32_t(ntok) - 1 || a.sched.computed != a.sched.known) continue;
     if (!a.prompt_counted) {
       prompt_tokens_total_.fetch_add(a.prompt_len);

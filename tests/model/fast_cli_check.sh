@@ -172,7 +172,20 @@ assert st == 200 and c["prompt_logprobs"][0] is None and len(c["prompt_logprobs"
 st, e = post("/v1/completions", {"model": "m", "prompt": toks, "max_tokens": 2, "prompt_logprobs": 1,
                                  "stream": True})
 assert st == 400 and e["error"]["param"] == "prompt_logprobs", e
-print("ok: prompt_logprobs match the logits file (decoder replay on, full stack)")
+# A prompt_logprobs request takes no cached prefix, but the blocks it leaves stay in its cache_salt's
+# partition: an unsalted request with the same prompt finds nothing, a same-salt one finds them.
+def hits():
+    m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    return float([l for l in m.splitlines() if l.startswith("dsv41_prefix_cache_hit_tokens_total")][0].split()[-1])
+long = (toks * 5)[:300]
+h0 = hits()
+assert post("/v1/completions", {"model": "m", "prompt": long, "max_tokens": 1, "prompt_logprobs": 0,
+                                "cache_salt": "s1"})[0] == 200
+assert post("/v1/completions", {"model": "m", "prompt": long, "max_tokens": 1})[0] == 200
+assert hits() == h0, "an unsalted request attached blocks of a salted prompt_logprobs request"
+assert post("/v1/completions", {"model": "m", "prompt": long, "max_tokens": 1, "cache_salt": "s1"})[0] == 200
+assert hits() > h0, "the salted request found nothing of its own salt's blocks"
+print("ok: prompt_logprobs match the logits file (decoder replay on, full stack); salts kept apart")
 PY
 kill $SPID; wait $SPID || true
 echo ok

@@ -819,6 +819,10 @@ int64_t FastModel::Impl::compact_rows(const std::vector<uint8_t>& keep) {
       std::copy_n(mix_post.data() + t * HC, HC, mix_post.data() + k * HC);
       std::copy_n(mix_comb.data() + t * HC * HC, HC * HC, mix_comb.data() + k * HC * HC);
       std::copy_n(xs.data() + t * D, D, xs.data() + k * D);
+      // Selections and candidate pools too: a layer after the split may read a pool a layer
+      // before it published (none does in the released config, where the split layer publishes).
+      sel[std::size_t(k)].swap(sel[std::size_t(t)]);
+      cand[std::size_t(k)].swap(cand[std::size_t(t)]);
       if (opt.dspark)
         std::copy_n(main_hidden.data() + t * nt * D, nt * D, main_hidden.data() + k * nt * D);
     }
@@ -991,7 +995,8 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
         for (int64_t t = c0; t < c0 + cn; ++t) im.mhc_ffn_input(w, t);
       }
     }
-    im.stats.macs += 2 * tc.hc_mix() * HC * D * n_cur;
+    // The attention mix ran on every row of the layer's start, the ffn mix on the kept ones.
+    im.stats.macs += tc.hc_mix() * HC * D * ((split_here ? n : n_cur) + n_cur);
     im.moe(p, w, n_cur);  // x -> y for every row, grouped by expert
     for (int64_t t = 0; t < n_cur; ++t) im.mhc_ffn_output(t);
   }
