@@ -114,7 +114,7 @@ fault() {  # $1: kill | stop; $2...: extra mpirun options
     p=$!; echo $p > "$3/pid.$OMPI_COMM_WORLD_RANK"; wait $p; echo $? > "$3/rc.$OMPI_COMM_WORLD_RANK"' \
     "$BIN" "$T/a.conv" "$port" "$T" >"$T/serve.log" 2>&1 &
   local job=$!
-  for _ in $(seq 100); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  for _ in $(seq 300); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
   python3 - "$port" "$how" "$(cat "$T/pid.1")" <<'PY' || { cat "$T/serve.log"; fail "fault $how"; }
 import json, os, signal, sys, time, urllib.request
 port, how, pid1 = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -166,7 +166,7 @@ echo "ok: faults end the stream with an error, /health 503, rank 0 exits 3"
 port=$((20000 + RANDOM % 20000))
 "${MPI[@]}" "$BIN" serve --model "$T/a.conv" --port "$port" --threads 1 >"$T/serve2.log" 2>&1 &
 job=$!
-for _ in $(seq 100); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 300); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
 grep -q "started without --enable-recovery" "$T/serve2.log" || fail "no --enable-recovery warning"
 pid1=$(sed -n 's/.*rank 1 on .* (pid \([0-9]*\)).*/\1/p' "$T/serve2.log")
 [ -n "$pid1" ] || fail "no pid of rank 1 in the log"
