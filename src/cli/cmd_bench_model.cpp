@@ -199,12 +199,12 @@ int run_bench_decode(const BenchArgs& a) {
     j["ranks"] = 1;
     j["tp"] = 1;
     j["ep"] = 1;
-    j["per_rank"] = nlohmann::ordered_json::array(
-        {{{"rank", 0},
-          {"weight_bytes", m->local->stats().share_weight_bytes},
-          {"rss_bytes", parallel::own_report(*m->local, 0).rss_bytes},
-          {"rss_file_bytes", parallel::own_report(*m->local, 0).rss_file_bytes},
-          {"kv_pool_bytes", parallel::own_report(*m->local, 0).kv_pool_bytes}}});
+    const parallel::RankReport r = parallel::own_report(*m->local, 0);
+    j["per_rank"] = nlohmann::ordered_json::array({{{"rank", 0},
+                                                    {"weight_bytes", r.share_weight_bytes},
+                                                    {"rss_bytes", r.rss_bytes},
+                                                    {"rss_file_bytes", r.rss_file_bytes},
+                                                    {"kv_pool_bytes", r.kv_pool_bytes}}});
   }
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;

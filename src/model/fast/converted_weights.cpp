@@ -46,14 +46,6 @@ const WeightSpan& ConvertedWeights::get(const std::string& name) const {
   return it->second;
 }
 
-uint64_t ConvertedWeights::warm(std::size_t threads) const {
-  std::vector<Range> todo;
-  for (const auto& [name, span] : spans_)
-    if (name.find(".engram.embed.bucket.") == std::string::npos)
-      todo.emplace_back(span.data, span.bytes);
-  return warm_ranges(todo, threads);
-}
-
 uint64_t ConvertedWeights::warm_ranges(const std::vector<Range>& todo, std::size_t threads) {
   uint64_t total = 0;
   for (const Range& r : todo) total += r.second;

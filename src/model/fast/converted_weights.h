@@ -39,11 +39,10 @@ class ConvertedWeights {
   bool has(const std::string& name) const { return spans_.count(name) != 0; }
   // The tensor's span; aborts when absent (loading checked the inventory, so a miss is a bug).
   const WeightSpan& get(const std::string& name) const;
-  // Reads one byte of every page of every tensor but the Engram tables (those stay on disk: only
-  // the rows a step hashes to are ever touched), on `threads` threads, so the first steps do not
-  // fault the weights in from disk one page at a time; logs progress. Returns the bytes touched.
-  uint64_t warm(std::size_t threads) const;
-  // The same over chosen byte ranges (a split forward's share: parallel/), with the same progress.
+  // Reads one byte of every page of the given byte ranges (a process's share of the weights, which
+  // leaves out the Engram tables: only the rows a step hashes to are ever touched), on `threads`
+  // threads, so the first steps do not fault the weights in from disk one page at a time; logs
+  // progress. Returns the bytes touched.
   using Range = std::pair<const uint8_t*, uint64_t>;
   static uint64_t warm_ranges(const std::vector<Range>& ranges, std::size_t threads);
   // Every tensor by name, in no particular order.

@@ -836,10 +836,6 @@ void FastModel::set_prefill_attention(bool on) {
   impl_->prefill_attention_on = on;
 }
 
-int FastModel::replay_split_layer() const {
-  return impl_->replay_split;
-}
-
 Status FastModel::set_decoder_replay(bool on) {
   if (on && impl_->replay_split < 0)
     return Status::error(
@@ -921,6 +917,9 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   // Decoder replay: which rows the decoder layers run on (a slice longer than window + margin:
   // its last window + margin rows), decided before the layers.
   const int64_t replay_len = tc.sliding_window + im.opt.replay_margin;
+  auto replayed = [&](const SeqSlice& sl) {
+    return im.replay_on && int64_t(sl.tokens.size()) > replay_len && !sl.full_stack;
+  };
   std::vector<uint8_t>& keep = im.replay_keep;
   bool replay_step = false;
   if (im.replay_on) {
@@ -928,7 +927,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
     int64_t t0r = 0;
     for (const auto& sl : batch.slices) {
       const int64_t len = int64_t(sl.tokens.size());
-      if (len > replay_len && !sl.full_stack) {
+      if (replayed(sl)) {
         std::fill_n(keep.begin() + t0r, len - replay_len, uint8_t(0));
         replay_step = true;
       }
@@ -982,7 +981,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
       // floored at its first kept row.
       for (const auto& sl : batch.slices) {
         const int64_t len = int64_t(sl.tokens.size());
-        if (len > replay_len && !sl.full_stack) {
+        if (replayed(sl)) {
           im.seqs.at(sl.seq)->dec_floor = sl.first_pos + len - replay_len;
           ++im.stats.replayed_slices;
           im.stats.replay_skipped_rows += len - replay_len;

@@ -135,8 +135,6 @@ class FastModel final : public ModelRunner {
   Status set_decoder_replay(bool on);
   // ops::prefill_attention on or off from the next step (bench prefill's A/B; the same bits).
   void set_prefill_attention(bool on);
-  // The split layer (-1: the config has none).
-  int replay_split_layer() const;
 
  private:
   FastModel();
