@@ -206,12 +206,14 @@ int run_bench_speculative(const BenchArgs& a) {
       // Modes alternate within each repetition and the ratios are taken per repetition, so a
       // drift of the machine's speed over the run cancels in the median.
       for (int64_t rep = 0; rep < a.spec_repeats; ++rep)
-        for (const char* mode : {"off", "on", "oracle"}) {
+        for (int slot = 0; const char* mode : {"off", "on", "oracle"}) {
           log::info("bench decode: speculative {} at {} streams, {} prompt, run {} ...", mode, s,
                     kind, rep + 1);
           const bool control = std::string(mode) == "off", known = std::string(mode) == "oracle";
           (*engine)->set_drafting(!control);
-          (*engine)->forget_acceptance();  // each drafter's requests learn their own acceptance
+          // Each drafter's requests learn, and carry to its later requests as a server does,
+          // their own acceptance (the first repetition starts cold).
+          (*engine)->select_acceptance_slot(slot++);
           oracle_ptr->set_streams(known ? streams_seen : std::vector<std::vector<int32_t>>{});
           runs[mode].push_back(measure(**engine, *fast, prompts, a.spec_tokens, &err,
                                        control && rep == 0 ? &streams_seen : nullptr));

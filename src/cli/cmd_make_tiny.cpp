@@ -30,6 +30,12 @@ void add_make_tiny(CLI::App& app, Runner* run) {
   sub->add_option("--config-patch", opt->config_patch,
                   "JSON merge patch over the preset's config.json (other widths and layer plans, "
                   "for tests), e.g. '{\"text_config\": {\"hidden_size\": 96}}'");
+  sub->add_flag(
+      "--bigram", opt->bigram,
+      "Make the target a strong bigram model (each token's embedding is the output-head row of a "
+      "fixed random successor) and give the drafter's Markov head the same bigram, so the DSpark "
+      "drafter predicts the target: for speculative-decoding speed tests. Layers and experts "
+      "keep random weights and their full cost");
   sub->add_flag("--force", opt->force, "Overwrite a directory that already holds a checkpoint");
   sub->add_option("--threads", opt->threads, "Worker threads (0 = all cores)")
       ->capture_default_str();

@@ -265,6 +265,7 @@ struct Engine::Active {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<StreamDecoder> decoder;
   std::unique_ptr<SpecTracker> spec;  // speculative decoding on
+  int prior_slot = 0;                 // the SpecPrior it started from and teaches
   int64_t prompt_len = 0, generated = 0;
   int64_t prompt_lp_next = 1;  // prompt_logprobs: the next prompt position to publish
   bool prompt_counted = false;
@@ -281,7 +282,6 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     queue_.clear();
     return false;
   }
-  if (forget_acceptance_.exchange(false)) spec_prior_ = SpecPrior{};
   while (!queue_.empty()) {
     auto a = std::make_unique<Active>();
     a->ch = std::move(queue_.front());
@@ -294,9 +294,12 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     a->sampler = std::make_unique<Sampler>(req.sampling,
                                            options_.seed ^ (a->ch->id() * 0x9E3779B97F4A7C15ull));
     a->decoder = std::make_unique<StreamDecoder>(*tokenizer_, req.sampling.stop, true);
-    if (options_.speculative)
-      a->spec = std::make_unique<SpecTracker>(backend_->draft_block_size(), spec_prior_.counts(),
+    if (options_.speculative) {
+      a->prior_slot = acceptance_slot_.load();
+      a->spec = std::make_unique<SpecTracker>(backend_->draft_block_size(),
+                                              spec_priors_[a->prior_slot].counts(),
                                               options_.speculative_width);
+    }
     sched_.add(&a->sched);
     active.push_back(std::move(a));
   }
@@ -697,7 +700,7 @@ bool Engine::verify(Active& a, const std::vector<int32_t>& drafts,
   spec_draft_tokens_.fetch_add(examined);
   spec_accepted_tokens_.fetch_add(accepted);
   a.spec->record(examined, accepted);
-  spec_prior_.observe(examined, accepted);
+  spec_priors_[a.prior_slot].observe(examined, accepted);
   // The fed token and the accepted drafts stay; the rejected drafts' rows go.
   a.sched.computed = base + 1 + accepted;
   if (!done && accepted < k)

@@ -7,6 +7,7 @@
 // requests join and leave between steps and each streams its tokens as its steps produce them.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -165,9 +166,14 @@ class Engine {
   // With speculative decoding loaded: whether decode steps draft at all (off: every step decodes
   // plainly, the drafter's rows still kept; the control of `bench decode --speculative on`).
   void set_drafting(bool on) { drafting_.store(on); }
-  // Forgets the acceptance learned so far (SpecPrior) before the next request is taken in (a bench
-  // switching drafters; the measured costs stay).
-  void forget_acceptance() { forget_acceptance_.store(true); }
+  // The engine-wide acceptance a new request starts from (SpecPrior) is kept per slot; requests
+  // taken in from now on start from, and teach, slot `slot` (0 by default; a bench switching
+  // drafters gives each its own, so one drafter's acceptance is not another's prior; the measured
+  // costs are shared).
+  static constexpr int kAcceptanceSlots = 4;
+  void select_acceptance_slot(int slot) {
+    acceptance_slot_.store(std::clamp(slot, 0, kAcceptanceSlots - 1));
+  }
 
  private:
   struct Active;  // a running or waiting request: its sequence, tokens, sampler, decoder
@@ -209,10 +215,10 @@ class Engine {
   std::atomic<int64_t> kv_total_{0}, kv_used_{0};
   std::atomic<int64_t> prefix_queries_{0}, prefix_query_tokens_{0}, prefix_hit_tokens_{0};
   std::atomic<int64_t> prefix_evictions_{0};
-  SpecCosts spec_costs_;  // engine thread only
-  SpecPrior spec_prior_;  // engine thread only
+  SpecCosts spec_costs_;                     // engine thread only
+  SpecPrior spec_priors_[kAcceptanceSlots];  // engine thread only
   std::atomic<bool> drafting_{true};
-  std::atomic<bool> forget_acceptance_{false};
+  std::atomic<int> acceptance_slot_{0};
   std::atomic<int64_t> spec_draft_tokens_{0}, spec_accepted_tokens_{0}, spec_steps_{0};
   mutable std::mutex hist_mu_;  // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};

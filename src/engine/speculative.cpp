@@ -68,13 +68,14 @@ int64_t SpecTracker::plan(const SpecCosts& costs) {
     return 0;
   }
   const double a = std::min(acceptance(), 0.999);
-  int64_t best = 0;
-  double best_value = 1.0, tokens = 1.0, ak = 1.0;
+  int64_t best = 0, probe = 1;
+  double best_value = 1.0, probe_value = 0.0, tokens = 1.0, ak = 1.0;
   for (int64_t k = 1; k <= block_; ++k) {
     ak *= a;
     tokens += ak;  // expected tokens of a step verifying k drafts: 1 + a + ... + a^k
     const double value = tokens / costs.ratio(k);
     if (value > best_value) best = k, best_value = value;
+    if (value > probe_value) probe = k, probe_value = value;
   }
   // Explore, when drafts mostly land: the width above the best once while its cost is unknown
   // (above nothing: the narrowest unmeasured one, so an expensive single draft does not hide a
@@ -86,8 +87,8 @@ int64_t SpecTracker::plan(const SpecCosts& costs) {
     if (k <= block_ && !costs.measured(k)) return k;
   }
   if (best > 0) return best;
-  if (probing_) return 1;  // a probe verifies one draft, whatever the estimate
-  wait_ = interval_ - 1;   // this step is the first plain one
+  if (probing_) return probe;  // a probe verifies the best width, whatever the estimate
+  wait_ = interval_ - 1;       // this step is the first plain one
   interval_ = std::min<int64_t>(interval_ * 2, 512);
   return 0;
 }

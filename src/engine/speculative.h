@@ -21,8 +21,12 @@
 // of such a step over a plain decode step (SpecCosts, per width k: the wall time per sequence of
 // steps where every sequence drafted, which counts the drafter, the k extra rows and the extra
 // distinct experts they route to) divides it. The request verifies the k with the best ratio while
-// that ratio exceeds 1; otherwise it decodes plainly and probes again (one draft) after an interval
-// that doubles with every probe that did not pay. While drafts are accepted more than half the
+// that ratio exceeds 1; otherwise it decodes plainly and probes again after an interval that
+// doubles with every probe that did not pay. A probe verifies the width of the best ratio (below 1
+// by definition). A new request whose prior is not pessimistic (acceptance >= 1/2) probes at its
+// first decode step rather than after the first interval: its own acceptance is what decides, and
+// learning it costs one step, not 16 plain ones (where the engine already saw the drafter miss,
+// the prior is low and the request waits). While drafts are accepted more than half the
 // time, the width one above the best is tried once when its cost has not been measured yet (an
 // extrapolated cost is only a guess: where rows share experts, wider verification costs less than
 // linearly).
@@ -84,7 +88,8 @@ class SpecTracker {
   SpecTracker(int64_t block, std::pair<double, double> prior = {1, 1}, int64_t fixed_width = 0)
       : block_(std::min(block, SpecCosts::kMaxWidth)),
         prior_(prior),
-        fixed_(std::min(fixed_width, block_)) {}
+        fixed_(std::min(fixed_width, block_)),
+        probing_(prior.first >= prior.second) {}
   // Drafts to verify in this decode step (0: decode plainly this time).
   int64_t plan(const SpecCosts& costs);
   // After a verify step that checked `drafted` drafts and accepted `accepted` of them.

@@ -19,6 +19,7 @@
 #include "model/engram_layout.h"
 #include "model/inventory.h"
 #include "model/layer_plan.h"
+#include "model/tensor_names.h"
 
 namespace dsv41 {
 namespace fs = std::filesystem;
@@ -153,6 +154,46 @@ uint64_t shard_budget(uint64_t total) {
   return std::min<uint64_t>(total / 4 + 1, 2ull << 30);
 }
 
+// --bigram (tiny_checkpoint.h): the successor of every id, drawn among the tokenizer's ordinary
+// tokens (no special token, so greedy chains never stop or enter a chat marker).
+std::vector<int64_t> bigram_successors(uint64_t seed, const TokenizerTable& tok, int64_t vocab) {
+  std::vector<bool> special(std::size_t(vocab), false);
+  for (const auto& [text, id] : tok.added)
+    if (id >= 0 && id < vocab) special[std::size_t(id)] = true;
+  std::vector<int64_t> ordinary;
+  for (int64_t v = 0; v < vocab; ++v)
+    if (!special[std::size_t(v)]) ordinary.push_back(v);
+  DSV41_CHECK_MSG(!ordinary.empty(), "bigram: no ordinary token");
+  Rng rng(name_seed(seed, "bigram successors"));
+  std::vector<int64_t> succ(static_cast<std::size_t>(vocab));
+  for (auto& s : succ) s = ordinary[std::size_t(rng.below(ordinary.size()))];
+  return succ;
+}
+
+// Writes rows of `src` (BF16 [rows, cols]) into `out` as out[v] = scale * src[succ[v]] (scale a
+// power of two: exact in BF16). With `unit_rows`, each source row is first scaled to norm 1.
+void permute_rows(std::span<const uint8_t> src, const std::vector<int64_t>& succ, int64_t cols,
+                  double scale, bool unit_rows, std::span<uint8_t> out) {
+  const std::size_t row_bytes = std::size_t(cols) * 2;
+  DSV41_CHECK(out.size() == succ.size() * row_bytes && src.size() == out.size());
+  std::vector<float> row(static_cast<std::size_t>(cols));
+  for (std::size_t v = 0; v < succ.size(); ++v) {
+    const uint8_t* s = src.data() + std::size_t(succ[v]) * row_bytes;
+    double norm2 = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      uint16_t b;
+      std::memcpy(&b, s + 2 * c, 2);
+      row[std::size_t(c)] = bf16_to_float(b);
+      norm2 += double(row[std::size_t(c)]) * row[std::size_t(c)];
+    }
+    const double k = scale * (unit_rows && norm2 > 0 ? 1.0 / std::sqrt(norm2) : 1.0);
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint16_t b = float_to_bf16(float(row[std::size_t(c)] * k));
+      std::memcpy(out.data() + v * row_bytes + 2 * c, &b, 2);
+    }
+  }
+}
+
 std::string shard_name(std::size_t i, std::size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
@@ -249,9 +290,43 @@ Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
     shards.back().push_back(i);
     in_shard += tensors[i].nbytes();
   }
-  log::info("make-tiny: preset '{}', seed {}, {} tensors, {:.1f} MB in {} shards -> {}", opt.preset,
-            opt.seed, tensors.size(), double(total) / 1e6, shards.size(), opt.out_dir);
+  log::info("make-tiny: preset '{}', seed {}{}, {} tensors, {:.1f} MB in {} shards -> {}",
+            opt.preset, opt.seed, opt.bigram ? ", bigram" : "", tensors.size(), double(total) / 1e6,
+            shards.size(), opt.out_dir);
   ThreadPool pool(opt.threads);
+  // --bigram: the embedding and the Markov head are derived from the head tensors' own random
+  // values (regenerated here from their seeds, so write order does not matter).
+  const TextConfig& tc = cfg.value().text;
+  std::vector<int64_t> succ;
+  if (opt.bigram) succ = bigram_successors(opt.seed, table.value(), tc.vocab_size);
+  auto regenerate = [&](const std::string& name) {
+    const ExpectedTensor& t = *by_name.at(name);
+    std::vector<uint8_t> bytes(t.nbytes());
+    fill_tensor(pool, choose_fill(t, by_name), name_seed(opt.seed, t.name), bytes);
+    return bytes;
+  };
+  auto fill_bigram = [&](const ExpectedTensor& t, std::span<uint8_t> out) {
+    const double d = double(tc.hidden_size);
+    if (t.name == kEmbedName) {
+      // Head rows have norm ~1; embeddings keep entries of O(1) (norm ~sqrt(hidden)).
+      const double scale = std::exp2(std::round(std::log2(16 * std::sqrt(d))));
+      permute_rows(regenerate(std::string(kHeadName) + ".weight"), succ, t.shape[1], scale, false,
+                   out);
+    } else if (ends_with(t.name, "markov_head.head.weight")) {
+      std::vector<int64_t> identity(succ.size());
+      for (std::size_t v = 0; v < identity.size(); ++v) identity[v] = int64_t(v);
+      permute_rows(regenerate(t.name), identity, t.shape[1], 1.0, true, out);
+    } else if (ends_with(t.name, "markov_head.embed.weight")) {
+      // Equal-norm head rows make w_g . w_g the largest of all w_j . w_g; s scales that margin
+      // above the drafter's own logits (at most about 1.1 sqrt(hidden) for unit head rows).
+      const double scale = std::exp2(std::ceil(std::log2(64 * std::sqrt(d))));
+      const std::string head =
+          t.name.substr(0, t.name.size() - std::string("embed.weight").size()) + "head.weight";
+      permute_rows(regenerate(head), succ, t.shape[1], scale, true, out);
+    } else {
+      fill_tensor(pool, choose_fill(t, by_name), name_seed(opt.seed, t.name), out);
+    }
+  };
   std::vector<std::pair<std::string, std::string>> weight_map;
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t done = 0;
@@ -264,7 +339,10 @@ Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
     }
     auto fill = [&](std::size_t k, std::span<uint8_t> out) {
       const ExpectedTensor& t = tensors[shards[s][k]];
-      fill_tensor(pool, choose_fill(t, by_name), name_seed(opt.seed, t.name), out);
+      if (opt.bigram)
+        fill_bigram(t, out);
+      else
+        fill_tensor(pool, choose_fill(t, by_name), name_seed(opt.seed, t.name), out);
       done += out.size();
     };
     DSV41_RETURN_IF_ERROR(write_safetensors((fs::path(opt.out_dir) / name).string(), specs, fill,

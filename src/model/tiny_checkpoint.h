@@ -28,6 +28,14 @@ struct MakeTinyOptions {
   // generated: other widths and layer plans for tests. Engram table sizes are derived again from
   // the patched config unless the patch sets `text_config.engram_num_embeddings` itself.
   std::string config_patch;
+  // Make the target a strong bigram model whose drafter predicts it, for speculative-decoding
+  // speed tests (random weights otherwise give a drafter that predicts nothing): each ordinary
+  // token v gets a fixed random successor g(v); v's embedding row is the output-head row of g(v),
+  // so the last token's embedding dominates the final hidden state's alignment with the head and
+  // greedy decoding follows g whatever the context; the drafter's Markov head (rows of equal
+  // norm) gets `markov_embed[v] = s * markov_head[g(v)]` with s large, so its chain is g too. The
+  // layers, experts and drafter stages keep their random weights and their full cost.
+  bool bigram = false;
 };
 
 std::vector<std::string> preset_names();

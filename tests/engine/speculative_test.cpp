@@ -123,17 +123,28 @@ TEST(Tracker, StopsDraftingWhereItDoesNotPayAndProbesAgain) {
   costs.observe_plain(1.0);
   costs.observe_spec(1, 2.0);  // one draft doubles the step: only a sure draft would pay
   SpecTracker t(5);
-  EXPECT_EQ(t.plan(costs), 0);  // prior acceptance 1/2: 1.5 tokens for 2 steps' time
-  EXPECT_FALSE(t.drafting());
+  // Prior acceptance 1/2: 1.5 tokens for 2 steps' time does not pay, but a new request probes
+  // first (its own acceptance decides), with the width of the best ratio: one draft here.
+  EXPECT_EQ(t.plan(costs), 1);
+  t.record(1, 0);
   int plain = 0;
   int64_t k = 0;
-  while ((k = t.plan(costs)) == 0) ++plain;
-  EXPECT_EQ(plain, 15);  // 16 plain steps in all, then a probe of one draft
+  while ((k = t.plan(costs)) == 0) {
+    ++plain;
+    EXPECT_EQ(t.drafting(), plain == 16);  // drafting again once the wait is over
+  }
+  EXPECT_EQ(plain, 16);  // 16 plain steps, then a probe of one draft
   EXPECT_EQ(k, 1);
   t.record(1, 0);
   plain = 0;
   while (t.plan(costs) == 0) ++plain;
   EXPECT_EQ(plain, 32);  // the interval doubled
+  // A probe that lands (the first one here) keeps the request drafting where that pays.
+  SpecTracker lucky(5);
+  EXPECT_EQ(lucky.plan(costs), 1);
+  for (int i = 0; i < 6; ++i) lucky.record(1, 1);
+  EXPECT_GT(lucky.acceptance(), 0.8);
+  EXPECT_GE(lucky.plan(costs), 1);
   // A drafter that is always right, on a model whose extra rows cost little: the whole block.
   SpecCosts cheap;
   cheap.observe_plain(1.0);

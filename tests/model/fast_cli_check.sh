@@ -86,6 +86,24 @@ for q in j["points"]:
     assert q["on"]["verify_steps"] > 0, q
     assert q["speedup_per_stream"] > 0 and q["oracle_speedup_per_stream"] > 0, q
 PY
+# make-tiny --bigram: a checkpoint whose own drafter predicts the target (docs/dspark.md). Greedy
+# text is that of plain decoding; at a forced width every draft of the real drafter is accepted
+# on both prompts (the plain checkpoint above accepts next to none).
+"$BIN" make-tiny --out "$T/bg" --preset tiny --seed 3 --bigram >/dev/null 2>&1
+plain=$("$BIN" generate --model "$T/bg" --prompt 'hello world' --max-tokens 24 2>/dev/null)
+spec=$("$BIN" generate --model "$T/bg" --prompt 'hello world' --max-tokens 24 --speculative dspark 2>/dev/null)
+test -n "$plain" && test "$plain" = "$spec"
+"$BIN" bench decode --model "$T/bg.dsv41-converted" --speculative on --streams 1 --spec-tokens 24 \
+  --spec-repeats 1 --spec-width 3 2>/dev/null >"$T/bgspec.json"
+python3 - "$T/bgspec.json" "$T/spec.json" <<'PY'
+import json, sys
+j, plain = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+for q in j["points"]:
+    assert q["on"]["drafts"] >= 12 and q["on"]["accepted"] == q["on"]["drafts"], q
+acc = sum(q["on"]["accepted"] for q in plain["points"]); drafts = sum(q["on"]["drafts"] for q in plain["points"])
+assert acc < 0.5 * drafts, (acc, drafts)
+print("ok: the bigram checkpoint's drafter is accepted", [q["on"]["accepted"] for q in j["points"]])
+PY
 # ops' banded prefill attention (the default) gives the one-query path's bytes: prefill, and
 # chunks among companions (runs of several sequences in one chunk).
 "$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/nopa.f32" --path fast \
