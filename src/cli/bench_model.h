@@ -37,6 +37,7 @@ struct BenchArgs {
   int64_t spec_width = 0;              // ... drafts verified per step (0: the engine's cost model)
   int64_t spec_repeats = 3;            // ... repetitions of the three modes, alternating
   std::string decoder_replay = "off";  // bench prefill: off | on | ab (both, alternating)
+  std::string replay_margin = "12";    // bench prefill: N | exact (add_replay_margin_option)
   std::string prefill_attention = "on";  // bench prefill: off | on | ab
   bool extremes = false;  // bench prefill with both ab: only everything off and everything on
   int64_t chunk = 0;      // bench prefill: tokens per step (0: the whole prompt)

@@ -64,6 +64,7 @@ Result<BenchModel> load_for_bench(const BenchArgs& a) {
   o.act_quant = a.act_quant == "on";
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
   o.warm = true;  // measure the kernels, not the first touch of the weights' pages
+  o.replay_margin = replay_margin_value(a.replay_margin);
   auto r = parallel::load_split(*dir, o, {a.tp, a.ep, a.rank_timeout_s});
   if (!r) return r.status();
   BenchModel bm;
@@ -335,9 +336,13 @@ int run_bench_prefill(const BenchArgs& a) {
     if (double r = ratio({false, false}, {true, true}); r > 0) pt["all_on_speedup"] = r;
     points.push_back(pt);
   }
-  nlohmann::ordered_json j = {{"bench", "prefill"},     {"model", a.model},
-                              {"isa", m->local->isa()}, {"act_quant", a.act_quant},
-                              {"threads", a.threads},   {"fp8_gemm_peak_gflop_s", peak},
+  nlohmann::ordered_json j = {{"bench", "prefill"},
+                              {"model", a.model},
+                              {"isa", m->local->isa()},
+                              {"act_quant", a.act_quant},
+                              {"threads", a.threads},
+                              {"fp8_gemm_peak_gflop_s", peak},
+                              {"replay_margin", m->local->replay_margin()},
                               {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;
@@ -413,6 +418,7 @@ void add_bench_model(CLI::App* bench, Runner* run) {
                   "(ratio replay_speedup_per_chunk)")
       ->check(CLI::IsMember({"off", "on", "ab"}))
       ->capture_default_str();
+  add_replay_margin_option(pre, &p->replay_margin);
   pre->add_option(
          "--prefill-attention", p->prefill_attention,
          "off | on | ab: ops' banded prefill attention (same bits as the one-query "

@@ -215,10 +215,7 @@ void add_logits(CLI::App& app, Runner* run) {
                   "attention (the same bits as off, the one-query kernel per token)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  sub->add_option("--replay-margin", a->fast.replay_margin,
-                  "fast path, --decoder-replay on: tokens replayed beyond the window")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 20))
-      ->capture_default_str();
+  add_replay_margin_option(sub, &a->fast.replay_margin);
   sub->add_option("--act-quant", a->fast.act_quant,
                   "on = DeepSeek's inference numerics (E4M3 per 32 before every "
                   "FP8/FP4 linear), off = model-faithful as the reference")

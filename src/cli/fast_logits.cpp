@@ -75,7 +75,7 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
   o.act_quant = a.act_quant == "on";
   o.decoder_replay = a.decoder_replay == "on";
   o.prefill_attention = a.prefill_attention == "on";
-  o.replay_margin = a.replay_margin;
+  o.replay_margin = replay_margin_value(a.replay_margin);
   o.threads = a.threads;
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
   const auto t0 = std::chrono::steady_clock::now();
@@ -152,7 +152,7 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
   if (a.decoder_replay == "on") {  // rows the decoder skipped have no logits (NaN in the file)
     int64_t nan_rows = 0;
     for (std::size_t r = 0; r < ids.size(); ++r) nan_rows += std::isnan(logits[r * std::size_t(V)]);
-    j["replay_margin"] = a.replay_margin;
+    j["replay_margin"] = local.replay_margin();
     j["rows_without_logits"] = nan_rows;
   }
   if (lead) {  // a split forward: this rank's share and what the collectives cost

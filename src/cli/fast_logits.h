@@ -17,8 +17,8 @@ struct FastLogitsArgs {
   double kv_cache_gb = 0;
   std::string decoder_replay = "off";    // on: FastOptions::decoder_replay
   std::string prefill_attention = "on";  // FastOptions::prefill_attention
-  int64_t replay_margin = 12;
-  int tp = 0, ep = 0;  // under mpirun: the split (parallel/)
+  std::string replay_margin = "12";      // N | exact (add_replay_margin_option)
+  int tp = 0, ep = 0;                    // under mpirun: the split (parallel/)
   double rank_timeout_s = 60;
 };
 

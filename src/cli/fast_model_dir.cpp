@@ -8,6 +8,7 @@
 #include "model/convert/converted_checkpoint.h"
 #include "model/convert/converter.h"
 #include "model/convert/manifest.h"
+#include "model/fast/fast_model.h"
 #include "parallel/world.h"
 
 namespace dsv41::cli {
@@ -103,11 +104,37 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
       ->capture_default_str();
   sub->add_option("--decoder-replay", a->decoder_replay,
                   "fast path: on = decoder replay (spec §10.3, an approximation; "
-                  "docs/decoder_replay.md): a prompt chunk longer than the window + 12 tokens runs "
-                  "the decoder layers only on its last window + 12 tokens | off (the full stack)")
+                  "docs/decoder_replay.md): a prompt chunk longer than the window + "
+                  "--replay-margin tokens runs the decoder layers only on its last window + margin "
+                  "tokens | off (the full stack)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  add_replay_margin_option(sub, &a->replay_margin);
   add_split_options(sub, &a->tp, &a->ep, &a->rank_timeout_s);
+}
+
+void add_replay_margin_option(CLI::App* sub, std::string* margin) {
+  sub->add_option("--replay-margin", *margin,
+                  "fast path, --decoder-replay on: tokens replayed beyond the window, or exact = "
+                  "(decoder layers - 1) x (window - 1): a chunk's last row and every later token "
+                  "are then bit for bit the full stack's (docs/decoder_replay.md)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "exact") return "";
+            try {
+              std::size_t used = 0;
+              const long long n = std::stoll(v, &used);
+              if (used == v.size() && n >= 0 && n <= (1ll << 20)) return "";
+            } catch (const std::exception&) {
+            }
+            return "'" + v + "' is neither 'exact' nor an integer in [0, 1048576]";
+          },
+          "N|exact"))
+      ->capture_default_str();
+}
+
+int64_t replay_margin_value(const std::string& margin) {
+  return margin == "exact" ? FastOptions::kReplayMarginExact : std::stoll(margin);
 }
 
 void add_split_options(CLI::App* sub, int* tp, int* ep, double* timeout_s) {
@@ -153,6 +180,7 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   eo->fast.isolation = a.isolation;
   eo->fast.prefix_cache = a.prefix_cache == "on";
   eo->fast.decoder_replay = a.decoder_replay == "on";
+  eo->fast.replay_margin = replay_margin_value(a.replay_margin);
   eo->fast.tp = a.tp;
   eo->fast.ep = a.ep;
   eo->fast.rank_timeout_s = a.rank_timeout_s;

@@ -15,7 +15,7 @@ namespace dsv41::cli {
 struct PathArgs {
   std::string path = "fast", converted, act_quant = "off", isolation = "count", prefix_cache = "on";
   std::string speculative = "off";
-  std::string decoder_replay = "off";
+  std::string decoder_replay = "off", replay_margin = "12";
   int threads = 0;
   double kv_cache_gb = 0;
   int tp = 0, ep = 0;  // under mpirun (parallel/): 0 = the default split
@@ -25,6 +25,10 @@ void add_path_options(CLI::App* sub, PathArgs* a);
 // An error when the process runs under mpirun with more than one rank: for what has no split
 // (the reference path, `logits --dspark`, `bench serve`, the speculative bench); `what` names it.
 Status one_process_only(const std::string& what);
+// --replay-margin N|exact (FastOptions::replay_margin; exact = kReplayMarginExact), stored as
+// text in *margin and read back with replay_margin_value.
+void add_replay_margin_option(CLI::App* sub, std::string* margin);
+int64_t replay_margin_value(const std::string& margin);
 // --tp, --ep and --rank-timeout (part of add_path_options; `logits --path fast` takes them too).
 void add_split_options(CLI::App* sub, int* tp, int* ep, double* timeout_s);
 // Fills eo.path / eo.fast / eo.model_dir from the options (converting an official-layout model

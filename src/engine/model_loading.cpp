@@ -25,6 +25,7 @@ Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& convert
   fo.prefix_cache = o.prefix_cache;
   fo.dspark = o.dspark;
   fo.decoder_replay = o.decoder_replay;
+  fo.replay_margin = o.replay_margin;
   fo.isolation = o.isolation == "mask"  ? IsolationMode::kMask
                  : o.isolation == "off" ? IsolationMode::kOff
                                         : IsolationMode::kCount;

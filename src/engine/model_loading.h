@@ -27,6 +27,7 @@ struct FastRunnerOptions {
   bool prefix_cache = true;         // model/fast/prefix_cache.cpp
   bool dspark = false;              // load the DSpark drafter (ModelRunner::draft)
   bool decoder_replay = false;      // FastOptions::decoder_replay (an approximation; spec §10.3)
+  int64_t replay_margin = 12;       // FastOptions::replay_margin (-1: kReplayMarginExact)
   // Split over the ranks of an mpirun job (parallel/distributed_runner.h; 0: the default split):
   // attention over tp ranks, routed experts over ep ranks; a rank waits rank_timeout_s for the
   // others inside a step before the model is declared failed.

@@ -141,6 +141,28 @@ for t in range(1000):
     v = struct.unpack_from("<f", data, 4 * t * V)[0]
     assert math.isnan(v) == (t % 100 < 80), (t, v)
 PY
+# --replay-margin exact ((decoder layers - 1) x (window - 1) = 3 x 7 here): each chunk's last row
+# and every row after the last replayed chunk (20 tokens, too few to replay) are the full path's
+# bits; the default margin 12 differs there.
+python3 -c "import random; random.seed(1); print(','.join(str(random.randrange(0, 300)) for _ in range(1020)))" >"$T/toks1020"
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks1020" --out "$T/full1020.f32" --path fast \
+  --mode chunked:100 2>/dev/null >/dev/null
+for mg in exact 12; do
+  "$BIN" logits --model "$T/m" --tokens-file "$T/toks1020" --out "$T/rep1020_$mg.f32" --path fast \
+    --mode chunked:100 --decoder-replay on --replay-margin $mg 2>/dev/null >"$T/rep1020_$mg.json"
+done
+python3 - "$T/full1020.f32" "$T/rep1020_exact.f32" "$T/rep1020_12.f32" "$T/rep1020_exact.json" <<'PY'
+import json, sys
+full, exact, approx = (open(f, "rb").read() for f in sys.argv[1:4])
+assert json.load(open(sys.argv[4]))["replay_margin"] == 21
+T = 1020; rb = len(full) // T
+rows = [c * 100 + 99 for c in range(10)] + list(range(1000, 1020))
+row = lambda b, p: b[p * rb:(p + 1) * rb]
+same = [p for p in rows if row(full, p) == row(exact, p)]
+assert same == rows, sorted(set(rows) - set(same))
+assert any(row(full, p) != row(approx, p) for p in rows), "margin 12 is exact too: the check binds nothing"
+print("ok: --replay-margin exact gives the full path's bits on", len(rows), "rows")
+PY
 python3 "$(dirname "$0")/../../scripts/replay_quality.py" "$T/toks" "$T/ref100.f32" \
   "$T/full100.f32" "$T/rep.f32" | tee "$T/q.json"
 python3 - "$T/q.json" <<'PY'

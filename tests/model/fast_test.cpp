@@ -539,6 +539,55 @@ TEST(FastModel, PrefixCacheHitGivesTheLogitsOfAMiss) {
   EXPECT_EQ(m->attach_cached_prefix(4, c, ""), 0);
 }
 
+// Decoder replay and the prefix cache: a hit stops before blocks that end inside a chunk's skipped
+// rows (their decoder window rows were never computed); blocks ending where a replayed chunk ended
+// are attached, and the sequence then gives, bit for bit, the logits of one that ran the same
+// chunks itself.
+TEST(FastModel, PrefixCacheHitsStopBeforeRowsDecoderReplaySkipped) {
+  FastOptions rep;
+  rep.decoder_replay = true;
+  auto m = load_fast(rep);
+  auto plain = load_fast([] {
+    FastOptions o;
+    o.decoder_replay = true;
+    o.prefix_cache = false;
+    return o;
+  }());
+  const int32_t v = m->vocab_size();
+  const int64_t G = m->pool().layout().global_tokens;
+  const int64_t len = m->pool().layout().window + m->replay_margin();  // 8 + 12 on tiny
+  ASSERT_GT(G, len) << "the chunks of G below must replay";
+  const auto prefix = random_tokens(91, int(3 * G), v);
+  auto a = prefix, b = prefix;
+  const auto ta = random_tokens(92, int(len) + 10, v), tb = random_tokens(93, 11, v);
+  a.insert(a.end(), ta.begin(), ta.end());
+  b.insert(b.end(), tb.begin(), tb.end());
+  // One chunk: every block ends among skipped rows (the replayed rows start 10 tokens after the
+  // last block), nothing is attached.
+  run(*m, 1, a, 0);
+  ASSERT_TRUE(m->open(2).is_ok());
+  EXPECT_EQ(m->attach_cached_prefix(2, b, ""), 0);
+  EXPECT_EQ(m->stats().prefix_replay_capped_tokens, 3 * G);
+  m->free(2);
+  m->free(1);
+  // Chunks of G (each replayed, ending on a block end): the blocks are attached.
+  auto m2 = load_fast(rep);
+  run(*m2, 1, a, int(G));
+  ASSERT_TRUE(m2->open(2).is_ok());
+  ASSERT_EQ(m2->attach_cached_prefix(2, b, ""), 3 * G);
+  StepBatch sb;
+  sb.slices.push_back({2, 3 * G, std::vector<int32_t>(b.begin() + 3 * G, b.end()), {}, {}});
+  for (int32_t r = 0; r < int32_t(b.size() - 3 * G); ++r) sb.slices[0].logits_rows.push_back(r);
+  StepOutput out;
+  ASSERT_TRUE(m2->step(sb, &out).is_ok());
+  const auto full = run(*plain, 1, b, int(G));  // chunks of G, then the 11 new tokens
+  ASSERT_EQ(out.slices[0].logits.size(), full.size() - std::size_t(3 * G) * std::size_t(v));
+  EXPECT_EQ(std::memcmp(out.slices[0].logits.data(), full.data() + 3 * G * v,
+                        out.slices[0].logits.size() * sizeof(float)),
+            0);
+  EXPECT_EQ(m2->stats().foreign_reads, 0);
+}
+
 // Truncating into blocks the prefix cache shares (copy-on-write): the sequence goes on exactly as a
 // fresh one with its new tokens, and the cached blocks keep what they held (a later sequence
 // attached to them still gets the miss's logits).

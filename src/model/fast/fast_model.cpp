@@ -156,6 +156,9 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
     if (im.plan.layers[std::size_t(l)].compress_ratio == 1) im.replay_split = l;
   for (int l = im.replay_split + 1; im.replay_split >= 0 && l < im.plan.num_backbone; ++l)
     if (im.plan.layers[std::size_t(l)].is_kv_source()) im.replay_split = -1;
+  if (opt.replay_margin < FastOptions::kReplayMarginExact)
+    return Status::error("replay_margin " + std::to_string(opt.replay_margin) +
+                         ": below 0 (kReplayMarginExact, -1, asks for the exact margin)");
   im.prefill_attention_on = opt.prefill_attention;
   if (opt.decoder_replay)
     DSV41_RETURN_IF_ERROR(m->set_decoder_replay(true).with_context(dir + ": "));
@@ -836,6 +839,14 @@ void FastModel::set_prefill_attention(bool on) {
   impl_->prefill_attention_on = on;
 }
 
+int64_t FastModel::replay_margin() const {
+  const Impl& im = *impl_;
+  if (im.opt.replay_margin != FastOptions::kReplayMarginExact) return im.opt.replay_margin;
+  if (im.replay_split < 0) return 0;
+  const int64_t decoders = int64_t(im.plan.num_backbone) - im.replay_split;
+  return (decoders - 1) * std::max<int64_t>(0, im.cfg.text.sliding_window - 1);
+}
+
 Status FastModel::set_decoder_replay(bool on) {
   if (on && impl_->replay_split < 0)
     return Status::error(
@@ -916,7 +927,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   }
   // Decoder replay: which rows the decoder layers run on (a slice longer than window + margin:
   // its last window + margin rows), decided before the layers.
-  const int64_t replay_len = tc.sliding_window + im.opt.replay_margin;
+  const int64_t replay_len = tc.sliding_window + replay_margin();
   auto replayed = [&](const SeqSlice& sl) {
     return im.replay_on && int64_t(sl.tokens.size()) > replay_len && !sl.full_stack;
   };

@@ -58,6 +58,12 @@ struct FastOptions {
   // Prefill attention through ops::prefill_attention (a run of a sequence's consecutive positions
   // at once: each window row unpacked once for the run); the same bits as the one-query path.
   bool prefill_attention = true;
+  // replay_margin kReplayMarginExact: (decoder layers - 1) x (window - 1), the smallest margin at
+  // which a replayed chunk's last row, its decoder window rows and so every later token are bit
+  // for bit those of the full stack (each decoder layer's window reaches window - 1 positions
+  // further back into rows the previous layer computed with a floored window;
+  // docs/decoder_replay.md). Only the rows before the chunk's end differ.
+  static constexpr int64_t kReplayMarginExact = -1;
   bool decoder_replay = false;
   int64_t replay_margin = 12;
   Collective* comm = nullptr;
@@ -80,6 +86,8 @@ struct FastStats {
   int64_t prefix_queries = 0, prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t prefix_entries = 0;    // cached global blocks now
   int64_t prefix_evictions = 0;  // cached blocks evicted (the pool was full)
+  // Matching cached tokens not attached because decoder replay skipped the rows they end in.
+  int64_t prefix_replay_capped_tokens = 0;
   // Split over processes: the weight bytes this process reads (its share; the Engram tables are
   // not counted: only hashed rows are read), the collectives it took part in and their payload.
   int64_t share_weight_bytes = 0;
@@ -133,6 +141,8 @@ class FastModel final : public ModelRunner {
   // Decoder replay on or off from the next step (bench prefill's A/B); refuses on a config without
   // a split layer (a ratio-1 layer after which no layer owns compressed KV).
   Status set_decoder_replay(bool on);
+  // The margin decoder replay uses (kReplayMarginExact resolved for this config).
+  int64_t replay_margin() const;
   // ops::prefill_attention on or off from the next step (bench prefill's A/B; the same bits).
   void set_prefill_attention(bool on);
 

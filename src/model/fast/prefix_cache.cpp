@@ -136,6 +136,17 @@ int64_t FastModel::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& t
     hit.push_back(&e->second);
     chain.push_back(h);
   }
+  // Decoder replay: a hit stops at the last block whose end a sequence could go on from with only
+  // the rows its writer computed, i.e. whose decoder window rows [end - window + 1, end) lie at or
+  // above the writer's floor then; blocks ending inside a chunk's skipped rows are computed again.
+  // The attached state is then the writer's at that point, bit for bit (a sequence that ran the
+  // same chunks itself gets the same logits); the floor carries over.
+  while (!hit.empty() && hit.back()->dec_floor > int64_t(hit.size()) * G - L.window + 1 &&
+         hit.back()->dec_floor > 0) {
+    im.stats.prefix_replay_capped_tokens += G;
+    hit.pop_back();
+    chain.pop_back();
+  }
   if (hit.empty()) return 0;
   const int64_t P = int64_t(hit.size()) * G;
   // Tables first, references last: an allocation failing above leaves no reference behind.
@@ -150,9 +161,7 @@ int64_t FastModel::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& t
   for (int64_t p = 0; p < P; ++p)
     s.history[std::size_t(p)] = im.cmap[std::size_t(tokens[std::size_t(p)])];
   s.len = s.shared_len = P;
-  // Decoder replay: the attached window rows of the decoder layers are valid from the writer's
-  // floor on (none below P if the writer's floor lies past it).
-  s.dec_floor = std::min(last.dec_floor, P);
+  s.dec_floor = last.dec_floor;  // below P - window + 1 (above)
   s.chain = std::move(chain);
   for (const fast::PrefixEntry* e : hit) {
     im.kv->share(e->glob);
