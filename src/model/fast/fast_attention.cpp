@@ -78,45 +78,107 @@ void FastModel::Impl::compressor_step(const LayerPlan& p, const fast::LayerW& w,
 }
 
 void FastModel::Impl::indexer(const LayerPlan& p, int64_t t, float* qi, float* wq) {
+  const int64_t kb = ops::index_key_bytes(cfg.text.index_head_dim);
+  if (int64_t(qpack.size()) < cfg.text.index_n_heads * kb)
+    qpack.resize(std::size_t(cfg.text.index_n_heads * kb));
+  const int64_t nvis = indexer_prep(p, t, qi, wq, qpack.data());
+  if (int64_t(scores.size()) < nvis) scores.resize(std::size_t(nvis));
+  indexer_span_scores(p, t, qpack.data(), wq, 0, nvis, scores.data());
+  indexer_select(p, t, nvis, scores.data());
+}
+
+int64_t FastModel::Impl::indexer_prep(const LayerPlan& p, int64_t t, float* qi, float* wq,
+                                      uint8_t* qp) {
   const TextConfig& tc = cfg.text;
-  const fast::TokenRow& row = rows[std::size_t(t)];
-  SeqState& s = *row.seq;
-  const int64_t P = row.pos, r = p.compress_ratio, nvis = (P + 1) / r;
+  const int64_t P = rows[std::size_t(t)].pos, nvis = (P + 1) / p.compress_ratio;
   const int64_t nh = tc.index_n_heads, di = tc.index_head_dim;
-  auto& out = sel[std::size_t(t)];
-  out.clear();
-  if (nvis == 0) return;  // nothing visible yet: the indexer is skipped
-  int owner_layer = p.kv_source;
-  if (opt.index_keys == IndexKeySemantics::kVendor && s.vendor_slot >= 0)
-    owner_layer = s.vendor_slot;
-  const int src = source_of_layer[std::size_t(owner_layer)];
-  const KvLayout::Source& so = kv->layout().sources[std::size_t(src)];
+  if (nvis == 0) return 0;  // nothing visible yet: the indexer is skipped
   // Queries (wq_b . qr, computed for the chunk), RoPE at P, each head packed as an index-key row
   // (the fake FP4 of the reference, bit for bit).
   rope_table(rope_comp, P);
   const int64_t kb = ops::index_key_bytes(di);
-  if (int64_t(qpack.size()) < nh * kb) qpack.resize(std::size_t(nh * kb));
   for (int64_t hh = 0; hh < nh; ++hh) {
     kern->rope(qi + hh * di, di, rope_comp.dim, cosb.data(), sinb.data(), false);
-    kern->pack_index_key(qi + hh * di, di, qpack.data() + hh * kb);
+    kern->pack_index_key(qi + hh * di, di, qp + hh * kb);
   }
   const float wscale = float(1.0 / std::sqrt(double(di)) / std::sqrt(double(nh)));
   for (int64_t hh = 0; hh < nh; ++hh) wq[hh] *= wscale;
+  return nvis;
+}
+
+int FastModel::Impl::index_source(const LayerPlan& p, const SeqState& s) const {
+  int owner_layer = p.kv_source;
+  if (opt.index_keys == IndexKeySemantics::kVendor && s.vendor_slot >= 0)
+    owner_layer = s.vendor_slot;
+  return source_of_layer[std::size_t(owner_layer)];
+}
+
+void FastModel::Impl::indexer_span_scores(const LayerPlan& p, int64_t t, const uint8_t* qp,
+                                          const float* wq, int64_t j0, int64_t j1,
+                                          float* sc) const {
+  const TextConfig& tc = cfg.text;
+  const SeqState& s = *rows[std::size_t(t)].seq;
+  const int src = index_source(p, s);
+  const int64_t per = kv->layout().sources[std::size_t(src)].entries;
   const float ninf = -std::numeric_limits<float>::infinity();
-  // Scores over the visible keys, one contiguous span per global block.
-  if (int64_t(scores.size()) < nvis) scores.resize(std::size_t(nvis));
-  const int64_t per = so.entries;
-  for (int64_t j0 = 0; j0 < nvis; j0 += per - (j0 % per)) {
-    const int64_t j1 = std::min(nvis, j0 - j0 % per + per);
+  // One contiguous span per global block.
+  for (int64_t a = j0; a < j1; a += per - (a % per)) {
+    const int64_t b = std::min(j1, a - a % per + per);
     bool ok = true;
-    for (int64_t j = j0; j < j1; ++j) ok &= read_comp_row(s, src, j, true) != nullptr;
-    const uint8_t* keys = ok ? read_comp_row(s, src, j0, true) : nullptr;
+    for (int64_t j = a; j < b; ++j) ok &= read_comp_row(s, src, j, true) != nullptr;
+    const uint8_t* keys = ok ? read_comp_row(s, src, a, true) : nullptr;
     if (!keys) {  // masked (foreign) keys score nothing
-      std::fill(scores.begin() + j0, scores.begin() + j1, ninf);
+      std::fill(sc + a, sc + b, ninf);
       continue;
     }
-    kern->indexer_scores(qpack.data(), wq, nh, di, keys, j1 - j0, scores.data() + j0);
+    kern->indexer_scores(qp, wq, tc.index_n_heads, tc.index_head_dim, keys, b - a, sc + a);
   }
+}
+
+void FastModel::Impl::indexer_run(const LayerPlan& p, int64_t t0, int64_t a, int64_t b) {
+  const TextConfig& tc = cfg.text;
+  const int64_t nh = tc.index_n_heads, di = tc.index_head_dim, kb = ops::index_key_bytes(di);
+  // Groups of queries bound the scores' scratch (group x visible keys floats); tiles of whole
+  // global blocks of keys (about 256 entries) are the GEMM's tiles, read once per group from
+  // cache. Whole blocks: each kernel call covers the span the one-query path's call covers.
+  constexpr int64_t kGroup = 64;
+  const int64_t per =
+      kv->layout().sources[std::size_t(index_source(p, *rows[std::size_t(t0 + a)].seq))].entries;
+  const int64_t kKeyTile = per * std::max<int64_t>(1, 256 / per);
+  for (int64_t q0 = a; q0 < b; q0 += kGroup) {
+    const int64_t q1 = std::min(b, q0 + kGroup), ng = q1 - q0;
+    if (int64_t(run_qpack.size()) < ng * nh * kb) run_qpack.resize(std::size_t(ng * nh * kb));
+    run_nvis.resize(std::size_t(ng));  // capacity kept
+    int64_t maxvis = 0;
+    for (int64_t i = 0; i < ng; ++i) {  // serial: RoPE tables are shared scratch
+      const int64_t t = q0 + i;
+      run_nvis[std::size_t(i)] = indexer_prep(p, t0 + t, iq.data() + t * nh * di,
+                                              tmp2.data() + t * nh, run_qpack.data() + i * nh * kb);
+      maxvis = std::max(maxvis, run_nvis[std::size_t(i)]);
+    }
+    if (int64_t(run_scores.size()) < ng * maxvis) run_scores.resize(std::size_t(ng * maxvis));
+    pool->parallel_for(std::size_t(ng), [&](std::size_t i0, std::size_t i1, std::size_t) {
+      for (int64_t k0 = 0; k0 < maxvis; k0 += kKeyTile)
+        for (std::size_t i = i0; i < i1; ++i) {
+          const int64_t k1 = std::min(run_nvis[i], k0 + kKeyTile);
+          if (k1 <= k0) continue;
+          const int64_t t = q0 + int64_t(i);
+          indexer_span_scores(p, t0 + t, run_qpack.data() + int64_t(i) * nh * kb,
+                              tmp2.data() + t * nh, k0, k1,
+                              run_scores.data() + int64_t(i) * maxvis);
+        }
+    });
+    for (int64_t i = 0; i < ng; ++i)
+      indexer_select(p, t0 + q0 + i, run_nvis[std::size_t(i)], run_scores.data() + i * maxvis);
+  }
+}
+
+void FastModel::Impl::indexer_select(const LayerPlan& p, int64_t t, int64_t nvis, float* sc) {
+  const TextConfig& tc = cfg.text;
+  auto& out = sel[std::size_t(t)];
+  out.clear();
+  if (nvis == 0) return;
+  const float ninf = -std::numeric_limits<float>::infinity();
   if (p.candidate_source) {  // publish the block pool for this query (spec §5.6.3)
     // Block score = max over its entries; the block of the newest visible entry pinned to +inf;
     // the best candidate_topk_blocks blocks with a score above -inf are kept (ties: lower block,
@@ -126,7 +188,7 @@ void FastModel::Impl::indexer(const LayerPlan& p, int64_t t, float* qi, float* w
     for (int64_t b = 0; b < nb; ++b) {
       float m = ninf;
       for (int64_t j = b * bs; j < std::min(nvis, (b + 1) * bs); ++j)
-        m = std::max(m, scores[std::size_t(j)]);
+        m = std::max(m, sc[std::size_t(j)]);
       bscore[std::size_t(b)] = m;
     }
     bscore[std::size_t(nb - 1)] = std::numeric_limits<float>::infinity();
@@ -144,13 +206,13 @@ void FastModel::Impl::indexer(const LayerPlan& p, int64_t t, float* qi, float* w
   if (p.candidate_filter >= 0) {
     const auto& mask = cand[std::size_t(t)];
     for (int64_t j = 0; j < nvis; ++j)
-      if (j >= int64_t(mask.size()) || !mask[std::size_t(j)]) scores[std::size_t(j)] = ninf;
+      if (j >= int64_t(mask.size()) || !mask[std::size_t(j)]) sc[std::size_t(j)] = ninf;
   }
   // Top-k of the visible scores (ties: lower entry), which is the reference's selection: entries
   // not yet visible score -inf and sort after every visible one, so they are never kept.
   const int64_t kk = std::min<int64_t>(tc.index_topk, nvis);
   if (int64_t(topk_out.size()) < kk) topk_out.resize(std::size_t(kk));
-  const int64_t got = ops::topk_threshold(scores.data(), nvis, kk, topk_out.data());
+  const int64_t got = ops::topk_threshold(sc, nvis, kk, topk_out.data());
   out.assign(topk_out.begin(), topk_out.begin() + got);
 }
 
@@ -362,10 +424,9 @@ bool FastModel::Impl::prefill_run(const LayerPlan& p, const fast::LayerW& w,
   // Each query's compressed rows (its indexer's selection), after the indexer of every query.
   pre_comp.clear();
   pre_cofs.assign(1, 0);
-  const int64_t nh = tc.index_n_heads, di = tc.index_head_dim;
+  if (p.compress_ratio > 0 && p.has_indexer()) indexer_run(p, t0, a, b);
   for (int64_t t = a; t < b; ++t) {
     if (p.compress_ratio > 0) {
-      if (p.has_indexer()) indexer(p, t0 + t, iq.data() + t * nh * di, tmp2.data() + t * nh);
       const int src = source_of_layer[std::size_t(p.kv_source)];
       for (int64_t j : sel[std::size_t(t0 + t)])
         if (const uint8_t* rr = read_comp_row(s, src, j, false)) pre_comp.push_back(rr);

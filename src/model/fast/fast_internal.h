@@ -260,7 +260,9 @@ struct FastModel::Impl {
   // per-call scratch of one token (the step runs tokens one after another)
   std::vector<float> qr, iq, kvrow, att_o, ubuf, tmp, tmp2, xq, scores, cosb, sinb, emb, ekv, lat,
       gbuf;
-  std::vector<uint8_t> qpack;
+  std::vector<uint8_t> qpack, run_qpack;
+  std::vector<float> run_scores;
+  std::vector<int64_t> run_nvis;
   // prefill attention (prefill_run): the band's window rows contiguous, the queries' compressed
   // rows and their offsets, the outputs; which chunk tokens it attended
   std::vector<uint8_t> pre_win, prefill_done;
@@ -355,6 +357,22 @@ struct FastModel::Impl {
                    int64_t t0, int64_t a, int64_t b);
   // Token t's indexer from its queries qi [heads, dim] (rotated in place) and weights wts [heads].
   void indexer(const LayerPlan& p, int64_t t, float* qi, float* wts);
+  // The KV source whose index keys the layer's indexer scores for sequence s.
+  int index_source(const LayerPlan& p, const fast::SeqState& s) const;
+  // Its three parts. Query side (RoPE at the token's position, each head packed as an index-key
+  // row into qp [heads rows], the weights scaled in place); returns the visible keys' count.
+  int64_t indexer_prep(const LayerPlan& p, int64_t t, float* qi, float* wts, uint8_t* qp);
+  // Scores of visible keys [j0, j1) into sc[j0 .. j1) (masked keys score -inf); const and
+  // thread-safe: the kernel per contiguous span of one global block, whatever the split.
+  void indexer_span_scores(const LayerPlan& p, int64_t t, const uint8_t* qp, const float* wts,
+                           int64_t j0, int64_t j1, float* sc) const;
+  // The candidate pool and the top-k selection from token t's nvis scores (sc, overwritten).
+  void indexer_select(const LayerPlan& p, int64_t t, int64_t nvis, float* sc);
+  // The indexer of a run of one sequence's consecutive tokens [t0 + a, t0 + b): the queries
+  // prepared one by one, then the scores as a GEMM over the run's queries (each key span read once
+  // for a group of queries, the group's queries split over the pool), then each selection. The
+  // same kernel calls per (query, key) as `indexer`, so the same bits.
+  void indexer_run(const LayerPlan& p, int64_t t0, int64_t a, int64_t b);
   void moe(const LayerPlan& p, const fast::LayerW& w, int64_t n);  // xs -> ys for tokens [0, n)
   void engram_chunk(const LayerPlan& p, const fast::LayerW& w, int64_t t0, int64_t n);
   // Routed expert e on m gathered tokens (x [m, hidden], route [m]) -> out [m, hidden].
