@@ -212,7 +212,9 @@ int run_bench_speculative(const BenchArgs& a) {
           const bool control = std::string(mode) == "off", known = std::string(mode) == "oracle";
           (*engine)->set_drafting(!control);
           // Each drafter's requests learn, and carry to its later requests as a server does,
-          // their own acceptance (the first repetition starts cold).
+          // their own acceptance prior: across repetitions and points, so only each drafter's
+          // first request of the run starts cold (later points start from what earlier ones
+          // learned).
           (*engine)->select_acceptance_slot(slot++);
           oracle_ptr->set_streams(known ? streams_seen : std::vector<std::vector<int32_t>>{});
           runs[mode].push_back(measure(**engine, *fast, prompts, a.spec_tokens, &err,

@@ -586,6 +586,18 @@ TEST(FastModel, PrefixCacheHitsStopBeforeRowsDecoderReplaySkipped) {
                         out.slices[0].logits.size() * sizeof(float)),
             0);
   EXPECT_EQ(m2->stats().foreign_reads, 0);
+  // The boundary: block 3's last window row position 3G - window + 1 is the first one a later
+  // token reads; a floor there still attaches, one past it does not.
+  const int64_t w = m->pool().layout().window;
+  for (const int64_t tail : {len - w + 1, len - w + 2}) {
+    auto m3 = load_fast(rep);
+    auto c = prefix;
+    const auto tc = random_tokens(94, int(tail), v);
+    c.insert(c.end(), tc.begin(), tc.end());
+    run(*m3, 1, c, 0);  // floor 3G + tail - len
+    ASSERT_TRUE(m3->open(2).is_ok());
+    EXPECT_EQ(m3->attach_cached_prefix(2, b, ""), tail == len - w + 1 ? 3 * G : 0) << tail;
+  }
 }
 
 // Truncating into blocks the prefix cache shares (copy-on-write): the sequence goes on exactly as a
