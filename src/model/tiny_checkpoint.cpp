@@ -308,7 +308,8 @@ Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
   auto fill_bigram = [&](const ExpectedTensor& t, std::span<uint8_t> out) {
     const double d = double(tc.hidden_size);
     if (t.name == kEmbedName) {
-      // Head rows have norm ~1; embeddings keep entries of O(1) (norm ~sqrt(hidden)).
+      // Head rows have norm ~1; x 16 sqrt(hidden) gives entries of ~16, so the embedding
+      // dominates the residual stream (layer outputs are O(1) whatever its scale).
       const double scale = std::exp2(std::round(std::log2(16 * std::sqrt(d))));
       permute_rows(regenerate(std::string(kHeadName) + ".weight"), succ, t.shape[1], scale, false,
                    out);
