@@ -41,9 +41,12 @@ grep -qE '"chat_template_kwargs": ?\{"thinking": ?false\}' README.md ||
   fail 'README.md: the chat example does not show "chat_template_kwargs": {"thinking": false}'
 grep -qF 'reasoning_content' README.md || fail "README.md: no word on reasoning_content"
 grep -qi 'continuous batching' README.md || fail "README.md: does not say how concurrent requests run"
+# The help text is captured first: `grep -q` exits at its first match, and under pipefail the
+# writer's SIGPIPE would fail the pipeline when the match comes before the text's end.
+serve_help=$("$bin" serve --help)
 for opt in --max-num-seqs --max-num-batched-tokens; do
   grep -qF -- "$opt" README.md || fail "README.md: does not name serve's $opt"
-  "$bin" serve --help | grep -qF -- "$opt" || fail "dsv41 serve --help has no $opt (README.md names it)"
+  grep -qF -- "$opt" <<<"$serve_help" || fail "dsv41 serve --help has no $opt (README.md names it)"
 done
 
 # 4. Demo preset sizes (tensor bytes as make-tiny reports them) in docs/checkpoints.md.
