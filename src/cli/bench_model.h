@@ -36,6 +36,7 @@ struct BenchArgs {
   int64_t spec_tokens = 48;            // ... tokens each request generates
   int64_t spec_width = 0;              // ... drafts verified per step (0: the engine's cost model)
   int64_t spec_repeats = 3;            // ... repetitions of the three modes, alternating
+  std::string spec_probe = "shadow";   // ... how trackers probe (add_spec_probe_option)
   std::string decoder_replay = "off";  // bench prefill: off | on | ab (both, alternating)
   std::string replay_margin = "12";    // bench prefill: N | exact (add_replay_margin_option)
   std::string prefill_attention = "on";  // bench prefill: off | on | ab

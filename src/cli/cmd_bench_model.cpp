@@ -405,6 +405,7 @@ void add_bench_model(CLI::App* bench, Runner* run) {
                   "--speculative on: tokens each request generates")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 20))
       ->capture_default_str();
+  add_spec_probe_option(dec, &a->spec_probe);
   dec->callback([=] { *run = [=] { return run_bench_decode(*a); }; });
   auto p = std::make_shared<BenchArgs>();
   CLI::App* pre = bench->add_subcommand(

@@ -6,8 +6,11 @@
 // its last), aggregate tok/s, drafts verified and accepted, the acceptance rate, rows the model ran
 // per step and distinct routed experts per step (from the model's counters; the points' few
 // prefill steps included); and the on/off ratio of per-stream tok/s: the modes alternate within
-// each of --spec-repeats repetitions, rates are medians, ratios the median of each repetition's own
-// (drift of the machine's speed cancels). A third mode, "oracle",
+// each of --spec-repeats repetitions (off, on, oracle in even ones, the reverse in odd ones, so a
+// steady drift favours neither), rates are medians, ratios the median of each repetition's own
+// (drift of the machine's speed cancels), after an unmeasured warm-up request with drafting off and
+// on. Shadow probes (--spec-probe shadow, the engine's default)
+// are counted apart from verified drafts. A third mode, "oracle",
 // drafts the control run's own tokens (model/oracle_drafter.h): the speed-up verification gives
 // when every draft is right, on this model and machine.
 #include <algorithm>
@@ -106,7 +109,16 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
           {"drafts", drafts},
           {"accepted", accepted},
           {"acceptance_rate", drafts > 0 ? double(accepted) / double(drafts) : 0.0},
+          {"shadow_probes", es1.spec_shadow_probes - es0.spec_shadow_probes},
+          {"shadow_drafts", es1.spec_shadow_draft_tokens - es0.spec_shadow_draft_tokens},
+          {"shadow_accepted", es1.spec_shadow_accepted_tokens - es0.spec_shadow_accepted_tokens},
           {"steps", steps},
+          // Weight bytes the model's steps and drafts were handed per generated token (each
+          // matrix once per step or draft call): the traffic a token costs, free of the machine's
+          // speed drifts that make the tok/s ratios noisy.
+          {"weight_bytes", fs1.weight_bytes - fs0.weight_bytes},
+          {"weight_bytes_per_token",
+           tokens > 0 ? double(fs1.weight_bytes - fs0.weight_bytes) / double(tokens) : 0.0},
           {"rows_per_step", steps > 0 ? double(fs1.tokens - fs0.tokens) / double(steps) : 0.0},
           {"distinct_experts_per_step",
            steps > 0 ? double(fs1.distinct_experts - fs0.distinct_experts) / double(steps) : 0.0}};
@@ -122,16 +134,22 @@ double median(std::vector<double> v) {
 nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs) {
   nlohmann::ordered_json j = runs.back();
   std::vector<double> per_stream, tok_s;
-  for (const char* key : {"verify_steps", "drafts", "accepted", "tokens", "steps"}) j[key] = 0;
+  for (const char* key : {"verify_steps", "drafts", "accepted", "shadow_probes", "shadow_drafts",
+                          "shadow_accepted", "tokens", "steps", "weight_bytes"})
+    j[key] = 0;
   for (const auto& r : runs) {
     per_stream.push_back(r["per_stream_tok_s"].get<double>());
     tok_s.push_back(r["tok_s"].get<double>());
-    for (const char* key : {"verify_steps", "drafts", "accepted", "tokens", "steps"})
+    for (const char* key : {"verify_steps", "drafts", "accepted", "shadow_probes", "shadow_drafts",
+                            "shadow_accepted", "tokens", "steps", "weight_bytes"})
       j[key] = j[key].get<int64_t>() + r[key].get<int64_t>();
   }
   j["per_stream_tok_s"] = median(per_stream);
   j["tok_s"] = median(tok_s);
   j["per_stream_tok_s_runs"] = per_stream;
+  const int64_t tokens = j["tokens"].get<int64_t>();
+  j["weight_bytes_per_token"] =
+      tokens > 0 ? double(j["weight_bytes"].get<int64_t>()) / double(tokens) : 0.0;
   const int64_t drafts = j["drafts"].get<int64_t>();
   j["acceptance_rate"] = drafts > 0 ? double(j["accepted"].get<int64_t>()) / double(drafts) : 0.0;
   return j;
@@ -181,6 +199,7 @@ int run_bench_speculative(const BenchArgs& a) {
   eo.model_dir = *dir;
   eo.speculative = true;
   eo.speculative_width = a.spec_width;
+  eo.speculative_shadow_probes = a.spec_probe == "shadow";
   eo.max_num_seqs = int(std::max<int64_t>(1, *std::max_element(streams->begin(), streams->end())));
   auto engine = Engine::create(std::move(oracle), std::move(*tok), eo);
   if (!engine) {
@@ -188,6 +207,26 @@ int run_bench_speculative(const BenchArgs& a) {
     return kExitInvalid;
   }
   const int32_t V = (*engine)->vocab_size();
+  // Warm-up, not measured: one request with drafting off, then on (its acceptance prior learns
+  // from it as a running server's would). The first drafter calls and verify steps of a process
+  // pay one-time costs (first touches of the drafter's weights and of scratch buffers) that made
+  // the first measured repetition an outlier (0.54x against 0.91-1.10x for the others, session 12).
+  {
+    Rng wrng(7);
+    std::vector<int32_t> prompt(16);
+    for (auto& t : prompt) t = int32_t(wrng.below(uint64_t(V)));
+    for (const bool drafting : {false, true}) {
+      Status err = Status::ok();
+      (*engine)->set_drafting(drafting);
+      (*engine)->select_acceptance_slot(drafting ? 1 : 0);
+      oracle_ptr->set_streams({});
+      measure(**engine, *fast, {prompt}, a.spec_tokens, &err);
+      if (!err.is_ok()) {
+        log::error("bench decode: warm-up: {}", err.message());
+        return kExitInvalid;
+      }
+    }
+  }
   Rng rng(6);
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   for (const char* kind : {"repetitive", "random"}) {
@@ -205,8 +244,13 @@ int run_bench_speculative(const BenchArgs& a) {
       std::map<std::string, std::vector<nlohmann::ordered_json>> runs;
       // Modes alternate within each repetition and the ratios are taken per repetition, so a
       // drift of the machine's speed over the run cancels in the median.
+      static constexpr const char* kModes[] = {"off", "on", "oracle"};
       for (int64_t rep = 0; rep < a.spec_repeats; ++rep)
-        for (int slot = 0; const char* mode : {"off", "on", "oracle"}) {
+        for (int m = 0; m < 3; ++m) {
+          // Odd repetitions reverse the order; the oracle's drafts come from repetition 0's
+          // control, which runs first.
+          const int slot = rep % 2 ? 2 - m : m;
+          const char* mode = kModes[slot];
           log::info("bench decode: speculative {} at {} streams, {} prompt, run {} ...", mode, s,
                     kind, rep + 1);
           const bool control = std::string(mode) == "off", known = std::string(mode) == "oracle";
@@ -215,7 +259,7 @@ int run_bench_speculative(const BenchArgs& a) {
           // their own acceptance prior: across repetitions and points, so only each drafter's
           // first request of the run starts cold (later points start from what earlier ones
           // learned).
-          (*engine)->select_acceptance_slot(slot++);
+          (*engine)->select_acceptance_slot(slot);
           oracle_ptr->set_streams(known ? streams_seen : std::vector<std::vector<int32_t>>{});
           runs[mode].push_back(measure(**engine, *fast, prompts, a.spec_tokens, &err,
                                        control && rep == 0 ? &streams_seen : nullptr));
@@ -235,6 +279,10 @@ int run_bench_speculative(const BenchArgs& a) {
             median(ratios);
         pt[std::string(mode) == "on" ? "speedup_per_stream_runs"
                                      : "oracle_speedup_per_stream_runs"] = ratios;
+        // Off's weight bytes per token over this mode's (above 1: less traffic per token).
+        const double mine = pt[mode]["weight_bytes_per_token"].get<double>();
+        pt[std::string(mode) == "on" ? "traffic_ratio" : "oracle_traffic_ratio"] =
+            mine > 0 ? pt["off"]["weight_bytes_per_token"].get<double>() / mine : 0.0;
       }
       points.push_back(pt);
     }
@@ -245,8 +293,10 @@ int run_bench_speculative(const BenchArgs& a) {
                               {"isa", ops::isa_name(ops::kernels().isa)},
                               {"tokens_per_request", a.spec_tokens},
                               {"spec_width", a.spec_width},
+                              {"spec_probe", a.spec_probe},
                               {"repeats", a.spec_repeats},
                               {"control", "the same engine with drafting suppressed"},
+                              {"warmup", "one unmeasured request drafting off, then on"},
                               {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;

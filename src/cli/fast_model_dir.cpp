@@ -102,6 +102,7 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
                   "only while a request's measured acceptance pays for it | off")
       ->check(CLI::IsMember({"dspark", "off"}))
       ->capture_default_str();
+  add_spec_probe_option(sub, &a->spec_probe);
   sub->add_option("--decoder-replay", a->decoder_replay,
                   "fast path: on = decoder replay (spec §10.3, an approximation; "
                   "docs/decoder_replay.md): a prompt chunk longer than the window + "
@@ -111,6 +112,17 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
       ->capture_default_str();
   add_replay_margin_option(sub, &a->replay_margin);
   add_split_options(sub, &a->tp, &a->ep, &a->rank_timeout_s);
+}
+
+void add_spec_probe_option(CLI::App* sub, std::string* probe) {
+  sub->add_option(
+         "--spec-probe", *probe,
+         "with speculative decoding: how a request that stopped drafting probes the drafter "
+         "again: shadow = draft, decode plainly and compare the chain with the tokens "
+         "that follow (the acceptance a verify would see, at the drafter's cost only) | "
+         "verify = verify the probe's drafts (docs/dspark.md)")
+      ->check(CLI::IsMember({"shadow", "verify"}))
+      ->capture_default_str();
 }
 
 void add_replay_margin_option(CLI::App* sub, std::string* margin) {
@@ -165,6 +177,7 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   eo->path = a.path;
   eo->model_dir = model_dir;
   eo->speculative = a.speculative == "dspark";
+  eo->speculative_shadow_probes = a.spec_probe == "shadow";
   if (a.path == "reference") {
     if (is_converted_checkpoint(model_dir))
       return Status::error(

@@ -14,7 +14,7 @@ namespace dsv41::cli {
 // The forward-path options of `generate` and `serve`.
 struct PathArgs {
   std::string path = "fast", converted, act_quant = "off", isolation = "count", prefix_cache = "on";
-  std::string speculative = "off";
+  std::string speculative = "off", spec_probe = "shadow";
   std::string decoder_replay = "off", replay_margin = "12";
   int threads = 0;
   double kv_cache_gb = 0;
@@ -25,6 +25,8 @@ void add_path_options(CLI::App* sub, PathArgs* a);
 // An error when the process runs under mpirun with more than one rank: for what has no split
 // (the reference path, `logits --dspark`, `bench serve`, the speculative bench); `what` names it.
 Status one_process_only(const std::string& what);
+// --spec-probe shadow|verify (EngineOptions::speculative_shadow_probes), stored as text.
+void add_spec_probe_option(CLI::App* sub, std::string* probe);
 // --replay-margin N|exact (FastOptions::replay_margin; exact = kReplayMarginExact), stored as
 // text in *margin and read back with replay_margin_value.
 void add_replay_margin_option(CLI::App* sub, std::string* margin);

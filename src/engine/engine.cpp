@@ -249,6 +249,9 @@ EngineStats Engine::stats() const {
   s.spec_draft_tokens = spec_draft_tokens_.load();
   s.spec_accepted_tokens = spec_accepted_tokens_.load();
   s.spec_steps = spec_steps_.load();
+  s.spec_shadow_probes = spec_shadow_probes_.load();
+  s.spec_shadow_draft_tokens = spec_shadow_draft_tokens_.load();
+  s.spec_shadow_accepted_tokens = spec_shadow_accepted_tokens_.load();
   std::lock_guard<std::mutex> lock(hist_mu_);
   s.step_seconds = step_seconds_;
   s.batch_tokens = batch_tokens_;
@@ -266,6 +269,10 @@ struct Engine::Active {
   std::unique_ptr<StreamDecoder> decoder;
   std::unique_ptr<SpecTracker> spec;  // speculative decoding on
   int prior_slot = 0;                 // the SpecPrior it started from and teaches
+  // A shadow probe's chain (drafted after the token at position p: shadow[j] predicts p + 1 + j)
+  // while the plain steps' tokens are compared with it; shadow_next of them matched so far.
+  std::vector<int32_t> shadow;
+  std::size_t shadow_next = 0;
   int64_t prompt_len = 0, generated = 0;
   int64_t prompt_lp_next = 1;  // prompt_logprobs: the next prompt position to publish
   bool prompt_counted = false;
@@ -330,6 +337,10 @@ void Engine::hold_parallel_samples(std::vector<std::unique_ptr<Active>>& active)
 
 void Engine::drop(std::vector<std::unique_ptr<Active>>& active, std::size_t i) {
   Active& a = *active[i];
+  // A shadow chain cut off by the request's end: what matched counts, as a verify step's drafts
+  // cut off by the end count neither as accepted nor rejected.
+  if (!a.shadow.empty() && a.shadow_next > 0)
+    record_shadow(a, int64_t(a.shadow_next), int64_t(a.shadow_next));
   sched_.remove(&a.sched);
   if (a.sched.open) backend_->free(a.sched.id);
   active.erase(active.begin() + std::ptrdiff_t(i));
@@ -427,7 +438,8 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
   std::vector<Active*> planned;
   for (const Scheduled& sc : plan.run) planned.push_back(by_id.at(sc.seq->id));
   // Drafting is part of the step's time (t_plan): the cost model compares whole steps.
-  const std::vector<std::vector<int32_t>> drafts = draft_for(plan, planned);
+  int64_t shadows = 0;
+  const std::vector<std::vector<int32_t>> drafts = draft_for(plan, planned, &shadows);
   StepBatch batch;
   std::vector<Active*> in_batch;
   std::vector<const std::vector<int32_t>*> batch_drafts;
@@ -535,9 +547,10 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     decode_steps_tokens_.fetch_add(emitted);
     // The cost model's measurements: steps where every sequence drafted, or none did.
     const double per_seq = step_s / double(std::max<std::size_t>(1, in_batch.size()));
-    if (drafting == int64_t(in_batch.size()))
+    // (A step that drafted shadows paid the drafter: neither a plain step's cost nor a verify's.)
+    if (shadows == 0 && drafting == int64_t(in_batch.size()))
       spec_costs_.observe_spec((widths + drafting / 2) / std::max<int64_t>(1, drafting), per_seq);
-    else if (drafting == 0)
+    else if (shadows == 0 && drafting == 0)
       spec_costs_.observe_plain(per_seq);
   }
 
@@ -580,6 +593,7 @@ bool Engine::advance(Active& a, const std::vector<float>& logits) {
 }
 
 bool Engine::emit(Active& a, int32_t tok, const std::vector<float>& logits) {
+  if (!a.shadow.empty()) resolve_shadow(a, tok);
   RequestChannel& ch = *a.ch;
   const SamplingParams& sp = ch.request().sampling;
   OutputToken out;
@@ -619,8 +633,25 @@ bool Engine::emit(Active& a, int32_t tok, const std::vector<float>& logits) {
   return false;
 }
 
+void Engine::resolve_shadow(Active& a, int32_t tok) {
+  const bool hit = tok == a.shadow[a.shadow_next];
+  if (hit && ++a.shadow_next < a.shadow.size()) return;  // still matching
+  const int64_t accepted = int64_t(a.shadow_next);
+  record_shadow(a, accepted + (hit ? 0 : 1), accepted);
+}
+
+void Engine::record_shadow(Active& a, int64_t examined, int64_t accepted) {
+  a.spec->record(examined, accepted);
+  spec_priors_[a.prior_slot].observe(examined, accepted);
+  spec_shadow_draft_tokens_.fetch_add(examined);
+  spec_shadow_accepted_tokens_.fetch_add(accepted);
+  a.shadow.clear();
+  a.shadow_next = 0;
+}
+
 std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
-                                                    const std::vector<Active*>& planned) {
+                                                    const std::vector<Active*>& planned,
+                                                    int64_t* shadows) {
   std::vector<std::vector<int32_t>> drafts(plan.run.size());
   if (!options_.speculative || !drafting_.load()) return drafts;
   // The verify rows must fit what the plan left of the token budget and of the pool.
@@ -641,8 +672,16 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
     // Decodes only: one token left to feed, the prompt done, something generated already.
     if (!a.spec || plan.run[i].tokens != 1 || s.known - s.computed != 1 || a.generated == 0)
       continue;
+    if (!a.shadow.empty()) continue;  // a shadow probe still comparing: no new plan meanwhile
     const SamplingParams& sp = a.ch->request().sampling;
     int64_t k = a.spec->plan(spec_costs_);
+    if (k > 0 && (options_.speculative_shadow_only ||
+                  (a.spec->probe() && options_.speculative_shadow_probes))) {
+      queries.push_back({s.id, a.tokens.back()});  // no verify rows: nothing to reserve
+      which.push_back(i);
+      widths.push_back(0);  // 0: a shadow, its whole chain compared
+      continue;
+    }
     // Never past max_tokens or the context: a verify step emits up to k + 1 tokens.
     k = std::min({k, int64_t(sp.max_tokens) - a.generated - 1, max_context_ - (s.computed + 1) - 1,
                   spare_tokens});
@@ -668,8 +707,19 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
     log::warn("engine: drafting failed, decoding plainly this step: {}", st.message());
     return drafts;
   }
-  for (std::size_t q = 0; q < queries.size(); ++q)
-    drafts[which[q]].assign(results[q].ids.begin() + 1, results[q].ids.begin() + 1 + widths[q]);
+  for (std::size_t q = 0; q < queries.size(); ++q) {
+    const std::vector<int32_t>& ids = results[q].ids;
+    if (widths[q] == 0) {  // a shadow: the chain up to the tracker's widest width
+      Active& a = *planned[which[q]];
+      const std::size_t n = std::min<std::size_t>(ids.size() - 1, SpecCosts::kMaxWidth);
+      a.shadow.assign(ids.begin() + 1, ids.begin() + 1 + std::ptrdiff_t(n));
+      a.shadow_next = 0;
+      ++*shadows;
+      spec_shadow_probes_.fetch_add(1);
+      continue;
+    }
+    drafts[which[q]].assign(ids.begin() + 1, ids.begin() + 1 + widths[q]);
+  }
   return drafts;
 }
 

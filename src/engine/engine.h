@@ -104,6 +104,14 @@ struct EngineOptions {
   // Verify exactly this many drafts at every decode step instead of what the cost model picks
   // (0): for measuring what each width costs (`bench decode --speculative on --spec-width K`).
   int64_t speculative_width = 0;
+  // A tracker's probes (steps where drafting does not pay at its estimate, run to learn the
+  // acceptance) as shadows: draft, decode plainly, count what the next tokens accept (the count a
+  // verify step would have recorded, at the drafter's cost only; engine/speculative.h). Off: a
+  // probe verifies its drafts (`--spec-probe verify`).
+  bool speculative_shadow_probes = true;
+  // Every drafting decision as a shadow: nothing is verified, the drafter's acceptance is still
+  // measured (tests; measuring a drafter on live traffic at the drafter's cost only).
+  bool speculative_shadow_only = false;
 };
 
 struct EngineStats {
@@ -127,6 +135,9 @@ struct EngineStats {
   int64_t prefix_evictions = 0;
   // Speculative decoding: drafts verified, drafts accepted, decode steps that verified drafts.
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_steps = 0;
+  // Shadow probes: chains drafted and compared with the tokens plain steps emitted, their drafts
+  // compared (up to the first mismatch, which counts) and those that matched.
+  int64_t spec_shadow_probes = 0, spec_shadow_draft_tokens = 0, spec_shadow_accepted_tokens = 0;
   Histogram step_seconds{Histogram::seconds()};
   Histogram batch_tokens{Histogram::powers_of_two(12)};
   Histogram batch_sequences{Histogram::powers_of_two(8)};
@@ -190,8 +201,14 @@ class Engine {
   // Publishes `tok` (drawn from `logits`) as the sequence's next token; true when that finished it.
   bool emit(Active& a, int32_t tok, const std::vector<float>& logits);
   // Speculation: the drafts each planned decode verifies this step (empty: none), drafted now.
+  // Shadow probes are drafted in the same call and kept in their Active; `*shadows` counts them.
   std::vector<std::vector<int32_t>> draft_for(const StepPlan& plan,
-                                              const std::vector<Active*>& planned);
+                                              const std::vector<Active*>& planned,
+                                              int64_t* shadows);
+  // A token `a` emitted while a shadow chain is pending: compare, and record the probe's outcome
+  // in the tracker and the prior once the chain is matched or missed.
+  void resolve_shadow(Active& a, int32_t tok);
+  void record_shadow(Active& a, int64_t examined, int64_t accepted);
   // After a verify step of [t, drafts...] with a logits row per token: accept/resample in order,
   // roll the rejected rows back; true when the request finished.
   bool verify(Active& a, const std::vector<int32_t>& drafts, const std::vector<float>& logits);
@@ -220,6 +237,8 @@ class Engine {
   std::atomic<bool> drafting_{true};
   std::atomic<int> acceptance_slot_{0};
   std::atomic<int64_t> spec_draft_tokens_{0}, spec_accepted_tokens_{0}, spec_steps_{0};
+  std::atomic<int64_t> spec_shadow_probes_{0}, spec_shadow_draft_tokens_{0},
+      spec_shadow_accepted_tokens_{0};
   mutable std::mutex hist_mu_;  // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};
   Histogram batch_tokens_{Histogram::powers_of_two(12)};

@@ -60,6 +60,7 @@ double SpecTracker::acceptance() const {
 }
 
 int64_t SpecTracker::plan(const SpecCosts& costs) {
+  probe_ = false;
   if (block_ <= 0) return 0;
   if (fixed_ > 0) return fixed_;
   if (wait_ > 0) {
@@ -87,8 +88,11 @@ int64_t SpecTracker::plan(const SpecCosts& costs) {
     if (k <= block_ && !costs.measured(k)) return k;
   }
   if (best > 0) return best;
-  if (probing_) return probe;  // a probe verifies the best width, whatever the estimate
-  wait_ = interval_ - 1;       // this step is the first plain one
+  if (probing_) {  // a probe verifies the best width, whatever the estimate
+    probe_ = true;
+    return probe;
+  }
+  wait_ = interval_ - 1;  // this step is the first plain one
   interval_ = std::min<int64_t>(interval_ * 2, 512);
   return 0;
 }

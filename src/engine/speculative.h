@@ -23,13 +23,22 @@
 // distinct experts they route to) divides it. The request verifies the k with the best ratio while
 // that ratio exceeds 1; otherwise it decodes plainly and probes again after an interval that
 // doubles with every probe that did not pay. A probe verifies the width of the best ratio (below 1
-// by definition). A new request whose prior is not pessimistic (acceptance >= 1/2) probes at its
-// first decode step rather than after the first interval: its own acceptance is what decides, and
-// learning it costs one step, not 16 plain ones (where the engine already saw the drafter miss,
-// the prior is low and the request waits). While drafts are accepted more than half the
-// time, the width one above the best is tried once when its cost has not been measured yet (an
-// extrapolated cost is only a guess: where rows share experts, wider verification costs less than
-// linearly).
+// by definition); the engine runs probes as shadows by default (below). A new request whose prior
+// is not pessimistic (acceptance >= 1/2) probes at its first decode step rather than after the
+// first interval: its own acceptance is what decides, and learning it costs one step, not 16 plain
+// ones (where the engine already saw the drafter miss, the prior is low and the request waits).
+// While drafts are accepted more than half the time, the width one above the best is tried once
+// when its cost has not been measured yet (an extrapolated cost is only a guess: where rows share
+// experts, wider verification costs less than linearly).
+//
+// Shadow probes: the verifier accepts a draft exactly when the target's own draw at that position
+// equals it, and plain decoding makes the same draws (same rows bit for bit, same random stream).
+// So a probe need not verify: the engine drafts, decodes plainly, and compares the chain with the
+// tokens the next plain steps emit; the first mismatch is the rejection a verify step would have
+// seen, and the accepted count is the one it would have recorded. A probe then costs the drafter
+// alone instead of the drafter plus a verify step's extra rows and the experts they route to (paid
+// for the one token a plain step gives anyway), and it checks the drafter's whole chain rather
+// than one width.
 #pragma once
 
 #include <algorithm>
@@ -96,6 +105,11 @@ class SpecTracker {
   void record(int64_t drafted, int64_t accepted);
   double acceptance() const;  // the per-draft acceptance probability estimate
   bool drafting() const { return wait_ == 0; }
+  // Whether the width the last plan() returned is a probe (drafting does not pay at the estimate;
+  // the step is for learning the acceptance). The engine may run such a probe as a shadow: draft,
+  // decode plainly, and record() what the following tokens accept (the same count a verify
+  // would have, at the drafter's cost alone).
+  bool probe() const { return probe_; }
 
  private:
   int64_t block_;
@@ -105,6 +119,7 @@ class SpecTracker {
   int64_t wait_ = 0;                    // plain steps left before the next probe
   int64_t interval_ = 16;               // the next wait once drafting does not pay
   bool probing_ = false;
+  bool probe_ = false;  // the last plan() returned a probe
 };
 
 }  // namespace dsv41

@@ -102,6 +102,14 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
         engine.spec_accepted_tokens);
   value(out, "dsv41_spec_verify_steps_total", "counter",
         "Decode steps of a sequence that verified drafts.", engine.spec_steps);
+  value(out, "dsv41_spec_shadow_probes_total", "counter",
+        "DSpark shadow probes: chains drafted while drafting did not pay and compared with the "
+        "tokens plain steps emitted (--spec-probe shadow).",
+        engine.spec_shadow_probes);
+  value(out, "dsv41_spec_shadow_accepted_total", "counter",
+        "Drafts of shadow probes that matched the emitted tokens (a verify would have accepted "
+        "them).",
+        engine.spec_shadow_accepted_tokens);
   histogram(out, "dsv41_request_duration_seconds", "Generation request latency, end to end.",
             duration_);
   histogram(out, "dsv41_time_to_first_token_seconds",

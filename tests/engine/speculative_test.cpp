@@ -165,6 +165,28 @@ TEST(Tracker, StopsDraftingWhereItDoesNotPayAndProbesAgain) {
   EXPECT_EQ(half.plan(cheap), 2);
 }
 
+// probe() marks exactly the widths planned to learn the acceptance (drafting does not pay at the
+// estimate), which the engine may run as shadows; widths that pay or explore are not probes.
+TEST(Tracker, ProbesAreMarked) {
+  SpecCosts costs;
+  costs.observe_plain(1.0);
+  costs.observe_spec(1, 2.0);
+  SpecTracker t(5);
+  EXPECT_EQ(t.plan(costs), 1);  // the first probe of a request with an even prior
+  EXPECT_TRUE(t.probe());
+  t.record(3, 0);  // a shadow probe's whole chain compared: the first draft missed
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(t.plan(costs), 0);
+    EXPECT_FALSE(t.probe());
+  }
+  EXPECT_EQ(t.plan(costs), 1);
+  EXPECT_TRUE(t.probe());
+  SpecTracker pays(5);
+  for (int i = 0; i < 10; ++i) pays.record(2, 2);
+  EXPECT_GT(pays.plan(costs), 0);  // drafting pays, or a wider width is explored: not a probe
+  EXPECT_FALSE(pays.probe());
+}
+
 TEST(Tracker, WiderWidthsAreTriedWhileDraftsLand) {
   SpecCosts costs;
   costs.observe_plain(1.0);
@@ -542,6 +564,68 @@ TEST_F(OracleRuns, AStopTokenInsideAnAcceptedChainEndsThere) {
     r.sampling.stop_token_ids = {free.tokens[9].first};
   }
   compare(reqs);
+}
+
+// Shadow drafting (every decision a shadow, EngineOptions::speculative_shadow_only): nothing is
+// verified, the tokens are the plain run's, and each chain's recorded outcome is what a verify
+// step of it would have recorded: the drafts matching the tokens that followed, and the first
+// mismatch. With the oracle's chains (the plain stream, positions divisible by 5 wrong) that is
+// computable here: a chain drafted while feeding position q predicts q + 1 .. q + B and matches up
+// to the next multiple of 5; the next chain is drafted at the step after the last one resolved.
+TEST_F(OracleRuns, ShadowChainsRecordWhatAVerifyWould) {
+  const auto reqs = requests(0);
+  auto plain = Engine::load(options());
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  std::vector<Out> want;
+  std::vector<std::vector<int32_t>> streams;
+  for (const auto& r : reqs) {
+    want.push_back(produce(**plain, r));
+    streams.push_back(r.prompt);
+    for (const auto& [t, lp] : want.back().tokens) streams.back().push_back(t);
+  }
+  FastOptions fo;
+  fo.kv_cache_bytes = 50'000'000;
+  fo.dspark = true;
+  auto fast = FastModel::load(*conv_, fo);
+  ASSERT_TRUE(fast.is_ok());
+  const int64_t B = std::min<int64_t>((*fast)->draft_block_size(), SpecCosts::kMaxWidth);
+  auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams,
+                                                 [](std::size_t at) { return at % 5 == 0; });
+  auto tok = Tokenizer::load(*conv_ + "/tokenizer.json");
+  ASSERT_TRUE(tok.is_ok());
+  EngineOptions so = options();
+  so.speculative = true;
+  so.speculative_shadow_only = true;
+  auto spec = Engine::create(std::move(backend), std::move(*tok), so);
+  ASSERT_TRUE(spec.is_ok()) << spec.status().message();
+  int64_t probes = 0, examined = 0, accepted = 0;  // the simulation's
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(produce(**spec, reqs[i]), want[i]) << "request " << i;
+    const int64_t P = int64_t(reqs[i].prompt.size()), N = reqs[i].sampling.max_tokens;
+    int64_t matched = -1;                           // -1: no chain pending
+    for (int64_t q = P; q + 1 <= P + N - 1; ++q) {  // a decode step feeds q and emits q + 1
+      if (matched < 0) matched = 0, ++probes;
+      if ((q + 1) % 5 != 0) {
+        if (++matched == B) examined += B, accepted += B, matched = -1;
+      } else {
+        examined += matched + 1, accepted += matched, matched = -1;
+      }
+    }
+    if (matched > 0) examined += matched, accepted += matched;  // cut off by the request's end
+  }
+  // The last request's cut-off chain is recorded when the engine drops it, after its output.
+  for (int i = 0; i < 200 && (*spec)->stats().spec_shadow_draft_tokens != examined; ++i)
+    std::this_thread::sleep_for(10ms);
+  const EngineStats s = (*spec)->stats();
+  std::printf("shadow chains: %lld, %lld drafts compared, %lld matched (B = %lld)\n",
+              (long long)s.spec_shadow_probes, (long long)s.spec_shadow_draft_tokens,
+              (long long)s.spec_shadow_accepted_tokens, (long long)B);
+  EXPECT_EQ(s.spec_steps, 0);  // nothing verified
+  EXPECT_EQ(s.spec_draft_tokens, 0);
+  EXPECT_EQ(s.spec_shadow_probes, probes);
+  EXPECT_EQ(s.spec_shadow_draft_tokens, examined);
+  EXPECT_EQ(s.spec_shadow_accepted_tokens, accepted);
+  EXPECT_GT(accepted, examined / 2);
 }
 
 // The reference path drafts through ReferenceRunner::draft (its model holding the drafter) and

@@ -75,6 +75,7 @@ python3 - "$T/spec.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["speculative"] == "dspark" and j["repeats"] == 2 and j["spec_width"] == 2, j
+assert j["spec_probe"] == "shadow", j
 assert [(q["prompt"], q["streams"]) for q in j["points"]] == \
     [("repetitive", 1), ("repetitive", 2), ("random", 1), ("random", 2)], j
 for q in j["points"]:
@@ -82,6 +83,7 @@ for q in j["points"]:
         assert q[m]["tokens"] == 2 * 10 * q["streams"], (m, q)
         assert len(q[m]["per_stream_tok_s_runs"]) == 2 and q[m]["per_stream_tok_s"] > 0, (m, q)
     assert q["off"]["drafts"] == 0 and q["off"]["verify_steps"] == 0, q
+    assert q["off"]["shadow_probes"] == 0 and q["on"]["shadow_probes"] == 0, q  # a fixed width
     assert q["oracle"]["accepted"] == q["oracle"]["drafts"] > 0, q
     assert q["on"]["verify_steps"] > 0, q
     assert q["speedup_per_stream"] > 0 and q["oracle_speedup_per_stream"] > 0, q
@@ -93,6 +95,9 @@ PY
 plain=$("$BIN" generate --model "$T/bg" --prompt 'hello world' --max-tokens 24 2>/dev/null)
 spec=$("$BIN" generate --model "$T/bg" --prompt 'hello world' --max-tokens 24 --speculative dspark 2>/dev/null)
 test -n "$plain" && test "$plain" = "$spec"
+spec=$("$BIN" generate --model "$T/bg" --prompt 'hello world' --max-tokens 24 --speculative dspark \
+  --spec-probe verify 2>/dev/null)
+test "$plain" = "$spec"
 "$BIN" bench decode --model "$T/bg.dsv41-converted" --speculative on --streams 1 --spec-tokens 24 \
   --spec-repeats 1 --spec-width 3 2>/dev/null >"$T/bgspec.json"
 python3 - "$T/bgspec.json" "$T/spec.json" <<'PY'
