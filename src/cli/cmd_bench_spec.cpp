@@ -117,6 +117,10 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
           // matrix once per step or draft call): the traffic a token costs, free of the machine's
           // speed drifts that make the tok/s ratios noisy.
           {"weight_bytes", fs1.weight_bytes - fs0.weight_bytes},
+          {"draft_calls", es1.spec_draft_calls - es0.spec_draft_calls},
+          {"draft_seconds", es1.spec_draft_seconds - es0.spec_draft_seconds},
+          {"decode_step_seconds", es1.decode_steps_seconds - es0.decode_steps_seconds},
+          {"decode_tokens", es1.decode_steps_tokens - es0.decode_steps_tokens},
           {"weight_bytes_per_token",
            tokens > 0 ? double(fs1.weight_bytes - fs0.weight_bytes) / double(tokens) : 0.0},
           {"rows_per_step", steps > 0 ? double(fs1.tokens - fs0.tokens) / double(steps) : 0.0},
@@ -148,11 +152,45 @@ nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs
   j["tok_s"] = median(tok_s);
   j["per_stream_tok_s_runs"] = per_stream;
   const int64_t tokens = j["tokens"].get<int64_t>();
+  // Time per drafter call, and per plain or verify decode step (the engine's own clocks; decode
+  // steps exclude the prefill steps, which `steps` counts).
+  double draft_s = 0, step_s = 0;
+  int64_t calls = 0, decoded = 0;
+  for (const auto& r : runs) {
+    draft_s += r["draft_seconds"].get<double>();
+    step_s += r["decode_step_seconds"].get<double>();
+    calls += r["draft_calls"].get<int64_t>();
+    decoded += r["decode_tokens"].get<int64_t>();
+  }
+  for (const char* key : {"draft_seconds", "decode_step_seconds", "decode_tokens"}) j.erase(key);
+  j["draft_calls"] = calls;
+  j["draft_ms_per_call"] = calls > 0 ? 1e3 * draft_s / double(calls) : 0.0;
+  // Decode steps' time per token they gave (plain steps: one; verify steps: 1 + accepted).
+  j["decode_ms_per_token"] = decoded > 0 ? 1e3 * step_s / double(decoded) : 0.0;
   j["weight_bytes_per_token"] =
       tokens > 0 ? double(j["weight_bytes"].get<int64_t>()) / double(tokens) : 0.0;
   const int64_t drafts = j["drafts"].get<int64_t>();
   j["acceptance_rate"] = drafts > 0 ? double(j["accepted"].get<int64_t>()) / double(drafts) : 0.0;
   return j;
+}
+
+// Warm-up, not measured: one request with drafting off, then on (its acceptance prior learns from
+// it as a running server's would). Without it the first measured repetition was an outlier
+// (0.54x against 0.91-1.10x for the others, session 12): one-time costs of a process's first
+// drafter calls and verify steps, presumably first touches of what only drafting uses.
+Status warm_up(Engine& e, const FastModel& m, OracleDrafter* oracle, int64_t tokens) {
+  Rng rng(7);
+  std::vector<int32_t> prompt(16);
+  for (auto& t : prompt) t = int32_t(rng.below(uint64_t(e.vocab_size())));
+  for (const bool drafting : {false, true}) {
+    Status err = Status::ok();
+    e.set_drafting(drafting);
+    e.select_acceptance_slot(drafting ? 1 : 0);  // the slots of the modes "off" and "on"
+    oracle->set_streams({});
+    measure(e, m, {prompt}, tokens, &err);
+    if (!err.is_ok()) return err;
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -207,25 +245,9 @@ int run_bench_speculative(const BenchArgs& a) {
     return kExitInvalid;
   }
   const int32_t V = (*engine)->vocab_size();
-  // Warm-up, not measured: one request with drafting off, then on (its acceptance prior learns
-  // from it as a running server's would). The first drafter calls and verify steps of a process
-  // pay one-time costs (first touches of the drafter's weights and of scratch buffers) that made
-  // the first measured repetition an outlier (0.54x against 0.91-1.10x for the others, session 12).
-  {
-    Rng wrng(7);
-    std::vector<int32_t> prompt(16);
-    for (auto& t : prompt) t = int32_t(wrng.below(uint64_t(V)));
-    for (const bool drafting : {false, true}) {
-      Status err = Status::ok();
-      (*engine)->set_drafting(drafting);
-      (*engine)->select_acceptance_slot(drafting ? 1 : 0);
-      oracle_ptr->set_streams({});
-      measure(**engine, *fast, {prompt}, a.spec_tokens, &err);
-      if (!err.is_ok()) {
-        log::error("bench decode: warm-up: {}", err.message());
-        return kExitInvalid;
-      }
-    }
+  if (Status st = warm_up(**engine, *fast, oracle_ptr, a.spec_tokens); !st) {
+    log::error("bench decode: warm-up: {}", st.message());
+    return kExitInvalid;
   }
   Rng rng(6);
   nlohmann::ordered_json points = nlohmann::ordered_json::array();

@@ -252,6 +252,8 @@ EngineStats Engine::stats() const {
   s.spec_shadow_probes = spec_shadow_probes_.load();
   s.spec_shadow_draft_tokens = spec_shadow_draft_tokens_.load();
   s.spec_shadow_accepted_tokens = spec_shadow_accepted_tokens_.load();
+  s.spec_draft_calls = spec_draft_calls_.load();
+  s.spec_draft_seconds = double(spec_draft_ns_.load()) * 1e-9;
   std::lock_guard<std::mutex> lock(hist_mu_);
   s.step_seconds = step_seconds_;
   s.batch_tokens = batch_tokens_;
@@ -703,7 +705,13 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
   }
   if (queries.empty()) return drafts;
   std::vector<DraftResult> results;
-  if (Status st = backend_->draft(queries, &results); !st) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = backend_->draft(queries, &results);
+  spec_draft_calls_.fetch_add(1);
+  spec_draft_ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  if (!st) {
     log::warn("engine: drafting failed, decoding plainly this step: {}", st.message());
     return drafts;
   }

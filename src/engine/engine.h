@@ -138,6 +138,10 @@ struct EngineStats {
   // Shadow probes: chains drafted and compared with the tokens plain steps emitted, their drafts
   // compared (up to the first mismatch, which counts) and those that matched.
   int64_t spec_shadow_probes = 0, spec_shadow_draft_tokens = 0, spec_shadow_accepted_tokens = 0;
+  // Drafter calls (one per step that drafted, for every drafting sequence together) and their
+  // wall time: what a shadow probe costs, and a verify step's drafting share.
+  int64_t spec_draft_calls = 0;
+  double spec_draft_seconds = 0;
   Histogram step_seconds{Histogram::seconds()};
   Histogram batch_tokens{Histogram::powers_of_two(12)};
   Histogram batch_sequences{Histogram::powers_of_two(8)};
@@ -239,6 +243,7 @@ class Engine {
   std::atomic<int64_t> spec_draft_tokens_{0}, spec_accepted_tokens_{0}, spec_steps_{0};
   std::atomic<int64_t> spec_shadow_probes_{0}, spec_shadow_draft_tokens_{0},
       spec_shadow_accepted_tokens_{0};
+  std::atomic<int64_t> spec_draft_calls_{0}, spec_draft_ns_{0};
   mutable std::mutex hist_mu_;  // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};
   Histogram batch_tokens_{Histogram::powers_of_two(12)};
