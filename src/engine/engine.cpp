@@ -677,16 +677,23 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
     if (!a.shadow.empty()) continue;  // a shadow probe still comparing: no new plan meanwhile
     const SamplingParams& sp = a.ch->request().sampling;
     int64_t k = a.spec->plan(spec_costs_);
-    if (k > 0 && (options_.speculative_shadow_only ||
-                  (a.spec->probe() && options_.speculative_shadow_probes))) {
+    // Never past max_tokens or the context: a verify step emits up to k + 1 tokens; a shadow
+    // compares no more drafts than a verify step could check here.
+    const int64_t room =
+        std::min(int64_t(sp.max_tokens) - a.generated - 1, max_context_ - (s.computed + 1) - 1);
+    // Probes are shadows, but every kVerifyingProbeEvery-th verifies: the cost model's verify
+    // costs come from verify steps only, and a width measured dear once would otherwise never be
+    // measured again while the acceptance stays low.
+    if (k > 0 && room > 0 &&
+        (options_.speculative_shadow_only ||
+         (a.spec->probe() && options_.speculative_shadow_probes &&
+          ++probes_ % kVerifyingProbeEvery != 0))) {
       queries.push_back({s.id, a.tokens.back()});  // no verify rows: nothing to reserve
       which.push_back(i);
-      widths.push_back(0);  // 0: a shadow, its whole chain compared
+      widths.push_back(-room);  // negative: a shadow of up to `room` drafts
       continue;
     }
-    // Never past max_tokens or the context: a verify step emits up to k + 1 tokens.
-    k = std::min({k, int64_t(sp.max_tokens) - a.generated - 1, max_context_ - (s.computed + 1) - 1,
-                  spare_tokens});
+    k = std::min({k, room, spare_tokens});
     // A rollback into a block the prefix cache shares needs a private copy (up to a window and
     // a global block): reserved with the verify rows, so a rejection never finds the pool full.
     const int64_t cow = backend_->prefix_caching() ? 2 : 0;
@@ -717,9 +724,10 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
   }
   for (std::size_t q = 0; q < queries.size(); ++q) {
     const std::vector<int32_t>& ids = results[q].ids;
-    if (widths[q] == 0) {  // a shadow: the chain up to the tracker's widest width
+    if (widths[q] < 0) {  // a shadow: the chain up to the tracker's widest width and the room
       Active& a = *planned[which[q]];
-      const std::size_t n = std::min<std::size_t>(ids.size() - 1, SpecCosts::kMaxWidth);
+      const std::size_t n = std::min<std::size_t>(
+          {ids.size() - 1, std::size_t(SpecCosts::kMaxWidth), std::size_t(-widths[q])});
       a.shadow.assign(ids.begin() + 1, ids.begin() + 1 + std::ptrdiff_t(n));
       a.shadow_next = 0;
       ++*shadows;

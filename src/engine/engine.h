@@ -106,7 +106,8 @@ struct EngineOptions {
   int64_t speculative_width = 0;
   // A tracker's probes (steps where drafting does not pay at its estimate, run to learn the
   // acceptance) as shadows: draft, decode plainly, count what the next tokens accept (the count a
-  // verify step would have recorded, at the drafter's cost only; engine/speculative.h). Off: a
+  // verify step would have recorded, at the drafter's cost only; engine/speculative.h), but for
+  // every 8th probe, which verifies to keep the cost model's verify costs measured. Off: every
   // probe verifies its drafts (`--spec-probe verify`).
   bool speculative_shadow_probes = true;
   // Every drafting decision as a shadow: nothing is verified, the drafter's acceptance is still
@@ -244,7 +245,9 @@ class Engine {
   std::atomic<int64_t> spec_shadow_probes_{0}, spec_shadow_draft_tokens_{0},
       spec_shadow_accepted_tokens_{0};
   std::atomic<int64_t> spec_draft_calls_{0}, spec_draft_ns_{0};
-  mutable std::mutex hist_mu_;  // the step histograms below
+  static constexpr int64_t kVerifyingProbeEvery = 8;  // of the probes (shadows otherwise)
+  int64_t probes_ = 0;                                // engine thread only
+  mutable std::mutex hist_mu_;                        // the step histograms below
   Histogram step_seconds_{Histogram::seconds()};
   Histogram batch_tokens_{Histogram::powers_of_two(12)};
   Histogram batch_sequences_{Histogram::powers_of_two(8)};

@@ -106,6 +106,10 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
         "DSpark shadow probes: chains drafted while drafting did not pay and compared with the "
         "tokens plain steps emitted (--spec-probe shadow).",
         engine.spec_shadow_probes);
+  value(out, "dsv41_spec_shadow_draft_tokens_total", "counter",
+        "Drafts of shadow probes compared with the emitted tokens (up to the first mismatch, "
+        "which counts).",
+        engine.spec_shadow_draft_tokens);
   value(out, "dsv41_spec_shadow_accepted_total", "counter",
         "Drafts of shadow probes that matched the emitted tokens (a verify would have accepted "
         "them).",

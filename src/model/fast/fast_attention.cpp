@@ -260,7 +260,7 @@ void FastModel::Impl::attention_output(const fast::LayerW& w, int64_t t0, int64_
   if (split) std::fill_n(ubuf.data(), n * G * R, 0.0f);
   for (int64_t g = g0; g < g1; ++g) {
     Linear part = w.wo_a;
-    part.stamp = stats.steps;  // counted whole above
+    part.stamp = count_epoch;  // counted whole above
     part.out = R;
     if (part.quantized()) {
       part.w += g * R * part.in;

@@ -105,6 +105,7 @@ Status FastModel::draft(const std::vector<DraftQuery>& queries, std::vector<Draf
   Impl& im = *impl_;
   const TextConfig& tc = im.cfg.text;
   if (!im.opt.dspark) return Status::error("draft: the model was loaded without its drafter");
+  ++im.count_epoch;  // its weights count apart from the step's (FastStats::weight_bytes)
   const int64_t D = tc.hidden_size, HC = tc.hc_mult, V = tc.vocab_size;
   const int64_t B = tc.dspark_block_size, R = tc.dspark_markov_rank;
   im.rows.clear();

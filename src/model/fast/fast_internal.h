@@ -222,6 +222,9 @@ struct FastModel::Impl {
   uint64_t prefix_clock = 0;
   uint64_t next_tag = 1;
   FastStats stats;
+  // linear_count's stamp: one value per step and per draft call, so a matrix both use (the head,
+  // a stage's wkv) counts once in each (stats.steps, the stamp before, counted it once for both).
+  int64_t count_epoch = 0;
   // This process's share of a split forward (all of it in one process): heads [h0, h1) = groups
   // [g0, g1) of attention; routed experts [expert_lo(E), expert_hi(E)) of a layer with E experts.
   int64_t h0 = 0, h1 = 0, g0 = 0, g1 = 0;

@@ -582,8 +582,8 @@ const float* FastModel::Impl::maybe_act_quant_rows(const float* x, int64_t rows_
 }
 
 void FastModel::Impl::linear_count(const Linear& l) {
-  if (l.stamp == stats.steps) return;
-  l.stamp = stats.steps;
+  if (l.stamp == count_epoch) return;
+  l.stamp = count_epoch;
   stats.weight_bytes +=
       l.quantized() ? l.out * l.in + ((l.out + 31) / 32) * ((l.in + 31) / 32) : l.out * l.in * 2;
 }
@@ -863,6 +863,7 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   const TextConfig& tc = im.cfg.text;
   DSV41_RETURN_IF_ERROR(
       check_step_batch(batch, vocab_size(), max_context(), [&](SeqId id) { return length(id); }));
+  ++im.count_epoch;
   for (std::size_t i = 0; i < batch.slices.size(); ++i) {
     const auto& taps = batch.slices[i].taps;
     for (std::size_t k = 0; k < taps.size(); ++k)

@@ -75,8 +75,9 @@ struct FastStats {
   int64_t steps = 0;
   int64_t tokens = 0;
   // Weight bytes a step needs, counted as the kernels are handed them: each linear, mHC matrix and
-  // routed expert once per step however many of the step's tokens use it, plus each token's
-  // Engram rows; and the distinct routed experts per layer, summed over the steps.
+  // routed expert once per step however many of the step's tokens use it (and once per draft
+  // call, apart from the step's), plus each token's Engram rows; and the distinct routed experts
+  // per layer, summed over the steps.
   int64_t weight_bytes = 0;
   int64_t distinct_experts = 0;
   // Multiply-adds of the linears, routed experts and mHC matrices the step's tokens went through
