@@ -16,6 +16,7 @@
 
 #include <immintrin.h>
 
+#include "core/check.h"
 #include "ops/cache_pack.h"
 #include "ops/kernels.h"
 #include "ops/select.h"
@@ -317,10 +318,19 @@ inline __m256 fp4_scales8(const uint8_t* srow, int64_t nblocks_left, const float
 
 // The exact int32 lane sums of one block's int16 weights (w0..w3) times 64 int16 activations
 // at x: the one-token and the several-token MXFP4 paths share it, so their bits agree.
+// The VNNI tier accumulates with vpdpwssd: the same exact sums (no lane can overflow: eight
+// products of at most 12 x 256 x 32767 each), so the bits agree with the other tiers'.
 inline __m256i i16_block_dot(__m256i w0, __m256i w1, __m256i w2, __m256i w3, const __m256i* x) {
+#ifdef DSV41_VNNI
+  __m256i s = _mm256_madd_epi16(w0, x[0]);
+  s = _mm256_dpwssd_epi32(s, w1, x[1]);
+  s = _mm256_dpwssd_epi32(s, w2, x[2]);
+  return _mm256_dpwssd_epi32(s, w3, x[3]);
+#else
   return _mm256_add_epi32(
       _mm256_add_epi32(_mm256_madd_epi16(w0, x[0]), _mm256_madd_epi16(w1, x[1])),
       _mm256_add_epi32(_mm256_madd_epi16(w2, x[2]), _mm256_madd_epi16(w3, x[3])));
+#endif
 }
 
 // A block pair's 64 E2M1 weights (32 bytes at p; only the first block when !pair) as the four int16
@@ -425,8 +435,7 @@ inline bool fp4_act_prepare2(const float* x, int64_t n, Fp4Act2& a) {
   return true;
 }
 
-// The one-token path's own loop (fp4_tile_i16x2<1> computes the same bits, but its accumulators
-// live in memory and a single row's chain then runs ~6x slower: measured on real-shape decode).
+// The one-token path's own loop (fp4_tile_i16x2<1, 1> computes the same bits).
 inline float fp4_row_dot_i16x2(const uint8_t* row, const uint8_t* srow, int64_t in,
                                const Fp4Act2& a) {
   const int64_t nblocks = in / 32;
@@ -777,66 +786,108 @@ inline void bf16_gemv_batch_simd(const uint16_t* w, int64_t out, int64_t in, con
 
 // MXFP4, several tokens, each exactly as mxfp4_gemv_impl<S, false> / mxfp4_gate_up_impl<S, false>
 // with that token alone: the two-term activations per token, one pass over each row for all.
-// R rows x ntok (<= kFp4TileTokens) tokens of fp4_row_dot_i16x2 at once, bit for bit: per (row,
-// token) the same scale vectors (every 8 blocks), the same block-pair order into the same two
-// accumulators, the same final sum; the loops are reordered so a row's decoded block pair feeds
-// every token and each token's activations are read once per R rows (the one-row order read
-// every token's 20 KB of activations per row, which ran from L2 at several tokens).
-constexpr int64_t kFp4TileTokens = 16;
+// R rows x NT tokens of fp4_row_dot_i16x2 at once, bit for bit: per (row, token) the same scale
+// vectors (every 8 blocks), the same block-pair order into the same two accumulators, the same
+// final sum; the loops are reordered so a row's decoded block pair feeds every token and each
+// token's activations are loaded once per R rows. R and NT are compile-time so the 2 x R x NT
+// accumulators and the R decoded block pairs live in registers (an earlier version with the token
+// count at run time kept them in memory and did no better at 2-3 tokens than one call per token).
+// AVX-512VL gives the 256-bit code 32 registers: 4 rows x 2 tokens (measured a little faster than
+// 2 x 4 and 2 x 3 at 2-6 tokens on Zen 4); AVX2 has 16: 1 row x 3 tokens.
+#ifdef __AVX512VL__
+constexpr int kFp4TileRows = 4, kFp4TileTokens = 2;
+#else
+constexpr int kFp4TileRows = 1, kFp4TileTokens = 3;
+#endif
 
-template <int R>
-inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, const Fp4Act2* acts,
-                           int64_t ntok, float* out, int64_t ldo) {
-  const int64_t nblocks = in / 32;
-  __m256 acc[R][kFp4TileTokens], lo[R][kFp4TileTokens], sv[R][kFp4TileTokens];
-  for (int r = 0; r < R; ++r)
-    for (int64_t t = 0; t < ntok; ++t) acc[r][t] = lo[r][t] = sv[r][t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nblocks; b += 2) {
-    if ((b & 7) == 0)
-      for (int r = 0; r < R; ++r)
-        for (int64_t t = 0; t < ntok; ++t)
-          sv[r][t] = fp4_scales8(scale + r * (in / 32) + b, nblocks - b, acts[t].step + b);
-    const bool pair = b + 2 <= nblocks;
-    const int k = int(b & 7);
-    const __m256i perm = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
+// One block pair (one block when !kPair: the row's odd last block) of fp4_tile_i16x2.
+template <int R, int NT, bool kPair>
+inline void fp4_tile_step(const uint8_t* w, int64_t in, const Fp4Act2* acts, int64_t b,
+                          const __m256 (&sv)[R][NT], __m256 (&acc)[R][NT], __m256 (&lo)[R][NT]) {
+  const int k = int(b & 7);
+  const __m256i perm = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
+  __m256i wq[R][4];
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* row = w + r * (in / 2);
+    if ((b & 3) == 0)  // a 64-byte line every 4 blocks, 512 bytes ahead
+      _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
+    fp4_pair_i16(row + b * 16, kPair, wq[r]);
+  }
+  for (int t = 0; t < NT; ++t) {
+    const __m256i* xh = reinterpret_cast<const __m256i*>(acts[t].hi + b * 32);
+    const __m256i* xl = reinterpret_cast<const __m256i*>(acts[t].lo + b * 32);
     for (int r = 0; r < R; ++r) {
-      const uint8_t* row = w + r * (in / 2);
-      if ((b & 3) == 0)  // a 64-byte line every 4 blocks, 512 bytes ahead
-        _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
-      __m256i wq[4];
-      fp4_pair_i16(row + b * 16, pair, wq);
-      const __m256i w0 = wq[0], w1 = wq[1], w2 = wq[2], w3 = wq[3];
-      for (int64_t t = 0; t < ntok; ++t) {
-        const __m256i* xh = reinterpret_cast<const __m256i*>(acts[t].hi + b * 32);
-        const __m256i* xl = reinterpret_cast<const __m256i*>(acts[t].lo + b * 32);
-        const __m256i ih = i16_block_dot(w0, w1, w2, w3, xh);
-        const __m256i il = i16_block_dot(w0, w1, w2, w3, xl);
-        __m256 sc = _mm256_permutevar8x32_ps(sv[r][t], perm);
-        if (!pair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), sc, acc[r][t]);
-        lo[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), sc, lo[r][t]);
-      }
+      const __m256i ih = i16_block_dot(wq[r][0], wq[r][1], wq[r][2], wq[r][3], xh);
+      const __m256i il = i16_block_dot(wq[r][0], wq[r][1], wq[r][2], wq[r][3], xl);
+      __m256 sc = _mm256_permutevar8x32_ps(sv[r][t], perm);
+      if (!kPair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);  // no second block
+      acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), sc, acc[r][t]);
+      lo[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), sc, lo[r][t]);
     }
   }
+}
+
+template <int R, int NT>
+inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, const Fp4Act2* acts,
+                           float* out, int64_t ldo) {
+  const int64_t nblocks = in / 32;
+  __m256 acc[R][NT], lo[R][NT], sv[R][NT];
   for (int r = 0; r < R; ++r)
-    for (int64_t t = 0; t < ntok; ++t)
+    for (int t = 0; t < NT; ++t) acc[r][t] = lo[r][t] = sv[r][t] = _mm256_setzero_ps();
+  auto scales = [&](int64_t b) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t)
+        sv[r][t] = fp4_scales8(scale + r * (in / 32) + b, nblocks - b, acts[t].step + b);
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nblocks; b += 2) {
+    if ((b & 7) == 0) scales(b);
+    fp4_tile_step<R, NT, true>(w, in, acts, b, sv, acc, lo);
+  }
+  if (b < nblocks) {
+    if ((b & 7) == 0) scales(b);
+    fp4_tile_step<R, NT, false>(w, in, acts, b, sv, acc, lo);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t)
       out[t * ldo + r] = hsum256(
           _mm256_add_ps(acc[r][t], _mm256_mul_ps(lo[r][t], _mm256_set1_ps(1.0f / 32768.0f))));
 }
 
-// Rows [0, out) of the tile kernel, 8 rows at a time, the rest one by one; tokens in groups of
-// kFp4TileTokens.
+// Rows [0, out) for NT tokens: kFp4TileRows rows at a time, the rest one by one.
+template <int NT>
+inline void fp4_rows_nt(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                        const Fp4Act2* acts, float* y, int64_t ldy) {
+  int64_t o = 0;
+  for (; o + kFp4TileRows <= out; o += kFp4TileRows)
+    fp4_tile_i16x2<kFp4TileRows, NT>(w + o * (in / 2), scale + o * (in / 32), in, acts, y + o, ldy);
+  for (; o < out; ++o)
+    fp4_tile_i16x2<1, NT>(w + o * (in / 2), scale + o * (in / 32), in, acts, y + o, ldy);
+}
+
+// Rows [0, out) of the tile kernel for every token, the tokens in near-equal passes of at most
+// kFp4TileTokens over all rows (a pass's activations stay in cache while the rows stream; rows
+// outermost with every pass per row tile measured slower at 4-6 tokens).
 inline void fp4_rows_i16x2(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                            const Fp4Act2* acts, int64_t ntok, float* y, int64_t ldy) {
-  for (int64_t t0 = 0; t0 < ntok; t0 += kFp4TileTokens) {
-    const int64_t nt = std::min(kFp4TileTokens, ntok - t0);
-    int64_t o = 0;
-    for (; o + 8 <= out; o += 8)
-      fp4_tile_i16x2<8>(w + o * (in / 2), scale + o * (in / 32), in, acts + t0, nt,
-                        y + t0 * ldy + o, ldy);
-    for (; o < out; ++o)
-      fp4_tile_i16x2<1>(w + o * (in / 2), scale + o * (in / 32), in, acts + t0, nt,
-                        y + t0 * ldy + o, ldy);
+  const int64_t passes = (ntok + kFp4TileTokens - 1) / kFp4TileTokens;
+  for (int64_t p = 0, t0 = 0; p < passes; ++p) {
+    const int64_t nt = (ntok - t0 + (passes - p) - 1) / (passes - p);
+    float* yt = y + t0 * ldy;
+    switch (nt) {
+      case 1:
+        fp4_rows_nt<1>(w, scale, out, in, acts + t0, yt, ldy);
+        break;
+      case 2:
+        fp4_rows_nt<2>(w, scale, out, in, acts + t0, yt, ldy);
+        break;
+      case 3:
+        fp4_rows_nt<3>(w, scale, out, in, acts + t0, yt, ldy);
+        break;
+      default:
+        DSV41_CHECK(false);
+    }
+    t0 += nt;
   }
 }
 

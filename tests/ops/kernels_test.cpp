@@ -472,11 +472,12 @@ TEST_P(KernelTier, Bf16Gemv) {
 
 // The batch entries give every token exactly the one-token entry's bits (the fast forward's batch
 // invariance rests on it): FP8, BF16, MXFP4 GEMV and gate/up, several shapes and token counts,
-// output strides wider than the rows.
+// output strides wider than the rows; an odd count of 32-blocks (the MXFP4 tiles' lone last
+// block), row counts past the tiles' multiples and token counts split into unequal passes.
 TEST_P(KernelTier, BatchGemvsEqualOneTokenBitForBit) {
   for (const auto& [out, in] :
-       std::vector<std::pair<int64_t, int64_t>>{{33, 64}, {64, 2304}, {40, 5120}})
-    for (int64_t ntok : {1, 2, 5, 16}) {
+       std::vector<std::pair<int64_t, int64_t>>{{33, 64}, {35, 96}, {64, 2304}, {40, 5120}})
+    for (int64_t ntok : {1, 2, 3, 5, 7, 16}) {
       const int64_t ldy = out + 3;
       std::vector<float> x(static_cast<std::size_t>(ntok * in));
       for (auto& v : x) v = g_.normal();
