@@ -136,41 +136,35 @@ double median(std::vector<double> v) {
 
 // One mode's repetitions: median rates, summed counts, the per-run rates.
 nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs) {
+  static constexpr const char* kCounts[] = {
+      "verify_steps", "drafts", "accepted",     "shadow_probes", "shadow_drafts", "shadow_accepted",
+      "tokens",       "steps",  "weight_bytes", "draft_calls",   "decode_tokens"};
+  static constexpr const char* kSeconds[] = {"draft_seconds", "decode_step_seconds"};
   nlohmann::ordered_json j = runs.back();
   std::vector<double> per_stream, tok_s;
-  for (const char* key : {"verify_steps", "drafts", "accepted", "shadow_probes", "shadow_drafts",
-                          "shadow_accepted", "tokens", "steps", "weight_bytes"})
-    j[key] = 0;
+  std::map<std::string, int64_t> counts;
+  std::map<std::string, double> seconds;
   for (const auto& r : runs) {
     per_stream.push_back(r["per_stream_tok_s"].get<double>());
     tok_s.push_back(r["tok_s"].get<double>());
-    for (const char* key : {"verify_steps", "drafts", "accepted", "shadow_probes", "shadow_drafts",
-                            "shadow_accepted", "tokens", "steps", "weight_bytes"})
-      j[key] = j[key].get<int64_t>() + r[key].get<int64_t>();
+    for (const char* key : kCounts) counts[key] += r[key].get<int64_t>();
+    for (const char* key : kSeconds) seconds[key] += r[key].get<double>();
   }
+  for (const char* key : kCounts) j[key] = counts[key];
+  for (const char* key : {"draft_seconds", "decode_step_seconds", "decode_tokens"}) j.erase(key);
   j["per_stream_tok_s"] = median(per_stream);
   j["tok_s"] = median(tok_s);
   j["per_stream_tok_s_runs"] = per_stream;
-  const int64_t tokens = j["tokens"].get<int64_t>();
   // Time per drafter call, and per plain or verify decode step (the engine's own clocks; decode
   // steps exclude the prefill steps, which `steps` counts).
-  double draft_s = 0, step_s = 0;
-  int64_t calls = 0, decoded = 0;
-  for (const auto& r : runs) {
-    draft_s += r["draft_seconds"].get<double>();
-    step_s += r["decode_step_seconds"].get<double>();
-    calls += r["draft_calls"].get<int64_t>();
-    decoded += r["decode_tokens"].get<int64_t>();
-  }
-  for (const char* key : {"draft_seconds", "decode_step_seconds", "decode_tokens"}) j.erase(key);
-  j["draft_calls"] = calls;
-  j["draft_ms_per_call"] = calls > 0 ? 1e3 * draft_s / double(calls) : 0.0;
+  const int64_t calls = counts["draft_calls"], decoded = counts["decode_tokens"];
+  const int64_t tokens = counts["tokens"], drafts = counts["drafts"];
+  j["draft_ms_per_call"] = calls > 0 ? 1e3 * seconds["draft_seconds"] / double(calls) : 0.0;
   // Decode steps' time per token they gave (plain steps: one; verify steps: 1 + accepted).
-  j["decode_ms_per_token"] = decoded > 0 ? 1e3 * step_s / double(decoded) : 0.0;
-  j["weight_bytes_per_token"] =
-      tokens > 0 ? double(j["weight_bytes"].get<int64_t>()) / double(tokens) : 0.0;
-  const int64_t drafts = j["drafts"].get<int64_t>();
-  j["acceptance_rate"] = drafts > 0 ? double(j["accepted"].get<int64_t>()) / double(drafts) : 0.0;
+  j["decode_ms_per_token"] =
+      decoded > 0 ? 1e3 * seconds["decode_step_seconds"] / double(decoded) : 0.0;
+  j["weight_bytes_per_token"] = tokens > 0 ? double(counts["weight_bytes"]) / double(tokens) : 0.0;
+  j["acceptance_rate"] = drafts > 0 ? double(counts["accepted"]) / double(drafts) : 0.0;
   return j;
 }
 

@@ -665,9 +665,15 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
       spare_blocks -= backend_->kv_blocks_to_grow(planned[i]->sched.id,
                                                   planned[i]->sched.computed + plan.run[i].tokens);
   }
+  // Per query: which planned sequence, and its width: the drafts a verify step checks, or for a
+  // shadow the most drafts its chain may compare.
+  struct Use {
+    std::size_t seq;
+    int64_t width;
+    bool shadow;
+  };
   std::vector<DraftQuery> queries;
-  std::vector<std::size_t> which;
-  std::vector<int64_t> widths;
+  std::vector<Use> uses;
   for (std::size_t i = 0; i < plan.run.size(); ++i) {
     Active& a = *planned[i];
     const SchedSeq& s = a.sched;
@@ -689,8 +695,7 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
          (a.spec->probe() && options_.speculative_shadow_probes &&
           ++probes_ % kVerifyingProbeEvery != 0))) {
       queries.push_back({s.id, a.tokens.back()});  // no verify rows: nothing to reserve
-      which.push_back(i);
-      widths.push_back(-room);  // negative: a shadow of up to `room` drafts
+      uses.push_back({i, room, true});
       continue;
     }
     k = std::min({k, room, spare_tokens});
@@ -705,8 +710,7 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
     }
     if (k <= 0) continue;
     queries.push_back({s.id, a.tokens.back()});
-    which.push_back(i);
-    widths.push_back(k);
+    uses.push_back({i, k, false});
     spare_tokens -= k;
     spare_blocks -= extra;
   }
@@ -724,17 +728,18 @@ std::vector<std::vector<int32_t>> Engine::draft_for(const StepPlan& plan,
   }
   for (std::size_t q = 0; q < queries.size(); ++q) {
     const std::vector<int32_t>& ids = results[q].ids;
-    if (widths[q] < 0) {  // a shadow: the chain up to the tracker's widest width and the room
-      Active& a = *planned[which[q]];
+    const Use& u = uses[q];
+    if (u.shadow) {  // the chain up to the tracker's widest width and the room
+      Active& a = *planned[u.seq];
       const std::size_t n = std::min<std::size_t>(
-          {ids.size() - 1, std::size_t(SpecCosts::kMaxWidth), std::size_t(-widths[q])});
+          {ids.size() - 1, std::size_t(SpecCosts::kMaxWidth), std::size_t(u.width)});
       a.shadow.assign(ids.begin() + 1, ids.begin() + 1 + std::ptrdiff_t(n));
       a.shadow_next = 0;
       ++*shadows;
       spec_shadow_probes_.fetch_add(1);
       continue;
     }
-    drafts[which[q]].assign(ids.begin() + 1, ids.begin() + 1 + widths[q]);
+    drafts[u.seq].assign(ids.begin() + 1, ids.begin() + 1 + u.width);
   }
   return drafts;
 }

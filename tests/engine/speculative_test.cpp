@@ -477,40 +477,59 @@ class OracleRuns : public ::testing::Test {
     }
     return out;
   }
-  // The plain runs of `reqs` (one at a time), then the same through a speculative engine whose
-  // drafter knows them, all at once; returns the speculative engine's stats.
-  static EngineStats compare(const std::vector<GenerationRequest>& reqs) {
+  // The plain runs of `reqs`, one at a time: their outputs and each request's whole stream (the
+  // prompt, then the tokens).
+  static void plain_runs(const std::vector<GenerationRequest>& reqs, std::vector<Out>& want,
+                         std::vector<std::vector<int32_t>>& streams) {
     auto plain = Engine::load(options());
-    EXPECT_TRUE(plain.is_ok()) << plain.status().message();
-    std::vector<Out> want;
-    std::vector<std::vector<int32_t>> streams;
+    ASSERT_TRUE(plain.is_ok()) << plain.status().message();
     for (const auto& r : reqs) {
       want.push_back(produce(**plain, r));
       streams.push_back(r.prompt);
       for (const auto& [t, lp] : want.back().tokens) streams.back().push_back(t);
     }
+  }
+  // A speculative engine with options `so` whose drafter knows `streams` (every fifth position
+  // wrong); `oracle` and `block` (the drafter's block size, capped at the widest verify) are
+  // set when given.
+  static std::unique_ptr<Engine> oracle_engine(const std::vector<std::vector<int32_t>>& streams,
+                                               EngineOptions so, OracleDrafter** oracle = nullptr,
+                                               int64_t* block = nullptr) {
     FastOptions fo;
     fo.kv_cache_bytes = 50'000'000;
     fo.dspark = true;
     auto fast = FastModel::load(*conv_, fo);
     EXPECT_TRUE(fast.is_ok());
+    if (!fast.is_ok()) return nullptr;
+    if (block) *block = std::min<int64_t>((*fast)->draft_block_size(), SpecCosts::kMaxWidth);
     auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams,
                                                    [](std::size_t at) { return at % 5 == 0; });
-    OracleDrafter* oracle = backend.get();
+    if (oracle) *oracle = backend.get();
     auto tok = Tokenizer::load(*conv_ + "/tokenizer.json");
     EXPECT_TRUE(tok.is_ok());
-    EngineOptions so = options();
+    if (!tok.is_ok()) return nullptr;
     so.speculative = true;
     auto spec = Engine::create(std::move(backend), std::move(*tok), so);
     EXPECT_TRUE(spec.is_ok()) << spec.status().message();
+    return spec.is_ok() ? std::move(*spec) : nullptr;
+  }
+  // The plain runs of `reqs` (one at a time), then the same through a speculative engine whose
+  // drafter knows them, all at once; returns the speculative engine's stats.
+  static EngineStats compare(const std::vector<GenerationRequest>& reqs) {
+    std::vector<Out> want;
+    std::vector<std::vector<int32_t>> streams;
+    plain_runs(reqs, want, streams);
+    OracleDrafter* oracle = nullptr;
+    auto spec = oracle_engine(streams, options(), &oracle);
+    if (!spec || want.size() != reqs.size()) return {};
     std::vector<Out> got(reqs.size());
     std::vector<std::thread> th;
     for (std::size_t i = 0; i < reqs.size(); ++i)
-      th.emplace_back([&, i] { got[i] = produce(**spec, reqs[i]); });
+      th.emplace_back([&, i] { got[i] = produce(*spec, reqs[i]); });
     for (auto& t : th) t.join();
     for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
     EXPECT_GT(oracle->known_drafts, 0);
-    const EngineStats s = (*spec)->stats();
+    const EngineStats s = spec->stats();
     EXPECT_EQ(s.kv_foreign_reads, 0);
     return s;
   }
@@ -577,33 +596,18 @@ TEST_F(OracleRuns, AStopTokenInsideAnAcceptedChainEndsThere) {
 // to the next multiple of 5; the next chain is drafted at the step after the last one resolved.
 TEST_F(OracleRuns, ShadowChainsRecordWhatAVerifyWould) {
   const auto reqs = requests(0);
-  auto plain = Engine::load(options());
-  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
   std::vector<Out> want;
   std::vector<std::vector<int32_t>> streams;
-  for (const auto& r : reqs) {
-    want.push_back(produce(**plain, r));
-    streams.push_back(r.prompt);
-    for (const auto& [t, lp] : want.back().tokens) streams.back().push_back(t);
-  }
-  FastOptions fo;
-  fo.kv_cache_bytes = 50'000'000;
-  fo.dspark = true;
-  auto fast = FastModel::load(*conv_, fo);
-  ASSERT_TRUE(fast.is_ok());
-  const int64_t B = std::min<int64_t>((*fast)->draft_block_size(), SpecCosts::kMaxWidth);
-  auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams,
-                                                 [](std::size_t at) { return at % 5 == 0; });
-  auto tok = Tokenizer::load(*conv_ + "/tokenizer.json");
-  ASSERT_TRUE(tok.is_ok());
+  plain_runs(reqs, want, streams);
+  ASSERT_EQ(want.size(), reqs.size());
   EngineOptions so = options();
-  so.speculative = true;
   so.speculative_shadow_only = true;
-  auto spec = Engine::create(std::move(backend), std::move(*tok), so);
-  ASSERT_TRUE(spec.is_ok()) << spec.status().message();
+  int64_t B = 0;
+  auto spec = oracle_engine(streams, so, nullptr, &B);
+  ASSERT_TRUE(spec);
   int64_t probes = 0, examined = 0, accepted = 0;  // the simulation's
   for (std::size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(produce(**spec, reqs[i]), want[i]) << "request " << i;
+    EXPECT_EQ(produce(*spec, reqs[i]), want[i]) << "request " << i;
     const int64_t P = int64_t(reqs[i].prompt.size()), N = reqs[i].sampling.max_tokens;
     int64_t matched = -1, len = 0;                  // -1: no chain pending
     for (int64_t q = P; q + 1 <= P + N - 1; ++q) {  // a decode step feeds q and emits q + 1
@@ -624,12 +628,12 @@ TEST_F(OracleRuns, ShadowChainsRecordWhatAVerifyWould) {
   }
   // The last request's cut-off chain is recorded when the engine drops it, after its output.
   for (int i = 0; i < 200; ++i) {
-    const EngineStats now = (*spec)->stats();
+    const EngineStats now = spec->stats();
     if (now.spec_shadow_draft_tokens == examined && now.spec_shadow_accepted_tokens == accepted)
       break;
     std::this_thread::sleep_for(10ms);
   }
-  const EngineStats s = (*spec)->stats();
+  const EngineStats s = spec->stats();
   std::printf("shadow chains: %lld, %lld drafts compared, %lld matched (B = %lld)\n",
               (long long)s.spec_shadow_probes, (long long)s.spec_shadow_draft_tokens,
               (long long)s.spec_shadow_accepted_tokens, (long long)B);
