@@ -435,29 +435,131 @@ inline bool fp4_act_prepare2(const float* x, int64_t n, Fp4Act2& a) {
   return true;
 }
 
-// The one-token path's own loop (fp4_tile_i16x2<1, 1> computes the same bits).
-inline float fp4_row_dot_i16x2(const uint8_t* row, const uint8_t* srow, int64_t in,
-                               const Fp4Act2& a) {
-  const int64_t nblocks = in / 32;
-  __m256 acc = _mm256_setzero_ps(), acc_lo = _mm256_setzero_ps(), sv = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nblocks; b += 2) {
-    if ((b & 7) == 0) sv = fp4_scales8(srow + b, nblocks - b, a.step + b);
-    _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
-    const bool pair = b + 2 <= nblocks;
-    __m256i w[4];
-    fp4_pair_i16(row + b * 16, pair, w);
-    const __m256i w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
-    const __m256i* xh = reinterpret_cast<const __m256i*>(a.hi + b * 32);
-    const __m256i* xl = reinterpret_cast<const __m256i*>(a.lo + b * 32);
-    const __m256i ih = i16_block_dot(w0, w1, w2, w3, xh), il = i16_block_dot(w0, w1, w2, w3, xl);
-    const int k = int(b & 7);
-    __m256 sc =
-        _mm256_permutevar8x32_ps(sv, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
-    if (!pair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), sc, acc);
-    acc_lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), sc, acc_lo);
+// The two-term MXFP4 dots of R rows x NT tokens (one token: the one-token path; several: every
+// token's bits are those of the one-token path for it alone). Per (row, token): the combined
+// scales of 8 blocks at a time, each block pair's two exact integer dots (hi and lo) converted and
+// multiply-added with its scales into two accumulators, in block order, and the final sum
+// hsum(acc + lo / 32768). Only the sharing changes with R and NT: a row's decoded block pair feeds
+// every token and each token's activations are loaded once per R rows. R and NT are compile-time so
+// the 2 x R x NT accumulators and the R decoded block pairs live in registers (an earlier version
+// with the token count at run time kept them in memory and did no better at 2-3 tokens than one
+// call per token). AVX-512VL gives the 256-bit code 32 registers: 4 rows x 2 tokens (measured a
+// little faster than 2 x 4 and 2 x 3 at 2-6 tokens on Zen 4); AVX2 has 16: 1 row x 3 tokens.
+#ifdef __AVX512VL__
+constexpr int kFp4TileRows = 4, kFp4TileTokens = 2;
+#else
+constexpr int kFp4TileRows = 1, kFp4TileTokens = 3;
+#endif
+
+// One block pair (one block when !kPair: the row's odd last block) of fp4_tile_i16x2.
+template <int R, int NT, bool kPair>
+inline void fp4_tile_step(const uint8_t* w, int64_t in, const Fp4Act2* acts, int64_t b,
+                          const __m256 (&sv)[R][NT], __m256 (&acc)[R][NT], __m256 (&lo)[R][NT]) {
+  const int k = int(b & 7);
+  const __m256i perm = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
+  __m256i wq[R][4];
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* row = w + r * (in / 2);
+    if ((b & 3) == 0)  // a 64-byte line every 4 blocks, 512 bytes ahead
+      _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
+    fp4_pair_i16(row + b * 16, kPair, wq[r]);
   }
-  return hsum256(_mm256_add_ps(acc, _mm256_mul_ps(acc_lo, _mm256_set1_ps(1.0f / 32768.0f))));
+  for (int t = 0; t < NT; ++t) {
+    const __m256i* xh = reinterpret_cast<const __m256i*>(acts[t].hi + b * 32);
+    const __m256i* xl = reinterpret_cast<const __m256i*>(acts[t].lo + b * 32);
+    for (int r = 0; r < R; ++r) {
+      const __m256i ih = i16_block_dot(wq[r][0], wq[r][1], wq[r][2], wq[r][3], xh);
+      const __m256i il = i16_block_dot(wq[r][0], wq[r][1], wq[r][2], wq[r][3], xl);
+      __m256 sc = _mm256_permutevar8x32_ps(sv[r][t], perm);
+      if (!kPair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);  // no second block
+      acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), sc, acc[r][t]);
+      lo[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), sc, lo[r][t]);
+    }
+  }
+}
+
+template <int R, int NT>
+inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, const Fp4Act2* acts,
+                           float* out, int64_t ldo) {
+  const int64_t nblocks = in / 32;
+  __m256 acc[R][NT], lo[R][NT], sv[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = lo[r][t] = sv[r][t] = _mm256_setzero_ps();
+  auto scales = [&](int64_t b) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < NT; ++t)
+        sv[r][t] = fp4_scales8(scale + r * (in / 32) + b, nblocks - b, acts[t].step + b);
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nblocks; b += 2) {
+    if ((b & 7) == 0) scales(b);
+    fp4_tile_step<R, NT, true>(w, in, acts, b, sv, acc, lo);
+  }
+  if (b < nblocks) {
+    if ((b & 7) == 0) scales(b);
+    fp4_tile_step<R, NT, false>(w, in, acts, b, sv, acc, lo);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t)
+      out[t * ldo + r] = hsum256(
+          _mm256_add_ps(acc[r][t], _mm256_mul_ps(lo[r][t], _mm256_set1_ps(1.0f / 32768.0f))));
+}
+
+// Rows [0, out) for NT tokens: kFp4TileRows rows at a time, the rest one by one.
+template <int NT>
+inline void fp4_rows_nt(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                        const Fp4Act2* acts, float* y, int64_t ldy) {
+  int64_t o = 0;
+  for (; o + kFp4TileRows <= out; o += kFp4TileRows)
+    fp4_tile_i16x2<kFp4TileRows, NT>(w + o * (in / 2), scale + o * (in / 32), in, acts, y + o, ldy);
+  for (; o < out; ++o)
+    fp4_tile_i16x2<1, NT>(w + o * (in / 2), scale + o * (in / 32), in, acts, y + o, ldy);
+}
+
+// Rows [0, out) of the tile kernel for every token, the tokens in near-equal passes of at most
+// kFp4TileTokens over all rows (a pass's activations stay in cache while the rows stream; rows
+// outermost with every pass per row tile measured slower at 4-6 tokens).
+inline void fp4_rows_i16x2(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                           const Fp4Act2* acts, int64_t ntok, float* y, int64_t ldy) {
+  const int64_t passes = (ntok + kFp4TileTokens - 1) / kFp4TileTokens;
+  for (int64_t p = 0, t0 = 0; p < passes; ++p) {
+    const int64_t nt = (ntok - t0 + (passes - p) - 1) / (passes - p);
+    float* yt = y + t0 * ldy;
+    switch (nt) {
+      case 1:
+        fp4_rows_nt<1>(w, scale, out, in, acts + t0, yt, ldy);
+        break;
+      case 2:
+        fp4_rows_nt<2>(w, scale, out, in, acts + t0, yt, ldy);
+        break;
+      case 3:
+        fp4_rows_nt<3>(w, scale, out, in, acts + t0, yt, ldy);
+        break;
+      default:
+        DSV41_CHECK(false);
+    }
+    t0 += nt;
+  }
+}
+
+// Gate/up rows for prepared tokens: 48 gate/up pairs (96 interleaved rows) at a time into `gu`
+// (ntok x 96 floats), then the clamp/SwiGLU/route epilogue per token into h[t * ldh + j].
+constexpr int64_t kGateUpPairs = 48;
+
+inline void fp4_gate_up_rows(const uint8_t* w13, const uint8_t* s13, int64_t inter, int64_t dim,
+                             const Fp4Act2* acts, int64_t ntok, const float* route, float limit,
+                             float* h, int64_t ldh, float* gu) {
+  for (int64_t j0 = 0; j0 < inter; j0 += kGateUpPairs) {
+    const int64_t jn = std::min(kGateUpPairs, inter - j0);
+    fp4_rows_i16x2(w13 + 2 * j0 * (dim / 2), s13 + 2 * j0 * (dim / 32), 2 * jn, dim, acts, ntok, gu,
+                   2 * jn);
+    for (int64_t t = 0; t < ntok; ++t)
+      for (int64_t j = 0; j < jn; ++j) {
+        const float gc = std::min(gu[t * 2 * jn + 2 * j], limit);
+        const float uc = std::clamp(gu[t * 2 * jn + 2 * j + 1], -limit, limit);
+        h[t * ldh + j0 + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
+      }
+  }
 }
 
 // acc[t] += buf . x_t for every token, four tokens per pass over buf (one load of each weight
@@ -577,11 +679,7 @@ void mxfp4_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_
   }
   if (!kInt16 && ntok == 1 && in <= kFp4ActMax) {
     static thread_local Fp4Act2 a2;  // 32 KB: off the stack, reused (no allocation per call)
-    if (fp4_act_prepare2(x, in, a2)) {
-      for (int64_t o = 0; o < out; ++o)
-        y[o] = fp4_row_dot_i16x2(w + o * (in / 2), scale + o * (in / 32), in, a2);
-      return;
-    }
+    if (fp4_act_prepare2(x, in, a2)) return fp4_rows_i16x2(w, scale, out, in, &a2, 1, y, out);
   }
   int64_t o = 0;
   if (ntok > 1)
@@ -610,17 +708,9 @@ void mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter, i
   }
   if (!kInt16 && ntok == 1 && dim <= kFp4ActMax) {
     static thread_local Fp4Act2 a2;
-    if (fp4_act_prepare2(x, dim, a2)) {
-      for (int64_t j = 0; j < inter; ++j) {
-        const float gc = std::min(
-            fp4_row_dot_i16x2(w13 + 2 * j * (dim / 2), s13 + 2 * j * (dim / 32), dim, a2), limit);
-        const float uc = std::clamp(fp4_row_dot_i16x2(w13 + (2 * j + 1) * (dim / 2),
-                                                      s13 + (2 * j + 1) * (dim / 32), dim, a2),
-                                    -limit, limit);
-        h[j] = gc / (1.0f + std::exp(-gc)) * uc * route[0];
-      }
-      return;
-    }
+    float gu[2 * kGateUpPairs];
+    if (fp4_act_prepare2(x, dim, a2))
+      return fp4_gate_up_rows(w13, s13, inter, dim, &a2, 1, route, limit, h, inter, gu);
   }
   for (int64_t j = 0; j < inter; ++j) {
     fp4_row_dots<S>(w13 + (2 * j) * (dim / 2), s13 + (2 * j) * (dim / 32), dim, x, ntok, g);
@@ -785,113 +875,6 @@ inline void bf16_gemv_batch_simd(const uint16_t* w, int64_t out, int64_t in, con
 }
 
 // MXFP4, several tokens, each exactly as mxfp4_gemv_impl<S, false> / mxfp4_gate_up_impl<S, false>
-// with that token alone: the two-term activations per token, one pass over each row for all.
-// R rows x NT tokens of fp4_row_dot_i16x2 at once, bit for bit: per (row, token) the same scale
-// vectors (every 8 blocks), the same block-pair order into the same two accumulators, the same
-// final sum; the loops are reordered so a row's decoded block pair feeds every token and each
-// token's activations are loaded once per R rows. R and NT are compile-time so the 2 x R x NT
-// accumulators and the R decoded block pairs live in registers (an earlier version with the token
-// count at run time kept them in memory and did no better at 2-3 tokens than one call per token).
-// AVX-512VL gives the 256-bit code 32 registers: 4 rows x 2 tokens (measured a little faster than
-// 2 x 4 and 2 x 3 at 2-6 tokens on Zen 4); AVX2 has 16: 1 row x 3 tokens.
-#ifdef __AVX512VL__
-constexpr int kFp4TileRows = 4, kFp4TileTokens = 2;
-#else
-constexpr int kFp4TileRows = 1, kFp4TileTokens = 3;
-#endif
-
-// One block pair (one block when !kPair: the row's odd last block) of fp4_tile_i16x2.
-template <int R, int NT, bool kPair>
-inline void fp4_tile_step(const uint8_t* w, int64_t in, const Fp4Act2* acts, int64_t b,
-                          const __m256 (&sv)[R][NT], __m256 (&acc)[R][NT], __m256 (&lo)[R][NT]) {
-  const int k = int(b & 7);
-  const __m256i perm = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
-  __m256i wq[R][4];
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* row = w + r * (in / 2);
-    if ((b & 3) == 0)  // a 64-byte line every 4 blocks, 512 bytes ahead
-      _mm_prefetch(reinterpret_cast<const char*>(row + b * 16 + 512), _MM_HINT_T0);
-    fp4_pair_i16(row + b * 16, kPair, wq[r]);
-  }
-  for (int t = 0; t < NT; ++t) {
-    const __m256i* xh = reinterpret_cast<const __m256i*>(acts[t].hi + b * 32);
-    const __m256i* xl = reinterpret_cast<const __m256i*>(acts[t].lo + b * 32);
-    for (int r = 0; r < R; ++r) {
-      const __m256i ih = i16_block_dot(wq[r][0], wq[r][1], wq[r][2], wq[r][3], xh);
-      const __m256i il = i16_block_dot(wq[r][0], wq[r][1], wq[r][2], wq[r][3], xl);
-      __m256 sc = _mm256_permutevar8x32_ps(sv[r][t], perm);
-      if (!kPair) sc = _mm256_blend_ps(sc, _mm256_setzero_ps(), 0xF0);  // no second block
-      acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), sc, acc[r][t]);
-      lo[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), sc, lo[r][t]);
-    }
-  }
-}
-
-template <int R, int NT>
-inline void fp4_tile_i16x2(const uint8_t* w, const uint8_t* scale, int64_t in, const Fp4Act2* acts,
-                           float* out, int64_t ldo) {
-  const int64_t nblocks = in / 32;
-  __m256 acc[R][NT], lo[R][NT], sv[R][NT];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = lo[r][t] = sv[r][t] = _mm256_setzero_ps();
-  auto scales = [&](int64_t b) {
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < NT; ++t)
-        sv[r][t] = fp4_scales8(scale + r * (in / 32) + b, nblocks - b, acts[t].step + b);
-  };
-  int64_t b = 0;
-  for (; b + 2 <= nblocks; b += 2) {
-    if ((b & 7) == 0) scales(b);
-    fp4_tile_step<R, NT, true>(w, in, acts, b, sv, acc, lo);
-  }
-  if (b < nblocks) {
-    if ((b & 7) == 0) scales(b);
-    fp4_tile_step<R, NT, false>(w, in, acts, b, sv, acc, lo);
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t)
-      out[t * ldo + r] = hsum256(
-          _mm256_add_ps(acc[r][t], _mm256_mul_ps(lo[r][t], _mm256_set1_ps(1.0f / 32768.0f))));
-}
-
-// Rows [0, out) for NT tokens: kFp4TileRows rows at a time, the rest one by one.
-template <int NT>
-inline void fp4_rows_nt(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
-                        const Fp4Act2* acts, float* y, int64_t ldy) {
-  int64_t o = 0;
-  for (; o + kFp4TileRows <= out; o += kFp4TileRows)
-    fp4_tile_i16x2<kFp4TileRows, NT>(w + o * (in / 2), scale + o * (in / 32), in, acts, y + o, ldy);
-  for (; o < out; ++o)
-    fp4_tile_i16x2<1, NT>(w + o * (in / 2), scale + o * (in / 32), in, acts, y + o, ldy);
-}
-
-// Rows [0, out) of the tile kernel for every token, the tokens in near-equal passes of at most
-// kFp4TileTokens over all rows (a pass's activations stay in cache while the rows stream; rows
-// outermost with every pass per row tile measured slower at 4-6 tokens).
-inline void fp4_rows_i16x2(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
-                           const Fp4Act2* acts, int64_t ntok, float* y, int64_t ldy) {
-  const int64_t passes = (ntok + kFp4TileTokens - 1) / kFp4TileTokens;
-  for (int64_t p = 0, t0 = 0; p < passes; ++p) {
-    const int64_t nt = (ntok - t0 + (passes - p) - 1) / (passes - p);
-    float* yt = y + t0 * ldy;
-    switch (nt) {
-      case 1:
-        fp4_rows_nt<1>(w, scale, out, in, acts + t0, yt, ldy);
-        break;
-      case 2:
-        fp4_rows_nt<2>(w, scale, out, in, acts + t0, yt, ldy);
-        break;
-      case 3:
-        fp4_rows_nt<3>(w, scale, out, in, acts + t0, yt, ldy);
-        break;
-      default:
-        DSV41_CHECK(false);
-    }
-    t0 += nt;
-  }
-}
-
-// MXFP4, several tokens, each exactly as mxfp4_gemv_impl<S, false> / mxfp4_gate_up_impl<S, false>
 // with that token alone: the two-term activations per token, the weights read once for all.
 template <typename S>
 void mxfp4_gemv_batch_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
@@ -929,20 +912,9 @@ void mxfp4_gate_up_batch_impl(const uint8_t* w13, const uint8_t* s13, int64_t in
                                    h + t * ldh);
     return;
   }
-  // 48 gate/up pairs (96 interleaved rows) at a time, then the clamp epilogue per token.
-  constexpr int64_t kPairs = 48;
-  if (gu.size() < std::size_t(ntok * 2 * kPairs)) gu.resize(std::size_t(ntok * 2 * kPairs));
-  for (int64_t j0 = 0; j0 < inter; j0 += kPairs) {
-    const int64_t jn = std::min(kPairs, inter - j0);
-    fp4_rows_i16x2(w13 + 2 * j0 * (dim / 2), s13 + 2 * j0 * (dim / 32), 2 * jn, dim, acts.data(),
-                   ntok, gu.data(), 2 * jn);
-    for (int64_t t = 0; t < ntok; ++t)
-      for (int64_t j = 0; j < jn; ++j) {
-        const float gc = std::min(gu[std::size_t(t * 2 * jn + 2 * j)], limit);
-        const float uc = std::clamp(gu[std::size_t(t * 2 * jn + 2 * j + 1)], -limit, limit);
-        h[t * ldh + j0 + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
-      }
-  }
+  if (gu.size() < std::size_t(ntok * 2 * kGateUpPairs))
+    gu.resize(std::size_t(ntok * 2 * kGateUpPairs));
+  fp4_gate_up_rows(w13, s13, inter, dim, acts.data(), ntok, route, limit, h, ldh, gu.data());
 }
 
 template <typename S>
