@@ -41,7 +41,7 @@ constexpr Kernels simd_table(Isa isa) {
                  &mxfp4_gemv_impl<S, false>,
                  &mxfp4_gate_up_any<S, false>,
                  &bf16_gemv_simd,
-                 &fp8_gemv_batch_simd,
+                 &S::fp8_gemv_batch,
                  &bf16_gemv_batch_simd,
                  &mxfp4_gemv_batch_impl<S>,
                  &mxfp4_gate_up_batch_impl<S>};

@@ -1,8 +1,8 @@
-// A lane-by-lane emulation of the AVX-512F (and VNNI) intrinsics the AVX-512 tiers' own code uses
-// (src/ops/avx512/avx512_tier.h, the DSV41_VNNI branch of src/ops/simd_common.h), after Intel's
-// Intrinsics Guide, so that code's logic (tails, masks, pair shuffles, reductions) is tested on
-// CPUs without AVX-512 (the development VM and CI). It cannot show what the compiler or the
-// hardware do with the real instructions: a machine with AVX-512 runs the real tier in the same
+// A lane-by-lane emulation of the AVX-512F/DQ (and VNNI) intrinsics the AVX-512 tiers' own code
+// uses (src/ops/avx512/avx512_tier.h, the DSV41_VNNI branch of src/ops/simd_common.h), after
+// Intel's Intrinsics Guide, so that code's logic (tails, masks, pair shuffles, reductions) is
+// tested on CPUs without AVX-512 (the development VM and CI). It cannot show what the compiler or
+// the hardware do with the real instructions: a machine with AVX-512 runs the real tier in the same
 // tests. Include after <immintrin.h>; the names are macros so the tier's source compiles unchanged.
 // Lanes the real instruction leaves undefined are NaN here, so a result that depends on them shows.
 #pragma once
@@ -137,6 +137,21 @@ inline Ps permutexvar_ps(Si idx, Ps a) {
   return r;
 }
 
+// vcvtph2ps (512-bit): 16 half-precision values to fp32 (exact), through the F16C conversion.
+inline Ps cvtph_ps(__m256i h) {
+  Ps r;
+  _mm256_storeu_ps(r.f, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+  _mm256_storeu_ps(r.f + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+  return r;
+}
+inline __m256 castps512_ps256(Ps v) {
+  return _mm256_loadu_ps(v.f);
+}
+// vextractf32x8 (AVX512DQ): the 256-bit half `imm` (0 or 1).
+inline __m256 extractf32x8_ps(Ps v, int imm) {
+  return _mm256_loadu_ps(v.f + 8 * (imm & 1));
+}
+
 }  // namespace dsv41::ops::emu
 
 // GCC defines some of these as macros itself (when not optimising, or always); replace them all.
@@ -184,3 +199,9 @@ inline Ps permutexvar_ps(Si idx, Ps a) {
 #define _mm256_dpwssd_epi32 ::dsv41::ops::emu::dpwssd_epi32
 #undef _mm256_dpbusd_epi32
 #define _mm256_dpbusd_epi32 ::dsv41::ops::emu::dpbusd_epi32
+#undef _mm512_cvtph_ps
+#define _mm512_cvtph_ps ::dsv41::ops::emu::cvtph_ps
+#undef _mm512_castps512_ps256
+#define _mm512_castps512_ps256 ::dsv41::ops::emu::castps512_ps256
+#undef _mm512_extractf32x8_ps
+#define _mm512_extractf32x8_ps ::dsv41::ops::emu::extractf32x8_ps

@@ -15,6 +15,11 @@ namespace {
 
 struct Avx2 {
   static constexpr int kWidth = 8;
+  // Kernels::fp8_gemv_batch of this tier: the shared 256-bit body.
+  static void fp8_gemv_batch(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                             const float* x, int64_t ntok, float* y, int64_t ldy) {
+    fp8_gemv_batch_simd(w, scale, out, in, x, ntok, y, ldy);
+  }
   static float dot(const float* a, const float* b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;

@@ -11,12 +11,18 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops/avx512/avx512_fp8_batch.h"
 #include "ops/simd_table.h"
 
 namespace dsv41::ops {
 namespace {
 
 struct Avx512 {
+  // Kernels::fp8_gemv_batch of the AVX-512 tiers: 16-lane registers (avx512_fp8_batch.h).
+  static void fp8_gemv_batch(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                             const float* x, int64_t ntok, float* y, int64_t ldy) {
+    fp8_gemv_batch_zmm(w, scale, out, in, x, ntok, y, ldy);
+  }
   static float dot(const float* a, const float* b, int64_t n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     int64_t i = 0;
