@@ -91,15 +91,17 @@ void add_bench(CLI::App& app, Runner* run) {
   tok->callback([=] { *run = [=] { return run_bench_tokenizer(*model, *mb); }; });
 
   auto kopt = std::make_shared<ops::KernelBenchOptions>();
-  CLI::App* kb =
-      bench->add_subcommand("kernels",
-                            "The kernels at the model's real shapes, JSON: decode GEMVs on all "
-                            "threads (time, weight GB/s, GFLOP/s, fraction of the read bandwidth "
-                            "measured beside each; 16 vs 1 token), prefill GEMMs beside oneDNN's "
-                            "matmul (bf16 where the CPU has it, else f32) with the ratio, "
-                            "attention, indexer, mHC, cache packing; tier_ab: the active tier "
-                            "against the tier below it (one-token MXFP4 gate/up, indexer). "
-                            "DSV41_ISA forces a lower tier for A/B runs.");
+  CLI::App* kb = bench->add_subcommand(
+      "kernels",
+      "The kernels at the model's real shapes, JSON: decode GEMVs on all "
+      "threads (time, weight GB/s, GFLOP/s, fraction of the read bandwidth "
+      "measured beside each; the fast engine's entries: one token, and 2, 6 and 16 "
+      "tokens through the batch-invariant kernels, with their cost over one "
+      "token's), prefill GEMMs beside oneDNN's "
+      "matmul (bf16 where the CPU has it, else f32) with the ratio, "
+      "attention, indexer, mHC, cache packing; tier_ab: the active tier "
+      "against the tier below it (one-token MXFP4 gate/up, indexer). "
+      "DSV41_ISA forces a lower tier for A/B runs.");
   kb->add_option("--threads", kopt->threads, "Threads (0 = all cores)")->capture_default_str();
   kb->add_option("--probe-mb", kopt->probe_mb, "Read-probe buffer (MiB)")
       ->check(CLI::Range(16, 65536))

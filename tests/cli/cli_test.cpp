@@ -626,12 +626,17 @@ TEST(Cli, BenchKernelsReportsBandwidthFractions) {
   EXPECT_GT(j["read_probe_gb_per_s"].get<double>(), 0.0);
   ASSERT_EQ(j["kernels"].size(), 3u);
   for (const auto& k : j["kernels"]) {
-    ASSERT_EQ(k["runs"].size(), 2u);
+    ASSERT_EQ(k["runs"].size(), 4u);  // 1, 2, 6 and 16 tokens
     for (const auto& r : k["runs"]) {
       EXPECT_GT(r["weight_gb_per_s"].get<double>(), 0.0);
       EXPECT_GT(r["fraction_of_read_bandwidth"].get<double>(), 0.0);
     }
-    EXPECT_TRUE(k["runs"][1].contains("cost_vs_1_token"));
+    EXPECT_EQ(k["runs"][0]["tokens"], 1);
+    for (std::size_t i = 1; i < 4; ++i) {
+      EXPECT_TRUE(k["runs"][i].contains("cost_vs_1_token"));
+      EXPECT_GT(k["runs"][i]["cost_vs_1_token"].get<double>(), 0.0);
+    }
+    EXPECT_EQ(k["runs"][3]["tokens"], 16);
   }
   ASSERT_EQ(j["reference_library"].size(), 1u);
   EXPECT_GT(j["reference_library"][0]["gflop_per_s"].get<double>(), 0.0)

@@ -93,7 +93,7 @@ class Bench {
     j["weight_mb_per_matrix"] = double(matrix_bytes) / 1e6;
     j["copies"] = copies;
     double t1 = 0;
-    for (int64_t ntok : {1, 16}) {
+    for (int64_t ntok : {1, 2, 6, 16}) {
       if (one_token_only && ntok != 1) break;
       const double probe_gbs = probe();
       const int64_t blocks = (out + row_align - 1) / row_align;
@@ -117,7 +117,7 @@ class Bench {
                 {"read_probe_gb_per_s", probe_gbs},
                 {"fraction_of_read_bandwidth", gbs / probe_gbs}};
       if (ntok == 1) t1 = t;
-      if (ntok == 16) r["cost_vs_1_token"] = t / t1;
+      if (ntok > 1) r["cost_vs_1_token"] = t / t1;
       j["runs"].push_back(r);
     }
     return j;
@@ -138,8 +138,11 @@ class Bench {
     return gemv_case(
         name, out, in, out, bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
-          k_->fp8_gemv(w[c].data() + r0 * in, s[c].data() + (r0 / 32) * int64_t(sin), r1 - r0, in,
-                       x.data(), ntok, y);
+          const uint8_t *wc = w[c].data() + r0 * in, *sc = s[c].data() + (r0 / 32) * int64_t(sin);
+          if (ntok == 1)
+            k_->fp8_gemv(wc, sc, r1 - r0, in, x.data(), 1, y);
+          else
+            k_->fp8_gemv_batch(wc, sc, r1 - r0, in, x.data(), ntok, y, r1 - r0);
         },
         copies);
   }
@@ -161,11 +164,19 @@ class Bench {
         name, out, in, int64_t(rows), bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
           if (gate_up) {
-            k_->mxfp4_gate_up(w[c].data() + 2 * r0 * (in / 2), s[c].data() + 2 * r0 * (in / 32),
-                              r1 - r0, in, x.data(), route.data(), ntok, 10.0f, y);
+            const uint8_t *wc = w[c].data() + 2 * r0 * (in / 2),
+                          *sc = s[c].data() + 2 * r0 * (in / 32);
+            if (ntok == 1)
+              k_->mxfp4_gate_up_f32(wc, sc, r1 - r0, in, x.data(), route.data(), 1, 10.0f, y);
+            else
+              k_->mxfp4_gate_up_batch(wc, sc, r1 - r0, in, x.data(), route.data(), ntok, 10.0f, y,
+                                      r1 - r0);
           } else {
-            k_->mxfp4_gemv(w[c].data() + r0 * (in / 2), s[c].data() + r0 * (in / 32), r1 - r0, in,
-                           x.data(), ntok, y);
+            const uint8_t *wc = w[c].data() + r0 * (in / 2), *sc = s[c].data() + r0 * (in / 32);
+            if (ntok == 1)
+              k_->mxfp4_gemv_f32(wc, sc, r1 - r0, in, x.data(), 1, y);
+            else
+              k_->mxfp4_gemv_batch(wc, sc, r1 - r0, in, x.data(), ntok, y, r1 - r0);
           }
         },
         copies, one_token_only);
