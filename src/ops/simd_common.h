@@ -625,7 +625,7 @@ void fp8_gemv_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t 
                     std::min<int64_t>(32, n - b));
     }
   };
-  if (ntok == 1) return fp8_gemv_one_token(w, scale, out, in, x, y);
+  if (ntok == 1) return S::fp8_one_token(w, scale, out, in, x, y);
   int64_t o = 0;
   for (; o + kTileRows <= out; o += kTileRows) tile_rows<S>(o, out, in, x, ntok, y, decode);
   for (; o < out; ++o) {

@@ -15,7 +15,11 @@ namespace {
 
 struct Avx2 {
   static constexpr int kWidth = 8;
-  // Kernels::fp8_gemv_batch of this tier: the shared 256-bit body.
+  // Kernels::fp8_gemv at one token and fp8_gemv_batch of this tier: the shared 256-bit bodies.
+  static void fp8_one_token(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                            const float* x, float* y) {
+    fp8_gemv_one_token(w, scale, out, in, x, y);
+  }
   static void fp8_gemv_batch(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                              const float* x, int64_t ntok, float* y, int64_t ldy) {
     fp8_gemv_batch_simd(w, scale, out, in, x, ntok, y, ldy);

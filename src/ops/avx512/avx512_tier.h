@@ -18,7 +18,12 @@ namespace dsv41::ops {
 namespace {
 
 struct Avx512 {
-  // Kernels::fp8_gemv_batch of the AVX-512 tiers: 16-lane registers (avx512_fp8_batch.h).
+  // Kernels::fp8_gemv at one token and fp8_gemv_batch of the AVX-512 tiers: 16-lane registers
+  // (avx512_fp8_batch.h).
+  static void fp8_one_token(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                            const float* x, float* y) {
+    fp8_one_token_zmm(w, scale, out, in, x, y);
+  }
   static void fp8_gemv_batch(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                              const float* x, int64_t ntok, float* y, int64_t ldy) {
     fp8_gemv_batch_zmm(w, scale, out, in, x, ntok, y, ldy);
