@@ -441,11 +441,14 @@ inline bool fp4_act_prepare2(const float* x, int64_t n, Fp4Act2& a) {
 // multiply-added with its scales into two accumulators, in block order, and the final sum
 // hsum(acc + lo / 32768). Only the sharing changes with R and NT: a row's decoded block pair feeds
 // every token and each token's activations are loaded once per R rows. R and NT are compile-time so
-// the 2 x R x NT accumulators and the R decoded block pairs live in registers (an earlier version
-// with the token count at run time kept them in memory and did no better at 2-3 tokens than one
-// call per token). AVX-512VL gives the 256-bit code 32 registers: 4 rows x 2 tokens (measured a
-// little faster than 2 x 4 and 2 x 3 at 2-6 tokens on Zen 4); AVX2 has 16: 1 row x 3 tokens.
-#ifdef __AVX512VL__
+// the compiler can keep the 2 x R x NT accumulators and the R decoded block pairs in registers (an
+// earlier version with the token count at run time kept every accumulator in memory and did no
+// better at 2-3 tokens than one call per token). The AVX-512 tiers (DSV41_AVX512_TIER, set by
+// avx512_tier.h; AVX-512VL gives the 256-bit code 32 registers) take 4 rows x 2 tokens: 40 values
+// for 32 registers, so some spill, but measured a little faster than 2 x 4 and 2 x 3 at 2-6 tokens
+// on Zen 4. The emulated AVX-512 tiers run the same shape with AVX2's 16 registers (slower, the
+// same logic). AVX2: 1 row x 3 tokens.
+#ifdef DSV41_AVX512_TIER
 constexpr int kFp4TileRows = 4, kFp4TileTokens = 2;
 #else
 constexpr int kFp4TileRows = 1, kFp4TileTokens = 3;

@@ -214,7 +214,9 @@ TEST_P(KernelTier, Mxfp4Gemv) {
 // The fp32 entries (what the fast forward calls): no int16 rounding allowance at any ntok, and the
 // fused gate/up equals gate/up computed from the fp32 GEMV's rows.
 TEST_P(KernelTier, Mxfp4F32EntriesHaveNoRounding) {
-  for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{{7, 64}, {64, 2304}})
+  // Odd block counts (96: three 32-blocks) and gate/up past the first 48 pairs (inter 50) too.
+  for (const auto& [out, in] :
+       std::vector<std::pair<int64_t, int64_t>>{{7, 64}, {64, 2304}, {9, 96}, {36, 96}, {100, 96}})
     for (int64_t ntok : {1, 3}) {
       std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
           s(static_cast<std::size_t>(out * in / 32));
@@ -477,7 +479,7 @@ TEST_P(KernelTier, Bf16Gemv) {
 // rows long enough for the AVX-512 one-token group path with a tail past the last 32-block.
 TEST_P(KernelTier, BatchGemvsEqualOneTokenBitForBit) {
   for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{
-           {33, 64}, {35, 96}, {64, 2304}, {40, 5120}, {35, 4096 + 40}})
+           {33, 64}, {35, 96}, {100, 96}, {64, 2304}, {40, 5120}, {35, 4096 + 40}})
     for (int64_t ntok : {1, 2, 3, 5, 7, 16}) {
       const int64_t ldy = out + 3;
       std::vector<float> x(static_cast<std::size_t>(ntok * in));
@@ -490,6 +492,7 @@ TEST_P(KernelTier, BatchGemvsEqualOneTokenBitForBit) {
           s8(static_cast<std::size_t>(((out + 31) / 32) * ((in + 31) / 32)));
       for (auto& b : w8) b = g_.e4m3();
       for (auto& b : s8) b = g_.e8m0();
+      s8[0] = 250;  // 2^123 x 2^8 is past a normal float: group 0 takes the unprescaled path
       k_->fp8_gemv_batch(w8.data(), s8.data(), out, in, x.data(), ntok, y.data(), ldy);
       for (int64_t t = 0; t < ntok; ++t) {
         k_->fp8_gemv(w8.data(), s8.data(), out, in, x.data() + t * in, 1, one.data());
@@ -536,6 +539,23 @@ TEST_P(KernelTier, BatchGemvsEqualOneTokenBitForBit) {
               << "gate/up t" << t << " " << j;
       }
     }
+  // FP8 rows past kFp8ScaledMax (16,384 values) take the per-token path in every tier.
+  const int64_t out = 3, in = 16384 + 32, ntok = 2;
+  std::vector<float> x(static_cast<std::size_t>(ntok * in));
+  for (auto& v : x) v = g_.normal();
+  std::vector<uint8_t> w8(static_cast<std::size_t>(out * in)),
+      s8(static_cast<std::size_t>((in + 31) / 32));
+  for (auto& b : w8) b = g_.e4m3();
+  for (auto& b : s8) b = g_.e8m0();
+  std::vector<float> y(static_cast<std::size_t>(ntok * out), NAN),
+      one(static_cast<std::size_t>(out));
+  k_->fp8_gemv_batch(w8.data(), s8.data(), out, in, x.data(), ntok, y.data(), out);
+  for (int64_t t = 0; t < ntok; ++t) {
+    k_->fp8_gemv(w8.data(), s8.data(), out, in, x.data() + t * in, 1, one.data());
+    for (int64_t o = 0; o < out; ++o)
+      ASSERT_EQ(bits_of_float(y[std::size_t(t * out + o)]), bits_of_float(one[std::size_t(o)]))
+          << "fp8 long rows t" << t << " row " << o;
+  }
 }
 
 TEST_P(KernelTier, Mxfp4Gemm) {

@@ -5,6 +5,10 @@
 // DSV41_VNNI before including it (see ops/simd_common.h).
 #pragma once
 
+// Read by the shared bodies (ops/simd_common.h) for this tier's tile shapes; set here rather than
+// read from __AVX512VL__ so the emulated tiers (built with AVX2 flags) run the same shapes.
+#define DSV41_AVX512_TIER 1
+
 #include <immintrin.h>
 
 #include <algorithm>
