@@ -435,6 +435,18 @@ inline bool fp4_act_prepare2(const float* x, int64_t n, Fp4Act2& a) {
   return true;
 }
 
+// fn(t0, nt) for ntok tokens in near-equal passes of at most max_nt (5 tokens by 3: 3 + 2; 4 by
+// 3: 2 + 2, not 3 + 1).
+template <typename Fn>
+inline void token_passes(int64_t ntok, int64_t max_nt, const Fn& fn) {
+  const int64_t passes = (ntok + max_nt - 1) / max_nt;
+  for (int64_t p = 0, t0 = 0; p < passes; ++p) {
+    const int64_t nt = (ntok - t0 + (passes - p) - 1) / (passes - p);
+    fn(t0, nt);
+    t0 += nt;
+  }
+}
+
 // The two-term MXFP4 dots of R rows x NT tokens (one token: the one-token path; several: every
 // token's bits are those of the one-token path for it alone). Per (row, token): the combined
 // scales of 8 blocks at a time, each block pair's two exact integer dots (hi and lo) converted and
@@ -524,9 +536,7 @@ inline void fp4_rows_nt(const uint8_t* w, const uint8_t* scale, int64_t out, int
 // outermost with every pass per row tile measured slower at 4-6 tokens).
 inline void fp4_rows_i16x2(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                            const Fp4Act2* acts, int64_t ntok, float* y, int64_t ldy) {
-  const int64_t passes = (ntok + kFp4TileTokens - 1) / kFp4TileTokens;
-  for (int64_t p = 0, t0 = 0; p < passes; ++p) {
-    const int64_t nt = (ntok - t0 + (passes - p) - 1) / (passes - p);
+  token_passes(ntok, kFp4TileTokens, [&](int64_t t0, int64_t nt) {
     float* yt = y + t0 * ldy;
     switch (nt) {
       case 1:
@@ -541,8 +551,7 @@ inline void fp4_rows_i16x2(const uint8_t* w, const uint8_t* scale, int64_t out, 
       default:
         DSV41_CHECK(false);
     }
-    t0 += nt;
-  }
+  });
 }
 
 // Gate/up rows for prepared tokens: 48 gate/up pairs (96 interleaved rows) at a time into `gu`
@@ -824,16 +833,22 @@ inline void fp8_group_dots(const uint8_t* w, int64_t nrows, int64_t in, const fl
     }
 }
 
-inline void fp8_gemv_batch_simd(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
-                                const float* x, int64_t ntok, float* y, int64_t ldy) {
+// The several-token FP8 driver both SIMD bodies share: rows past kFp8ScaledMax go token by token
+// through the one-token kernel; otherwise per 32-row scale group the tokens' activations are
+// prescaled once (when a scale is past a normal float, every (row, token) takes fp8_row_dot_f16,
+// as the one-token kernel does), then `group(wg, nrows, xs, nt, out)` runs each pass of at most
+// kMaxNT tokens: xs[t] their prescaled activations, out[t] + r where row r's result goes.
+template <int kMaxNT, typename Group>
+inline void fp8_batch_groups(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                             const float* x, int64_t ntok, float* y, int64_t ldy,
+                             const Group& group) {
   if (in > kFp8ScaledMax) {
     for (int64_t t = 0; t < ntok; ++t)
       fp8_gemv_one_token(w, scale, out, in, x + t * in, y + t * ldy);
     return;
   }
-  static thread_local std::vector<float> xs;
+  static thread_local std::vector<float> xs;  // grows once per thread: no allocation per step
   if (xs.size() < std::size_t(ntok * in)) xs.resize(std::size_t(ntok * in));
-  alignas(32) __m256 acc[32][3][4];
   const int64_t sin = (in + 31) / 32;
   for (int64_t g = 0; g * 32 < out; ++g) {
     const uint8_t* srow = scale + g * sin;
@@ -847,20 +862,29 @@ inline void fp8_gemv_batch_simd(const uint8_t* w, const uint8_t* scale, int64_t 
           y[t * ldy + o] = fp8_row_dot_f16(w + o * in, srow, in, x + t * in);
       continue;
     }
-    for (int64_t t0 = 0; t0 < ntok; t0 += 3) {
-      const int nt = int(std::min<int64_t>(3, ntok - t0));
-      const float* xp[3] = {xs.data() + t0 * in, xs.data() + (t0 + std::min(1, nt - 1)) * in,
-                            xs.data() + (t0 + std::min(2, nt - 1)) * in};
-      float* op[3] = {y + t0 * ldy + o0, y + (t0 + std::min(1, nt - 1)) * ldy + o0,
-                      y + (t0 + std::min(2, nt - 1)) * ldy + o0};
-      if (nt == 3)
-        fp8_group_dots<3>(w + o0 * in, nrows, in, xp, acc, op);
-      else if (nt == 2)
-        fp8_group_dots<2>(w + o0 * in, nrows, in, xp, acc, op);
-      else
-        fp8_group_dots<1>(w + o0 * in, nrows, in, xp, acc, op);
-    }
+    token_passes(ntok, kMaxNT, [&](int64_t t0, int64_t nt) {
+      const float* xp[kMaxNT];
+      float* op[kMaxNT];
+      for (int64_t t = 0; t < nt; ++t)
+        xp[t] = xs.data() + (t0 + t) * in, op[t] = y + (t0 + t) * ldy + o0;
+      group(w + o0 * in, nrows, xp, int(nt), op);
+    });
   }
+}
+
+inline void fp8_gemv_batch_simd(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                                const float* x, int64_t ntok, float* y, int64_t ldy) {
+  alignas(32) __m256 acc[32][3][4];
+  fp8_batch_groups<3>(
+      w, scale, out, in, x, ntok, y, ldy,
+      [&](const uint8_t* wg, int64_t nrows, const float* const* xp, int nt, float* const* op) {
+        if (nt == 3)
+          fp8_group_dots<3>(wg, nrows, in, xp, acc, op);
+        else if (nt == 2)
+          fp8_group_dots<2>(wg, nrows, in, xp, acc, op);
+        else
+          fp8_group_dots<1>(wg, nrows, in, xp, acc, op);
+      });
 }
 
 inline void bf16_gemv_batch_simd(const uint16_t* w, int64_t out, int64_t in, const float* x,

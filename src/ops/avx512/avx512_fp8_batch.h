@@ -6,15 +6,14 @@
 // sum splits them back into the four halves and adds them as the one-token code does.
 // What changes is the sharing: two rows are decoded per step and every token's activations are
 // loaded once for both (x loads per FMA halve), and one instruction covers 16 lanes. Measured
-// against the 256-bit several-token code on Zen 4 (2 threads, weights from DRAM): 0.55-0.8x the
-// time at 2-6 tokens with rows of 5120-8192 values, about the same at 1280. Included by
-// avx512_tier.h; the emulated tiers (tests/ops/avx512_emulation.h) run it too.
+// against the 256-bit several-token code on Zen 4 (2 threads, weights from DRAM, one run):
+// 0.56-0.78x the time at 2-6 tokens with rows of 5,120-8,192 values, 0.94-1.16x at 1,280. Included
+// by avx512_tier.h; the emulated tiers (tests/ops/avx512_emulation.h) run it too.
 #pragma once
 
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "ops/simd_common.h"
 
@@ -94,57 +93,25 @@ inline void fp8_zmm_group(const uint8_t* w, int64_t nrows, int64_t in, const flo
 }
 
 // One token: rows of at least kFp8ZmmOneTokenMin values go through the group kernel (two rows per
-// step: 0.67-0.79x the time of the row-streaming fp8_gemv_one_token at 5120-8192 values on Zen 4),
-// shorter ones stream row by row (the group kernel measured 1.3-1.5x slower at 1280). Same bits.
+// step: 0.67-0.87x the time of the row-streaming fp8_gemv_one_token at 5,120-8,192 values on Zen
+// 4), shorter ones stream row by row (the group kernel measured 1.4-1.5x slower at 1,280). Same
+// bits either way.
 constexpr int64_t kFp8ZmmOneTokenMin = 4096;
-
-inline void fp8_gemv_batch_zmm(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
-                               const float* x, int64_t ntok, float* y, int64_t ldy);
-
-inline void fp8_one_token_zmm(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
-                              const float* x, float* y) {
-  if (in < kFp8ZmmOneTokenMin) return fp8_gemv_one_token(w, scale, out, in, x, y);
-  fp8_gemv_batch_zmm(w, scale, out, in, x, 1, y, out);
-}
 
 inline void fp8_gemv_batch_zmm(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                                const float* x, int64_t ntok, float* y, int64_t ldy) {
   if (ntok == 1 && in < kFp8ZmmOneTokenMin) return fp8_gemv_one_token(w, scale, out, in, x, y);
-  if (in > kFp8ScaledMax) return fp8_gemv_batch_simd(w, scale, out, in, x, ntok, y, ldy);
-  static thread_local std::vector<float> xs;  // grows once per thread: no allocation per step
-  if (xs.size() < std::size_t(ntok * in)) xs.resize(std::size_t(ntok * in));
   alignas(64) __m512 acc[32][kFp8ZmmTokens][2];
-  const int64_t sin = (in + 31) / 32;
-  for (int64_t g = 0; g * 32 < out; ++g) {
-    const uint8_t* srow = scale + g * sin;
-    const int64_t o0 = g * 32, nrows = std::min<int64_t>(out, o0 + 32) - o0;
-    bool ok = true;  // depends on the scales only: the same answer for every token
-    for (int64_t t = 0; t < ntok && ok; ++t)
-      ok = fp8_prescale(srow, in, x + t * in, xs.data() + t * in);
-    if (!ok) {
-      for (int64_t o = o0; o < o0 + nrows; ++o)
-        for (int64_t t = 0; t < ntok; ++t)
-          y[t * ldy + o] = fp8_row_dot_f16(w + o * in, srow, in, x + t * in);
-      continue;
-    }
-    // Tokens in near-equal passes of at most kFp8ZmmTokens (4 tokens: 2 + 2, not 3 + 1).
-    const int64_t passes = (ntok + kFp8ZmmTokens - 1) / kFp8ZmmTokens;
-    for (int64_t p = 0, t0 = 0; p < passes; ++p) {
-      const int nt = int((ntok - t0 + (passes - p) - 1) / (passes - p));
-      const float* xp[kFp8ZmmTokens];
-      float* op[kFp8ZmmTokens];
-      for (int t = 0; t < nt; ++t)
-        xp[t] = xs.data() + (t0 + t) * in, op[t] = y + (t0 + t) * ldy + o0;
-      const uint8_t* wg = w + o0 * in;
-      if (nt == 3)
-        fp8_zmm_group<3>(wg, nrows, in, xp, acc, op);
-      else if (nt == 2)
-        fp8_zmm_group<2>(wg, nrows, in, xp, acc, op);
-      else
-        fp8_zmm_group<1>(wg, nrows, in, xp, acc, op);
-      t0 += nt;
-    }
-  }
+  fp8_batch_groups<kFp8ZmmTokens>(
+      w, scale, out, in, x, ntok, y, ldy,
+      [&](const uint8_t* wg, int64_t nrows, const float* const* xp, int nt, float* const* op) {
+        if (nt == 3)
+          fp8_zmm_group<3>(wg, nrows, in, xp, acc, op);
+        else if (nt == 2)
+          fp8_zmm_group<2>(wg, nrows, in, xp, acc, op);
+        else
+          fp8_zmm_group<1>(wg, nrows, in, xp, acc, op);
+      });
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ struct Avx512 {
   // (avx512_fp8_batch.h).
   static void fp8_one_token(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                             const float* x, float* y) {
-    fp8_one_token_zmm(w, scale, out, in, x, y);
+    fp8_gemv_batch_zmm(w, scale, out, in, x, 1, y, out);
   }
   static void fp8_gemv_batch(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                              const float* x, int64_t ntok, float* y, int64_t ldy) {
