@@ -196,15 +196,25 @@ try {
     }
   };
   await work(3);
-  // A longer request, watched until the requests plot has seen it running, then dropped.
+  // Longer requests, one after another, until the requests plot has seen one running, then
+  // dropped. One request of 600 tokens once finished in 0.6 s, between two of the dashboard's
+  // scrapes (every second), and the plot never saw it: the requests now follow each other until
+  // the plots have seen them, however fast the model runs.
   const longRun = new AbortController();
-  const longDone = fetch(`${fastBase}/v1/completions`, { method: 'POST', signal: longRun.signal,
-    headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ model: 'scripted', prompt, max_tokens: 600, ignore_eos: true, stream: true }) })
-    .then((r) => r.body.getReader().read()).catch(() => {});
+  let busy = true;
+  const longDone = (async () => {
+    while (busy) {
+      const r = await fetch(`${fastBase}/v1/completions`, { method: 'POST', signal: longRun.signal,
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ model: 'scripted', prompt, max_tokens: 1200, ignore_eos: true, stream: true }) });
+      const reader = r.body.getReader();
+      while (!(await reader.read()).done) {}
+    }
+  })().catch(() => {});
   await page.waitForFunction(() => JSON.parse(document.getElementById('chart-requests').dataset.seen)[0] >= 1 &&
                                    JSON.parse(document.getElementById('chart-kv').dataset.seen)[0] > 0,
                              null, { timeout: 20000 });
+  busy = false;
   longRun.abort();
   await longDone;
   const seen = async (id) => JSON.parse(await page.locator(`#chart-${id}`).getAttribute('data-seen'));
