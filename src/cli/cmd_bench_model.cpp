@@ -398,8 +398,12 @@ void add_bench_model(CLI::App* bench, Runner* run) {
       ->check(CLI::Range(int64_t(0), int64_t(16)))
       ->capture_default_str();
   dec->add_option("--spec-repeats", a->spec_repeats,
-                  "--speculative on: repetitions of off/on/oracle, alternating (medians reported)")
-      ->check(CLI::Range(int64_t(1), int64_t(100)))
+                  "--speculative on: repetitions of the modes, alternating (medians reported)")
+      ->check(CLI::Range(int64_t(1), int64_t(400)))
+      ->capture_default_str();
+  dec->add_option("--spec-modes", a->spec_modes,
+                  "--speculative on: the modes each repetition runs, comma-separated: off (the "
+                  "control, always) with on and/or oracle; off,on halves a long A/B's time")
       ->capture_default_str();
   dec->add_option("--spec-tokens", a->spec_tokens,
                   "--speculative on: tokens each request generates")

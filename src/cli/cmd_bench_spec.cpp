@@ -8,8 +8,9 @@
 // prefill steps included); and the on/off ratio of per-stream tok/s: the modes alternate within
 // each of --spec-repeats repetitions (off, on, oracle in even ones, the reverse in odd ones, so a
 // steady drift favours neither), rates are medians, ratios the median of each repetition's own
-// (drift of the machine's speed cancels), after an unmeasured warm-up request with drafting off and
-// on. Shadow probes (--spec-probe shadow, the engine's default)
+// (drift of the machine's speed cancels), and the ratio of the rates pooled over repetitions;
+// after an unmeasured warm-up request with drafting off and on. --spec-modes off,on leaves the
+// oracle out. Shadow probes (--spec-probe shadow, the engine's default)
 // are counted apart from verified drafts. A third mode, "oracle",
 // drafts the control run's own tokens (model/oracle_drafter.h): the speed-up verification gives
 // when every draft is right, on this model and machine.
@@ -86,11 +87,15 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const EngineStats es1 = e.stats();
   const FastStats fs1 = m.stats();
-  double per_stream = 0;
-  int64_t tokens = 0;
+  double per_stream = 0, span = 0;
+  int64_t tokens = 0, gaps = 0;
   for (const StreamRun& r : runs) {
     tokens += r.tokens;
-    if (r.tokens > 1 && r.last > r.first) per_stream += double(r.tokens - 1) / (r.last - r.first);
+    if (r.tokens > 1 && r.last > r.first) {
+      per_stream += double(r.tokens - 1) / (r.last - r.first);
+      gaps += r.tokens - 1;
+      span += r.last - r.first;
+    }
   }
   per_stream /= double(std::max<std::size_t>(1, runs.size()));
   if (streams)  // each prompt with what it generated: the oracle's drafts
@@ -102,6 +107,10 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
   const int64_t accepted = es1.spec_accepted_tokens - es0.spec_accepted_tokens;
   const int64_t steps = fs1.steps - fs0.steps;
   return {{"per_stream_tok_s", per_stream},
+          // Each stream's tokens after its first and the seconds they took, summed over streams:
+          // the pooled rate over many repetitions (summarize) weighs each run by its time.
+          {"stream_gaps", gaps},
+          {"stream_span_s", span},
           {"tok_s", double(tokens) / wall},
           {"tokens", tokens},
           {"wall_s", wall},
@@ -138,8 +147,9 @@ double median(std::vector<double> v) {
 nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs) {
   static constexpr const char* kCounts[] = {
       "verify_steps", "drafts", "accepted",     "shadow_probes", "shadow_drafts", "shadow_accepted",
-      "tokens",       "steps",  "weight_bytes", "draft_calls",   "decode_tokens"};
-  static constexpr const char* kSeconds[] = {"draft_seconds", "decode_step_seconds"};
+      "tokens",       "steps",  "weight_bytes", "draft_calls",   "decode_tokens", "stream_gaps"};
+  static constexpr const char* kSeconds[] = {"draft_seconds", "decode_step_seconds",
+                                             "stream_span_s"};
   nlohmann::ordered_json j = runs.back();
   std::vector<double> per_stream, tok_s;
   std::map<std::string, int64_t> counts;
@@ -153,7 +163,13 @@ nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs
   for (const char* key : kCounts) j[key] = counts[key];
   for (const char* key : kSeconds) j.erase(key);  // reported as rates below
   j.erase("decode_tokens");
+  j.erase("stream_gaps");
   j["per_stream_tok_s"] = median(per_stream);
+  // Every repetition's stream tokens over every repetition's stream seconds: with the modes
+  // alternating over many short repetitions, a slow phase of the machine falls on both modes
+  // alike and weighs by its length (the median of per-repetition ratios, below, counts runs).
+  j["per_stream_tok_s_pooled"] =
+      seconds["stream_span_s"] > 0 ? double(counts["stream_gaps"]) / seconds["stream_span_s"] : 0.0;
   j["tok_s"] = median(tok_s);
   j["per_stream_tok_s_runs"] = per_stream;
   // Time per drafter call, and per plain or verify decode step (the engine's own clocks; decode
@@ -188,6 +204,31 @@ Status warm_up(Engine& e, const FastModel& m, OracleDrafter* oracle, int64_t tok
   return Status::ok();
 }
 
+constexpr const char* kModes[] = {"off", "on", "oracle"};  // index = acceptance slot
+
+// "--spec-modes": a comma-separated subset of kModes with "off" (the control every ratio needs),
+// as slots in kModes' order (off first: the oracle replays repetition 0's control tokens).
+Result<std::vector<int>> parse_modes(const std::string& list) {
+  bool want[3] = {false, false, false};
+  std::size_t pos = 0;
+  while (pos <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string name = list.substr(pos, comma - pos);
+    const auto it = std::find_if(std::begin(kModes), std::end(kModes),
+                                 [&](const char* m) { return name == m; });
+    if (it == std::end(kModes))
+      return Status::error("'" + name + "' is not a mode (off, on, oracle)");
+    want[it - std::begin(kModes)] = true;
+    pos = comma + 1;
+  }
+  if (!want[0] || !(want[1] || want[2]))
+    return Status::error("'" + list + "' needs off (the control) and on and/or oracle");
+  std::vector<int> slots;
+  for (int i = 0; i < 3; ++i)
+    if (want[i]) slots.push_back(i);
+  return slots;
+}
+
 }  // namespace
 
 int run_bench_speculative(const BenchArgs& a) {
@@ -198,6 +239,11 @@ int run_bench_speculative(const BenchArgs& a) {
   auto streams = parse_list(a.streams, "--streams");
   if (!streams) {
     log::error("bench decode: {}", streams.status().message());
+    return kExitUsage;
+  }
+  auto modes = parse_modes(a.spec_modes);
+  if (!modes) {
+    log::error("bench decode: --spec-modes: {}", modes.status().message());
     return kExitUsage;
   }
   auto dir = ensure_converted(a.model, a.converted);
@@ -261,12 +307,12 @@ int run_bench_speculative(const BenchArgs& a) {
       std::map<std::string, std::vector<nlohmann::ordered_json>> runs;
       // Modes alternate within each repetition and the ratios are taken per repetition, so a
       // drift of the machine's speed over the run cancels in the median.
-      static constexpr const char* kModes[] = {"off", "on", "oracle"};
+      const int nm = int(modes->size());
       for (int64_t rep = 0; rep < a.spec_repeats; ++rep)
-        for (int m = 0; m < 3; ++m) {
+        for (int m = 0; m < nm; ++m) {
           // Odd repetitions reverse the order; the oracle's drafts come from repetition 0's
           // control, which runs first.
-          const int slot = rep % 2 ? 2 - m : m;
+          const int slot = (*modes)[std::size_t(rep % 2 ? nm - 1 - m : m)];
           const char* mode = kModes[slot];
           log::info("bench decode: speculative {} at {} streams, {} prompt, run {} ...", mode, s,
                     kind, rep + 1);
@@ -285,8 +331,10 @@ int run_bench_speculative(const BenchArgs& a) {
             return kExitInvalid;
           }
         }
-      for (const char* mode : {"off", "on", "oracle"}) pt[mode] = summarize(runs[mode]);
-      for (const char* mode : {"on", "oracle"}) {
+      for (const int slot : *modes) pt[kModes[slot]] = summarize(runs[kModes[slot]]);
+      for (const int slot : *modes) {
+        const char* mode = kModes[slot];
+        if (slot == 0) continue;
         std::vector<double> ratios;
         for (std::size_t r = 0; r < runs[mode].size(); ++r) {
           const double off = runs["off"][r]["per_stream_tok_s"].get<double>();
@@ -296,6 +344,10 @@ int run_bench_speculative(const BenchArgs& a) {
             median(ratios);
         pt[std::string(mode) == "on" ? "speedup_per_stream_runs"
                                      : "oracle_speedup_per_stream_runs"] = ratios;
+        const double off_pooled = pt["off"]["per_stream_tok_s_pooled"].get<double>();
+        pt[std::string(mode) == "on" ? "speedup_per_stream_pooled"
+                                     : "oracle_speedup_per_stream_pooled"] =
+            off_pooled > 0 ? pt[mode]["per_stream_tok_s_pooled"].get<double>() / off_pooled : 0.0;
         // Off's weight bytes per token over this mode's (above 1: less traffic per token).
         const double mine = pt[mode]["weight_bytes_per_token"].get<double>();
         pt[std::string(mode) == "on" ? "traffic_ratio" : "oracle_traffic_ratio"] =
@@ -312,6 +364,7 @@ int run_bench_speculative(const BenchArgs& a) {
                               {"spec_width", a.spec_width},
                               {"spec_probe", a.spec_probe},
                               {"repeats", a.spec_repeats},
+                              {"modes", a.spec_modes},
                               {"control", "the same engine with drafting suppressed"},
                               {"warmup", "one unmeasured request drafting off, then on"},
                               {"points", points}};

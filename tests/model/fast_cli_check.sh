@@ -87,7 +87,19 @@ for q in j["points"]:
     assert q["oracle"]["accepted"] == q["oracle"]["drafts"] > 0, q
     assert q["on"]["verify_steps"] > 0, q
     assert q["speedup_per_stream"] > 0 and q["oracle_speedup_per_stream"] > 0, q
+    assert q["speedup_per_stream_pooled"] > 0 and q["oracle_speedup_per_stream_pooled"] > 0, q
+    # pooled: every repetition's stream tokens after the first over their seconds
+    for m in ("off", "on", "oracle"):
+        assert q[m]["per_stream_tok_s_pooled"] > 0, (m, q)
 PY
+# --spec-modes needs the control and one more mode (a usage error, exit 1, naming the option).
+for modes in on off,of; do
+  rc=0
+  "$BIN" bench decode --model "$T/m.dsv41-converted" --speculative on --spec-modes "$modes" \
+    2>"$T/modes.err" || rc=$?
+  [ "$rc" = 1 ] || { echo "--spec-modes $modes: exit $rc, expected 1"; exit 1; }
+  grep -q -- "--spec-modes" "$T/modes.err" || { cat "$T/modes.err"; exit 1; }
+done
 # make-tiny --bigram: a checkpoint whose own drafter predicts the target (docs/dspark.md). Greedy
 # text is that of plain decoding; at a forced width every draft of the real drafter is accepted
 # on both prompts (the plain checkpoint above accepts next to none).
@@ -99,11 +111,14 @@ spec=$("$BIN" generate --model "$T/bg" --prompt 'hello world' --max-tokens 24 --
   --spec-probe verify 2>/dev/null)
 test "$plain" = "$spec"
 "$BIN" bench decode --model "$T/bg.dsv41-converted" --speculative on --streams 1 --spec-tokens 24 \
-  --spec-repeats 1 --spec-width 3 2>/dev/null >"$T/bgspec.json"
+  --spec-repeats 1 --spec-width 3 --spec-modes on,off 2>/dev/null >"$T/bgspec.json"
 python3 - "$T/bgspec.json" "$T/spec.json" <<'PY'
 import json, sys
 j, plain = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert j["modes"] == "on,off", j
 for q in j["points"]:
+    assert "oracle" not in q and "oracle_speedup_per_stream" not in q, q  # --spec-modes on,off
+    assert q["off"]["tokens"] == 24 and q["speedup_per_stream_pooled"] > 0, q
     assert q["on"]["drafts"] >= 12 and q["on"]["accepted"] == q["on"]["drafts"], q
 acc = sum(q["on"]["accepted"] for q in plain["points"]); drafts = sum(q["on"]["drafts"] for q in plain["points"])
 assert acc < 0.5 * drafts, (acc, drafts)
