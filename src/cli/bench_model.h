@@ -37,10 +37,11 @@ struct BenchArgs {
   int64_t spec_width = 0;           // ... drafts verified per step (0: the engine's cost model)
   int64_t spec_repeats = 3;         // ... repetitions of the modes, alternating
   std::string spec_modes = "off,on,oracle";  // ... which modes (off always; on and/or oracle)
-  std::string spec_probe = "shadow";         // ... how trackers probe (add_spec_probe_option)
-  std::string decoder_replay = "off";        // bench prefill: off | on | ab (both, alternating)
-  std::string replay_margin = "12";          // bench prefill: N | exact (add_replay_margin_option)
-  std::string prefill_attention = "on";      // bench prefill: off | on | ab
+  bool spec_paired = false;  // ... off and on at the same time on two engines (modes off,on)
+  std::string spec_probe = "shadow";     // ... how trackers probe (add_spec_probe_option)
+  std::string decoder_replay = "off";    // bench prefill: off | on | ab (both, alternating)
+  std::string replay_margin = "12";      // bench prefill: N | exact (add_replay_margin_option)
+  std::string prefill_attention = "on";  // bench prefill: off | on | ab
   bool extremes = false;  // bench prefill with both ab: only everything off and everything on
   int64_t chunk = 0;      // bench prefill: tokens per step (0: the whole prompt)
   int tp = 0, ep = 0;     // under mpirun: the split (parallel/)

@@ -405,6 +405,10 @@ void add_bench_model(CLI::App* bench, Runner* run) {
                   "--speculative on: the modes each repetition runs, comma-separated: off (the "
                   "control, always) with on and/or oracle; off,on halves a long A/B's time")
       ->capture_default_str();
+  dec->add_flag("--spec-paired", a->spec_paired,
+                "--speculative on with --spec-modes off,on: two engines run off and on at the "
+                "same time (each with half the cores unless --threads says; they swap modes every "
+                "repetition), so a slow phase of the machine falls on both runs of a repetition");
   dec->add_option("--spec-tokens", a->spec_tokens,
                   "--speculative on: tokens each request generates")
       ->check(CLI::Range(int64_t(2), int64_t(1) << 20))

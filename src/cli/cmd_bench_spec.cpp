@@ -10,10 +10,10 @@
 // steady drift favours neither), rates are medians, ratios the median of each repetition's own
 // (drift of the machine's speed cancels), and the ratio of the rates pooled over repetitions;
 // after an unmeasured warm-up request with drafting off and on. --spec-modes off,on leaves the
-// oracle out. Shadow probes (--spec-probe shadow, the engine's default)
-// are counted apart from verified drafts. A third mode, "oracle",
-// drafts the control run's own tokens (model/oracle_drafter.h): the speed-up verification gives
-// when every draft is right, on this model and machine.
+// oracle out; --spec-paired runs off and on at the same time on two engines. Shadow probes
+// (--spec-probe shadow, the engine's default) are counted apart from verified drafts. A third mode,
+// "oracle", drafts the control run's own tokens (model/oracle_drafter.h): the speed-up verification
+// gives when every draft is right, on this model and machine.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -229,6 +229,127 @@ Result<std::vector<int>> parse_modes(const std::string& list) {
   return slots;
 }
 
+// One engine of the bench: the fast model with the drafter loaded, behind the oracle drafter (its
+// chains replaced in mode "oracle" only), warmed up.
+struct SpecEngine {
+  std::unique_ptr<Engine> engine;
+  const FastModel* fast = nullptr;
+  OracleDrafter* oracle = nullptr;
+};
+
+Result<SpecEngine> load_spec_engine(const std::string& dir, const BenchArgs& a, int threads,
+                                    int max_seqs) {
+  FastOptions o;
+  o.threads = threads;
+  o.act_quant = a.act_quant == "on";
+  o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
+  o.warm = true;
+  o.prefix_cache = false;  // every mode computes its prompts
+  o.dspark = true;
+  auto model = FastModel::load(dir, o);
+  if (!model) return model.status().with_context("--model: ");
+  SpecEngine se;
+  se.fast = model->get();
+  // The drafter runs for real in both drafting modes; in "oracle" its chains are replaced with
+  // the control run's own tokens (every draft right: what verification costs and returns).
+  auto oracle =
+      std::make_unique<OracleDrafter>(std::move(*model), std::vector<std::vector<int32_t>>{});
+  se.oracle = oracle.get();
+  auto tok = Tokenizer::load(dir + "/tokenizer.json");
+  if (!tok) return tok.status().with_context("--model: ");
+  EngineOptions eo;
+  eo.model_dir = dir;
+  eo.speculative = true;
+  eo.speculative_width = a.spec_width;
+  eo.speculative_shadow_probes = a.spec_probe == "shadow";
+  eo.max_num_seqs = max_seqs;
+  auto engine = Engine::create(std::move(oracle), std::move(*tok), eo);
+  if (!engine) return engine.status().with_context("--speculative on: ");
+  se.engine = std::move(*engine);
+  if (Status st = warm_up(*se.engine, *se.fast, se.oracle, a.spec_tokens); !st)
+    return st.with_context("warm-up: ");
+  return se;
+}
+
+// Prepares engine `e` for one run of mode `slot` (kModes).
+void set_mode(SpecEngine& e, int slot, const std::vector<std::vector<int32_t>>& streams_seen) {
+  e.engine->set_drafting(slot != 0);
+  // Each drafter's requests learn, and carry to its later requests as a server does, their own
+  // acceptance prior: across repetitions and points, so only each drafter's first request of the
+  // run starts cold (later points start from what earlier ones learned).
+  e.engine->select_acceptance_slot(slot);
+  e.oracle->set_streams(slot == 2 ? streams_seen : std::vector<std::vector<int32_t>>{});
+}
+
+// The repetitions of one point, each mode's runs in `runs`. One engine: the modes alternate within
+// each repetition (off, on, oracle in even ones, the reverse in odd ones; the oracle's drafts come
+// from repetition 0's control, which runs first), so a drift of the machine's speed over the run
+// cancels in the per-repetition ratios. Two engines (--spec-paired): off and on run at the same
+// time, each on its own engine, and the engines swap modes every repetition: a slow phase of the
+// machine falls on both runs of a repetition.
+Status run_point(std::vector<SpecEngine>& engines, const std::vector<int>& modes,
+                 const std::vector<std::vector<int32_t>>& prompts, const BenchArgs& a,
+                 const std::string& label,
+                 std::map<std::string, std::vector<nlohmann::ordered_json>>* runs) {
+  std::vector<std::vector<int32_t>> streams_seen;
+  const int nm = int(modes.size());
+  for (int64_t rep = 0; rep < a.spec_repeats; ++rep) {
+    if (engines.size() == 2) {
+      log::info("bench decode: speculative off and on at once, {}, run {} ...", label, rep + 1);
+      SpecEngine &on = engines[std::size_t(rep % 2)], &off = engines[std::size_t(1 - rep % 2)];
+      set_mode(off, 0, streams_seen);
+      set_mode(on, 1, streams_seen);
+      Status err_on = Status::ok(), err_off = Status::ok();
+      nlohmann::ordered_json j_on;
+      std::thread t([&] { j_on = measure(*on.engine, *on.fast, prompts, a.spec_tokens, &err_on); });
+      (*runs)["off"].push_back(measure(*off.engine, *off.fast, prompts, a.spec_tokens, &err_off));
+      t.join();
+      (*runs)["on"].push_back(std::move(j_on));
+      DSV41_RETURN_IF_ERROR(err_off);
+      DSV41_RETURN_IF_ERROR(err_on);
+      continue;
+    }
+    for (int m = 0; m < nm; ++m) {
+      const int slot = modes[std::size_t(rep % 2 ? nm - 1 - m : m)];
+      log::info("bench decode: speculative {} at {}, run {} ...", kModes[slot], label, rep + 1);
+      set_mode(engines[0], slot, streams_seen);
+      Status err = Status::ok();
+      (*runs)[kModes[slot]].push_back(measure(*engines[0].engine, *engines[0].fast, prompts,
+                                              a.spec_tokens, &err,
+                                              slot == 0 && rep == 0 ? &streams_seen : nullptr));
+      DSV41_RETURN_IF_ERROR(err);
+    }
+  }
+  return Status::ok();
+}
+
+// A point's summaries per mode and each drafting mode's ratios to the control.
+void summarize_point(const std::vector<int>& modes,
+                     const std::map<std::string, std::vector<nlohmann::ordered_json>>& runs,
+                     nlohmann::ordered_json* pt_out) {
+  nlohmann::ordered_json& pt = *pt_out;
+  for (const int slot : modes) pt[kModes[slot]] = summarize(runs.at(kModes[slot]));
+  for (const int slot : modes) {
+    if (slot == 0) continue;
+    const std::string mode = kModes[slot], prefix = slot == 1 ? "" : "oracle_";
+    std::vector<double> ratios;
+    const auto &mine = runs.at(mode), &control = runs.at("off");
+    for (std::size_t r = 0; r < mine.size(); ++r) {
+      const double off = control[r]["per_stream_tok_s"].get<double>();
+      ratios.push_back(off > 0 ? mine[r]["per_stream_tok_s"].get<double>() / off : 0.0);
+    }
+    pt[prefix + "speedup_per_stream"] = median(ratios);
+    pt[prefix + "speedup_per_stream_runs"] = ratios;
+    const double off_pooled = pt["off"]["per_stream_tok_s_pooled"].get<double>();
+    pt[prefix + "speedup_per_stream_pooled"] =
+        off_pooled > 0 ? pt[mode]["per_stream_tok_s_pooled"].get<double>() / off_pooled : 0.0;
+    // Off's weight bytes per token over this mode's (above 1: less traffic per token).
+    const double bytes = pt[mode]["weight_bytes_per_token"].get<double>();
+    pt[prefix + "traffic_ratio"] =
+        bytes > 0 ? pt["off"]["weight_bytes_per_token"].get<double>() / bytes : 0.0;
+  }
+}
+
 }  // namespace
 
 int run_bench_speculative(const BenchArgs& a) {
@@ -246,50 +367,30 @@ int run_bench_speculative(const BenchArgs& a) {
     log::error("bench decode: --spec-modes: {}", modes.status().message());
     return kExitUsage;
   }
+  if (a.spec_paired && *modes != std::vector<int>{0, 1}) {
+    log::error("bench decode: --spec-paired runs off and on at once: it needs --spec-modes off,on");
+    return kExitUsage;
+  }
   auto dir = ensure_converted(a.model, a.converted);
   if (!dir) {
     log::error("bench decode: --model: {}", dir.status().message());
     return kExitInvalid;
   }
-  FastOptions o;
-  o.threads = a.threads;
-  o.act_quant = a.act_quant == "on";
-  o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
-  o.warm = true;
-  o.prefix_cache = false;  // both modes compute their prompts
-  o.dspark = true;
-  auto model = FastModel::load(*dir, o);
-  if (!model) {
-    log::error("bench decode: --model: {}", model.status().message());
-    return kExitInvalid;
+  // Paired: two engines at once share the cores (each its half unless --threads says).
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = a.spec_paired && a.threads == 0 ? std::max(1, cores / 2) : a.threads;
+  const int max_seqs =
+      int(std::max<int64_t>(1, *std::max_element(streams->begin(), streams->end())));
+  std::vector<SpecEngine> engines;
+  for (int i = 0; i < (a.spec_paired ? 2 : 1); ++i) {
+    auto se = load_spec_engine(*dir, a, threads, max_seqs);
+    if (!se) {
+      log::error("bench decode: {}", se.status().message());
+      return kExitInvalid;
+    }
+    engines.push_back(std::move(*se));
   }
-  const FastModel* fast = model->get();
-  // The drafter runs for real in both drafting modes; in "oracle" its chains are replaced with
-  // the control run's own tokens (every draft right: what verification costs and returns).
-  auto oracle =
-      std::make_unique<OracleDrafter>(std::move(*model), std::vector<std::vector<int32_t>>{});
-  OracleDrafter* oracle_ptr = oracle.get();
-  auto tok = Tokenizer::load(*dir + "/tokenizer.json");
-  if (!tok) {
-    log::error("bench decode: --model: {}", tok.status().message());
-    return kExitInvalid;
-  }
-  EngineOptions eo;
-  eo.model_dir = *dir;
-  eo.speculative = true;
-  eo.speculative_width = a.spec_width;
-  eo.speculative_shadow_probes = a.spec_probe == "shadow";
-  eo.max_num_seqs = int(std::max<int64_t>(1, *std::max_element(streams->begin(), streams->end())));
-  auto engine = Engine::create(std::move(oracle), std::move(*tok), eo);
-  if (!engine) {
-    log::error("bench decode: --speculative on: {}", engine.status().message());
-    return kExitInvalid;
-  }
-  const int32_t V = (*engine)->vocab_size();
-  if (Status st = warm_up(**engine, *fast, oracle_ptr, a.spec_tokens); !st) {
-    log::error("bench decode: warm-up: {}", st.message());
-    return kExitInvalid;
-  }
+  const int32_t V = engines[0].engine->vocab_size();
   Rng rng(6);
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   for (const char* kind : {"repetitive", "random"}) {
@@ -302,72 +403,33 @@ int run_bench_speculative(const BenchArgs& a) {
         while (p.size() < 16) p.insert(p.end(), pattern.begin(), pattern.end());
       }
       nlohmann::ordered_json pt = {{"prompt", kind}, {"streams", s}};
-      Status err = Status::ok();
-      std::vector<std::vector<int32_t>> streams_seen;
       std::map<std::string, std::vector<nlohmann::ordered_json>> runs;
-      // Modes alternate within each repetition and the ratios are taken per repetition, so a
-      // drift of the machine's speed over the run cancels in the median.
-      const int nm = int(modes->size());
-      for (int64_t rep = 0; rep < a.spec_repeats; ++rep)
-        for (int m = 0; m < nm; ++m) {
-          // Odd repetitions reverse the order; the oracle's drafts come from repetition 0's
-          // control, which runs first.
-          const int slot = (*modes)[std::size_t(rep % 2 ? nm - 1 - m : m)];
-          const char* mode = kModes[slot];
-          log::info("bench decode: speculative {} at {} streams, {} prompt, run {} ...", mode, s,
-                    kind, rep + 1);
-          const bool control = std::string(mode) == "off", known = std::string(mode) == "oracle";
-          (*engine)->set_drafting(!control);
-          // Each drafter's requests learn, and carry to its later requests as a server does,
-          // their own acceptance prior: across repetitions and points, so only each drafter's
-          // first request of the run starts cold (later points start from what earlier ones
-          // learned).
-          (*engine)->select_acceptance_slot(slot);
-          oracle_ptr->set_streams(known ? streams_seen : std::vector<std::vector<int32_t>>{});
-          runs[mode].push_back(measure(**engine, *fast, prompts, a.spec_tokens, &err,
-                                       control && rep == 0 ? &streams_seen : nullptr));
-          if (!err.is_ok()) {
-            log::error("bench decode: {}", err.message());
-            return kExitInvalid;
-          }
-        }
-      for (const int slot : *modes) pt[kModes[slot]] = summarize(runs[kModes[slot]]);
-      for (const int slot : *modes) {
-        const char* mode = kModes[slot];
-        if (slot == 0) continue;
-        std::vector<double> ratios;
-        for (std::size_t r = 0; r < runs[mode].size(); ++r) {
-          const double off = runs["off"][r]["per_stream_tok_s"].get<double>();
-          ratios.push_back(off > 0 ? runs[mode][r]["per_stream_tok_s"].get<double>() / off : 0.0);
-        }
-        pt[std::string(mode) == "on" ? "speedup_per_stream" : "oracle_speedup_per_stream"] =
-            median(ratios);
-        pt[std::string(mode) == "on" ? "speedup_per_stream_runs"
-                                     : "oracle_speedup_per_stream_runs"] = ratios;
-        const double off_pooled = pt["off"]["per_stream_tok_s_pooled"].get<double>();
-        pt[std::string(mode) == "on" ? "speedup_per_stream_pooled"
-                                     : "oracle_speedup_per_stream_pooled"] =
-            off_pooled > 0 ? pt[mode]["per_stream_tok_s_pooled"].get<double>() / off_pooled : 0.0;
-        // Off's weight bytes per token over this mode's (above 1: less traffic per token).
-        const double mine = pt[mode]["weight_bytes_per_token"].get<double>();
-        pt[std::string(mode) == "on" ? "traffic_ratio" : "oracle_traffic_ratio"] =
-            mine > 0 ? pt["off"]["weight_bytes_per_token"].get<double>() / mine : 0.0;
+      const std::string label = std::to_string(s) + " streams, " + kind + " prompt";
+      if (Status st = run_point(engines, *modes, prompts, a, label, &runs); !st) {
+        log::error("bench decode: {}", st.message());
+        return kExitInvalid;
       }
+      summarize_point(*modes, runs, &pt);
       points.push_back(pt);
     }
   }
-  nlohmann::ordered_json j = {{"bench", "decode"},
-                              {"speculative", "dspark"},
-                              {"model", a.model},
-                              {"isa", ops::isa_name(ops::kernels().isa)},
-                              {"tokens_per_request", a.spec_tokens},
-                              {"spec_width", a.spec_width},
-                              {"spec_probe", a.spec_probe},
-                              {"repeats", a.spec_repeats},
-                              {"modes", a.spec_modes},
-                              {"control", "the same engine with drafting suppressed"},
-                              {"warmup", "one unmeasured request drafting off, then on"},
-                              {"points", points}};
+  nlohmann::ordered_json j = {
+      {"bench", "decode"},
+      {"speculative", "dspark"},
+      {"model", a.model},
+      {"isa", ops::isa_name(ops::kernels().isa)},
+      {"tokens_per_request", a.spec_tokens},
+      {"spec_width", a.spec_width},
+      {"spec_probe", a.spec_probe},
+      {"repeats", a.spec_repeats},
+      {"modes", a.spec_modes},
+      {"paired", a.spec_paired},
+      {"threads_per_engine", threads},
+      {"control", a.spec_paired ? "a second engine with drafting suppressed, at "
+                                  "the same time (the engines swap modes)"
+                                : "the same engine with drafting suppressed"},
+      {"warmup", "one unmeasured request drafting off, then on"},
+      {"points", points}};
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;
 }

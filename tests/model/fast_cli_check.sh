@@ -93,9 +93,11 @@ for q in j["points"]:
         assert q[m]["per_stream_tok_s_pooled"] > 0, (m, q)
 PY
 # --spec-modes needs the control and one more mode (a usage error, exit 1, naming the option).
-for modes in on off,of; do
+# --spec-paired needs exactly off,on.
+for modes in on off,of "off,on,oracle --spec-paired"; do
   rc=0
-  "$BIN" bench decode --model "$T/m.dsv41-converted" --speculative on --spec-modes "$modes" \
+  # shellcheck disable=SC2086  # the last case carries a flag
+  "$BIN" bench decode --model "$T/m.dsv41-converted" --speculative on --spec-modes $modes \
     2>"$T/modes.err" || rc=$?
   [ "$rc" = 1 ] || { echo "--spec-modes $modes: exit $rc, expected 1"; exit 1; }
   grep -q -- "--spec-modes" "$T/modes.err" || { cat "$T/modes.err"; exit 1; }
@@ -123,6 +125,20 @@ for q in j["points"]:
 acc = sum(q["on"]["accepted"] for q in plain["points"]); drafts = sum(q["on"]["drafts"] for q in plain["points"])
 assert acc < 0.5 * drafts, (acc, drafts)
 print("ok: the bigram checkpoint's drafter is accepted", [q["on"]["accepted"] for q in j["points"]])
+PY
+# --spec-paired: off and on at the same time on two engines that swap modes each repetition; the
+# "on" runs draft (and are accepted at a forced width), the "off" runs never do.
+"$BIN" bench decode --model "$T/bg.dsv41-converted" --speculative on --streams 1 --spec-tokens 24 \
+  --spec-repeats 2 --spec-width 3 --spec-modes off,on --spec-paired 2>/dev/null >"$T/paired.json"
+python3 - "$T/paired.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["paired"] is True and j["threads_per_engine"] >= 1 and "oracle" not in j["modes"], j
+for q in j["points"]:
+    assert q["off"]["tokens"] == q["on"]["tokens"] == 2 * 24, q
+    assert q["off"]["drafts"] == 0 and q["off"]["verify_steps"] == 0, q
+    assert q["on"]["drafts"] >= 2 * 12 and q["on"]["accepted"] == q["on"]["drafts"], q
+    assert len(q["speedup_per_stream_runs"]) == 2 and q["speedup_per_stream_pooled"] > 0, q
 PY
 # ops' banded prefill attention (the default) gives the one-query path's bytes: prefill, and
 # chunks among companions (runs of several sequences in one chunk).
