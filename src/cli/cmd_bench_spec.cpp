@@ -1,6 +1,7 @@
 // `dsv41 bench decode --speculative on` (design.md §8; issue 16's A/B): the engine with the DSpark
 // drafter loaded decodes greedy requests with drafting on and, as the control, with drafting
-// suppressed (the same engine and model: Engine::set_drafting), at each --streams count, on a
+// suppressed (Engine::set_drafting: the same engine and model, or with --spec-paired a second
+// engine running at the same time), at each --streams count, on a
 // repetitive prompt (a short random pattern repeated) and on a random one. Per point and mode:
 // per-stream decode tok/s (each stream's tokens after its first over the time from its first to
 // its last), aggregate tok/s, drafts verified and accepted, the acceptance rate, rows the model ran
@@ -154,9 +155,13 @@ nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs
   std::vector<double> per_stream, tok_s;
   std::map<std::string, int64_t> counts;
   std::map<std::string, double> seconds;
+  nlohmann::ordered_json drafts_runs = nlohmann::ordered_json::array(),
+                         engine_runs = nlohmann::ordered_json::array();
   for (const auto& r : runs) {
     per_stream.push_back(r["per_stream_tok_s"].get<double>());
     tok_s.push_back(r["tok_s"].get<double>());
+    drafts_runs.push_back(r["drafts"]);
+    if (r.contains("engine")) engine_runs.push_back(r["engine"]);  // --spec-paired
     for (const char* key : kCounts) counts[key] += r[key].get<int64_t>();
     for (const char* key : kSeconds) seconds[key] += r[key].get<double>();
   }
@@ -172,6 +177,9 @@ nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs
       seconds["stream_span_s"] > 0 ? double(counts["stream_gaps"]) / seconds["stream_span_s"] : 0.0;
   j["tok_s"] = median(tok_s);
   j["per_stream_tok_s_runs"] = per_stream;
+  j["drafts_runs"] = drafts_runs;
+  j.erase("engine");
+  if (!engine_runs.empty()) j["engine_runs"] = engine_runs;  // which engine ran each repetition
   // Time per drafter call, and per plain or verify decode step (the engine's own clocks; decode
   // steps exclude the prefill steps, which `steps` counts).
   const int64_t calls = counts["draft_calls"], decoded = counts["decode_tokens"];
@@ -300,10 +308,15 @@ Status run_point(std::vector<SpecEngine>& engines, const std::vector<int>& modes
       set_mode(off, 0, streams_seen);
       set_mode(on, 1, streams_seen);
       Status err_on = Status::ok(), err_off = Status::ok();
-      nlohmann::ordered_json j_on;
-      std::thread t([&] { j_on = measure(*on.engine, *on.fast, prompts, a.spec_tokens, &err_on); });
-      (*runs)["off"].push_back(measure(*off.engine, *off.fast, prompts, a.spec_tokens, &err_off));
-      t.join();
+      nlohmann::ordered_json j_on, j_off;
+      {
+        std::jthread t(
+            [&] { j_on = measure(*on.engine, *on.fast, prompts, a.spec_tokens, &err_on); });
+        j_off = measure(*off.engine, *off.fast, prompts, a.spec_tokens, &err_off);
+      }
+      j_on["engine"] = rep % 2;
+      j_off["engine"] = 1 - rep % 2;
+      (*runs)["off"].push_back(std::move(j_off));
       (*runs)["on"].push_back(std::move(j_on));
       DSV41_RETURN_IF_ERROR(err_off);
       DSV41_RETURN_IF_ERROR(err_on);
@@ -371,6 +384,14 @@ int run_bench_speculative(const BenchArgs& a) {
     log::error("bench decode: --spec-paired runs off and on at once: it needs --spec-modes off,on");
     return kExitUsage;
   }
+  // The engines differ by a few percent (docs/dspark.md): each must run "on" equally often.
+  if (a.spec_paired && a.spec_repeats % 2) {
+    log::error(
+        "bench decode: --spec-paired swaps the engines' modes every repetition: "
+        "--spec-repeats must be even (got {})",
+        a.spec_repeats);
+    return kExitUsage;
+  }
   auto dir = ensure_converted(a.model, a.converted);
   if (!dir) {
     log::error("bench decode: --model: {}", dir.status().message());
@@ -424,7 +445,7 @@ int run_bench_speculative(const BenchArgs& a) {
       {"repeats", a.spec_repeats},
       {"modes", a.spec_modes},
       {"paired", a.spec_paired},
-      {"threads_per_engine", threads},
+      {"threads_per_engine", threads > 0 ? threads : cores},
       {"control", a.spec_paired ? "a second engine with drafting suppressed, at "
                                   "the same time (the engines swap modes)"
                                 : "the same engine with drafting suppressed"},

@@ -93,14 +93,14 @@ for q in j["points"]:
         assert q[m]["per_stream_tok_s_pooled"] > 0, (m, q)
 PY
 # --spec-modes needs the control and one more mode (a usage error, exit 1, naming the option).
-# --spec-paired needs exactly off,on.
-for modes in on off,of "off,on,oracle --spec-paired"; do
+# --spec-paired needs exactly off,on and an even number of repetitions (the engines swap modes).
+for modes in on off off,of off,on, "off,on,oracle --spec-paired" "off,on --spec-paired --spec-repeats 3"; do
   rc=0
-  # shellcheck disable=SC2086  # the last case carries a flag
+  # shellcheck disable=SC2086  # the last two cases carry flags
   "$BIN" bench decode --model "$T/m.dsv41-converted" --speculative on --spec-modes $modes \
     2>"$T/modes.err" || rc=$?
   [ "$rc" = 1 ] || { echo "--spec-modes $modes: exit $rc, expected 1"; exit 1; }
-  grep -q -- "--spec-modes" "$T/modes.err" || { cat "$T/modes.err"; exit 1; }
+  grep -qE -- "--spec-(modes|repeats)" "$T/modes.err" || { cat "$T/modes.err"; exit 1; }
 done
 # make-tiny --bigram: a checkpoint whose own drafter predicts the target (docs/dspark.md). Greedy
 # text is that of plain decoding; at a forced width every draft of the real drafter is accepted
@@ -133,11 +133,14 @@ PY
 python3 - "$T/paired.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
-assert j["paired"] is True and j["threads_per_engine"] >= 1 and "oracle" not in j["modes"], j
+import os
+assert j["paired"] is True and j["threads_per_engine"] == max(1, os.cpu_count() // 2), j
 for q in j["points"]:
     assert q["off"]["tokens"] == q["on"]["tokens"] == 2 * 24, q
-    assert q["off"]["drafts"] == 0 and q["off"]["verify_steps"] == 0, q
-    assert q["on"]["drafts"] >= 2 * 12 and q["on"]["accepted"] == q["on"]["drafts"], q
+    assert q["off"]["drafts_runs"] == [0, 0] and q["off"]["verify_steps"] == 0, q
+    # each engine ran "on" once (the engines swap) and drafted there, every draft accepted
+    assert q["on"]["engine_runs"] == [0, 1] and q["off"]["engine_runs"] == [1, 0], q
+    assert min(q["on"]["drafts_runs"]) >= 12 and q["on"]["accepted"] == q["on"]["drafts"], q
     assert len(q["speedup_per_stream_runs"]) == 2 and q["speedup_per_stream_pooled"] > 0, q
 PY
 # ops' banded prefill attention (the default) gives the one-query path's bytes: prefill, and
