@@ -142,6 +142,13 @@ for q in j["points"]:
     assert q["on"]["engine_runs"] == [0, 1] and q["off"]["engine_runs"] == [1, 0], q
     assert min(q["on"]["drafts_runs"]) >= 12 and q["on"]["accepted"] == q["on"]["drafts"], q
     assert len(q["speedup_per_stream_runs"]) == 2 and q["speedup_per_stream_pooled"] > 0, q
+    # One stream, equal tokens per run: the pooled rate is the harmonic mean of the runs' rates.
+    for m in ("off", "on"):
+        rates = q[m]["per_stream_tok_s_runs"]
+        harmonic = len(rates) / sum(1 / x for x in rates)
+        assert abs(q[m]["per_stream_tok_s_pooled"] - harmonic) <= 1e-9 * harmonic, (m, q)
+    ratio = q["on"]["per_stream_tok_s_pooled"] / q["off"]["per_stream_tok_s_pooled"]
+    assert abs(q["speedup_per_stream_pooled"] - ratio) <= 1e-9 * ratio, q
 PY
 # ops' banded prefill attention (the default) gives the one-query path's bytes: prefill, and
 # chunks among companions (runs of several sequences in one chunk).
