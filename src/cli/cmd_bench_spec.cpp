@@ -57,12 +57,14 @@ std::vector<StreamRun> run_streams(Engine& e, const std::vector<std::vector<int3
         return;
       }
       for (RequestOutput o; h->next(o, std::chrono::seconds(3600));) {
-        if (!o.tokens.empty()) {
-          const double now = secs(t0, Clock::now());
-          if (runs[i].first < 0) runs[i].first = now;
-          runs[i].last = now;
-          runs[i].tokens += int64_t(o.tokens.size());
-          for (const auto& t : o.tokens) runs[i].ids.push_back(t.token);
+        // The engine's emission times, not this thread's wake-ups: on a busy machine one
+        // wake-up can collect every token of a short request (session 15's CI: a span of 0).
+        for (const auto& t : o.tokens) {
+          const double at = secs(t0, t.emitted);
+          if (runs[i].first < 0) runs[i].first = at;
+          runs[i].last = at;
+          ++runs[i].tokens;
+          runs[i].ids.push_back(t.token);
         }
         if (o.finished) {
           if (o.reason == FinishReason::kError) errs[i] = Status::error(o.error);
@@ -89,16 +91,17 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
   const EngineStats es1 = e.stats();
   const FastStats fs1 = m.stats();
   double per_stream = 0, span = 0;
-  int64_t tokens = 0, gaps = 0;
+  int64_t tokens = 0, gaps = 0, measured = 0;
   for (const StreamRun& r : runs) {
     tokens += r.tokens;
-    if (r.tokens > 1 && r.last > r.first) {
+    if (r.tokens > 1 && r.last > r.first) {  // else no rate: every token came from one step
       per_stream += double(r.tokens - 1) / (r.last - r.first);
       gaps += r.tokens - 1;
       span += r.last - r.first;
+      ++measured;
     }
   }
-  per_stream /= double(std::max<std::size_t>(1, runs.size()));
+  per_stream /= double(std::max<int64_t>(1, measured));
   if (streams)  // each prompt with what it generated: the oracle's drafts
     for (std::size_t i = 0; i < runs.size(); ++i) {
       streams->push_back(prompts[i]);
@@ -111,6 +114,7 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
           // Each stream's tokens after its first and the seconds they took, summed over streams:
           // the pooled rate over many repetitions (summarize) weighs each run by its time.
           {"stream_gaps", gaps},
+          {"unmeasured_streams", int64_t(runs.size()) - measured},
           {"stream_span_s", span},
           {"tok_s", double(tokens) / wall},
           {"tokens", tokens},
@@ -148,7 +152,8 @@ double median(std::vector<double> v) {
 nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs) {
   static constexpr const char* kCounts[] = {
       "verify_steps", "drafts", "accepted",     "shadow_probes", "shadow_drafts", "shadow_accepted",
-      "tokens",       "steps",  "weight_bytes", "draft_calls",   "decode_tokens", "stream_gaps"};
+      "tokens",       "steps",  "weight_bytes", "draft_calls",   "decode_tokens", "stream_gaps",
+      "unmeasured_streams"};
   static constexpr const char* kSeconds[] = {"draft_seconds", "decode_step_seconds",
                                              "stream_span_s"};
   nlohmann::ordered_json j = runs.back();

@@ -600,6 +600,7 @@ bool Engine::emit(Active& a, int32_t tok, const std::vector<float>& logits) {
   const SamplingParams& sp = ch.request().sampling;
   OutputToken out;
   out.token = tok;
+  out.emitted = std::chrono::steady_clock::now();
   if (sp.logprobs >= 0) {
     out.logprob = token_logprob(logits, tok);
     out.top = top_logprobs(logits, sp.logprobs);

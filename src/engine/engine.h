@@ -42,6 +42,9 @@ struct OutputToken {
   int32_t token = 0;
   float logprob = 0;              // set when sampling.logprobs >= 0
   std::vector<TokenLogprob> top;  // sampling.logprobs most likely tokens
+  // When the engine thread emitted it: the consumer may wake for several tokens at once (a busy
+  // machine, a tiny model), so per-token timing (bench decode's per-stream rates) reads this.
+  std::chrono::steady_clock::time_point emitted{};
 };
 
 // A prompt token's logprob (prompt_logprobs): its distribution is the logits row of the position

@@ -138,6 +138,9 @@ assert j["paired"] is True and j["threads_per_engine"] == max(1, os.cpu_count() 
 for q in j["points"]:
     assert q["off"]["tokens"] == q["on"]["tokens"] == 2 * 24, q
     assert q["off"]["drafts_runs"] == [0, 0] and q["off"]["verify_steps"] == 0, q
+    # every stream's rate is measured (the engine's emission times: one wake-up of the reading
+    # thread collecting all 24 tokens gave a rate of 0 in CI once)
+    assert q["off"]["unmeasured_streams"] == q["on"]["unmeasured_streams"] == 0, q
     # each engine ran "on" once (the engines swap) and drafted there, every draft accepted
     assert q["on"]["engine_runs"] == [0, 1] and q["off"]["engine_runs"] == [1, 0], q
     assert min(q["on"]["drafts_runs"]) >= 12 and q["on"]["accepted"] == q["on"]["drafts"], q
