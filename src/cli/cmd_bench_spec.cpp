@@ -151,8 +151,9 @@ double median(std::vector<double> v) {
 // One mode's repetitions: median rates, summed counts, the per-run rates.
 nlohmann::ordered_json summarize(const std::vector<nlohmann::ordered_json>& runs) {
   static constexpr const char* kCounts[] = {
-      "verify_steps", "drafts", "accepted",     "shadow_probes", "shadow_drafts", "shadow_accepted",
-      "tokens",       "steps",  "weight_bytes", "draft_calls",   "decode_tokens", "stream_gaps",
+      "verify_steps",      "drafts",          "accepted",      "shadow_probes",
+      "shadow_drafts",     "shadow_accepted", "tokens",        "steps",
+      "weight_bytes",      "draft_calls",     "decode_tokens", "stream_gaps",
       "unmeasured_streams"};
   static constexpr const char* kSeconds[] = {"draft_seconds", "decode_step_seconds",
                                              "stream_span_s"};
