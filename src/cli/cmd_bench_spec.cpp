@@ -86,9 +86,14 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
   const auto t0 = Clock::now();
   const auto runs = run_streams(e, prompts, max_tokens, t0, err);
   const double wall = secs(t0, Clock::now());
-  // The engine thread has published every token; its counters settle with the last step.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const EngineStats es1 = e.stats();
+  // The engine thread has published every token, but a verify step counts its drafts after it
+  // emits them: wait for the loop's store after the step (no sequence running or queued), or a
+  // starved engine thread carries an "on" run's counts into the next run.
+  EngineStats es1 = e.stats();
+  for (int i = 0; i < 3000 && (es1.running > 0 || es1.queued > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    es1 = e.stats();
+  }
   const FastStats fs1 = m.stats();
   double per_stream = 0, span = 0;
   int64_t tokens = 0, gaps = 0, measured = 0;

@@ -81,8 +81,19 @@ while IFS= read -r line; do
   n=$((n + 1))
   if [[ "$cmd" == "dsv41 serve "* && "$cmd" != *--help* ]]; then
     cmd=$(printf '%s' "$cmd" | sed 's/--port [0-9]*/--port 0/')
-    out=$(PATH="$work/bin:$PATH" timeout --preserve-status -s TERM 3 bash -c "$cmd" 2>&1)
+    # Started in the background; stopped with SIGTERM once it listens (up to 60 s to load on a
+    # starved machine: a fixed delay could signal it mid-load), which must end it with 0.
+    PATH="$work/bin:$PATH" bash -c "exec $cmd" >"$work/serve.out" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do
+      grep -q "listening on" "$work/serve.out" && break
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
     rc=$?
+    out=$(cat "$work/serve.out")
     [[ $rc -eq 0 && "$out" == *"listening on"* ]] || fail "README command (rc $rc): $line
 $out"
   else

@@ -4,12 +4,14 @@
 // tests/server/server_harness.h, one sequence at a time with a waiting queue of one (so the test
 // can fill it for a 429); the dashboard against a server on the tiny model's fast path, with a
 // bounded KV pool and the prefix cache.
-// Usage: node browser_test.mjs CHAT_BASE_URL FAST_BASE_URL OUT_DIR   (screenshots go to OUT_DIR)
+// Usage: node browser_test.mjs CHAT_BASE_URL FAST_BASE_URL OUT_DIR HOLD_FILE
+// (screenshots go to OUT_DIR; while HOLD_FILE exists the scripted model stops after the third
+// token of an answer: the chat server's ScriptBackend waits for it to go)
 import { chromium } from 'playwright-core';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, unlinkSync, writeFileSync } from 'node:fs';
 import { check } from './check.mjs';
 
-const [base, fastBase, outDir] = process.argv.slice(2);
+const [base, fastBase, outDir, holdFile] = process.argv.slice(2);
 mkdirSync(outDir, { recursive: true });
 const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
 
@@ -72,13 +74,13 @@ try {
   const stats = await answer.locator('.stats').textContent();
   check(/\d+ tokens/.test(stats) && /tok\/s/.test(stats) && /first token/.test(stats),
         `tokens and tok/s under the message (${stats})`);
-  // Streamed: several updates each, spread over the answer's time (50 ms a model step), not one
-  // burst of a buffered body.
+  // Streamed: several updates each, not one burst of a buffered body (that the page shows an
+  // answer before it ends is checked under the hold, at Stop below: timing the updates here
+  // depended on the machine's load).
   const updates = await page.evaluate(() => window.updates);
-  const spread = (t) => (t.length ? t[t.length - 1] - t[0] : 0);
-  check(updates.reasoning.length > 3 && updates.content.length > 1 && spread(updates.reasoning) > 150,
-        `the text arrived streamed (${updates.reasoning.length} reasoning updates over ` +
-        `${spread(updates.reasoning).toFixed(0)} ms, ${updates.content.length} answer updates)`);
+  check(updates.reasoning.length > 3 && updates.content.length > 1,
+        `the text arrived streamed (${updates.reasoning.length} reasoning updates, ` +
+        `${updates.content.length} answer updates)`);
   const first = sent[sent.length - 1];
   check(first.stream === true && first.stream_options.include_usage === true, 'the page streams with usage');
   check(first.temperature === 0.7 && first.top_p === 0.9 && first.seed === 42 && first.max_tokens === 512,
@@ -106,20 +108,26 @@ try {
   check(await page.locator('.msg.assistant').count() === 0, 'no empty answer is left for a refused turn');
   await page.fill('#max_tokens', '512');
 
-  // --- Stop: the stream ends at once, the server cancels the request.
+  // --- Stop: the stream ends at once, the server cancels the request. The model is held after
+  // its third token, so the page shows a half-streamed answer until the hold goes.
   await page.click('#new-chat');
   await page.fill('#tools', '');
   await page.fill('#prompt', 'Tell me a long story');
+  writeFileSync(holdFile, '');
   await page.click('#send');
   await page.waitForFunction(() => {
     const r = document.querySelector('.msg.assistant .reasoning-text');
     return r && r.textContent.length > 0;  // the first reasoning has arrived (folded: not visible)
   });
+  check(await page.evaluate(() => !document.querySelector('.msg.assistant').dataset.finish &&
+                                  document.querySelector('.msg.assistant .content').textContent === ''),
+        'the page shows the answer as it streams (its reasoning, before the answer ends)');
   await page.click('#stop');
   await page.waitForFunction(() => document.querySelector('.msg.assistant').dataset.finish === 'stopped');
   check((await page.locator('.msg.assistant .stats').textContent()).includes('stopped'), 'the message says stopped');
   check(!(await page.locator('.msg.assistant .content').textContent()).includes('Let me check.'),
         'the answer stopped before its end');
+  unlinkSync(holdFile);  // the model goes on and finds its request cancelled
   check(await page.locator('#send').isEnabled(), 'the page takes a new message after a stop');
   const stoppedStats = await page.locator('.msg.assistant .stats').textContent();
   check(/first token/.test(stoppedStats) && /pieces received/.test(stoppedStats),
@@ -143,7 +151,7 @@ try {
   check(partial.length > 0, 'the stopped answer had reasoning');
   await page.check('#thinking');
   let running = -1;
-  for (let i = 0; i < 50 && running !== 0; ++i) {
+  for (let i = 0; i < 300 && running !== 0; ++i) {  // up to 30 s on a starved machine
     const m = await (await fetch(`${base}/metrics`)).text();
     running = Number(/^dsv41_running_requests (\S+)$/m.exec(m)[1]);
     if (running !== 0) await new Promise((r) => setTimeout(r, 100));
@@ -164,7 +172,7 @@ try {
     holders.push(fetch(`${base}/v1/completions`, { method: 'POST', body: JSON.stringify(long),
       headers: { 'Content-Type': 'application/json' }, signal: hold.signal }).catch(() => {}));
     let v = 0;
-    for (let i = 0; i < 100 && v < 1; ++i) {
+    for (let i = 0; i < 600 && v < 1; ++i) {
       v = await gauge(name);
       if (v < 1) await new Promise((r) => setTimeout(r, 50));
     }

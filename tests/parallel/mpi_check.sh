@@ -104,17 +104,26 @@ assert all(x["weight_bytes"] > 0 and x["rss_bytes"] > 0 and x["kv_pool_bytes"] >
 print("ok: bench decode under mpirun reports", {k: d["points"][0][k] for k in ("tok_s", "collective_share", "exchanged_bytes_per_token")})
 PY
 
+# The port a server started with --port 0 listens on, from its log (up to 60 s to start); ready
+# for requests once printed.
+listen_port() {
+  for _ in $(seq 600); do grep -q "listening on" "$1" && break; sleep 0.1; done
+  sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$1" | head -n 1
+}
+
 # --- faults. Each rank runs under a shell that records its pid and its exit code.
 fault() {  # $1: kill | stop; $2...: extra mpirun options
   local how="$1"
   shift
   rm -f "$T"/pid.* "$T"/rc.*
-  local port=$((20000 + RANDOM % 20000))
-  "$@" -np 2 sh -c '"$0" serve --model "$1" --port "$2" --threads 1 --rank-timeout 3 &
-    p=$!; echo $p > "$3/pid.$OMPI_COMM_WORLD_RANK"; wait $p; echo $? > "$3/rc.$OMPI_COMM_WORLD_RANK"' \
-    "$BIN" "$T/a.conv" "$port" "$T" >"$T/serve.log" 2>&1 &
+  # --rank-timeout 10: a healthy rank starved by a busy CI machine must not be taken for dead.
+  "$@" -np 2 sh -c '"$0" serve --model "$1" --port 0 --threads 1 --rank-timeout 10 &
+    p=$!; echo $p > "$2/pid.$OMPI_COMM_WORLD_RANK"; wait $p; echo $? > "$2/rc.$OMPI_COMM_WORLD_RANK"' \
+    "$BIN" "$T/a.conv" "$T" >"$T/serve.log" 2>&1 &
   local job=$!
-  for _ in $(seq 300); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  local port
+  port=$(listen_port "$T/serve.log")
+  for _ in $(seq 600); do [ -f "$T/pid.1" ] && break; sleep 0.1; done
   python3 - "$port" "$how" "$(cat "$T/pid.1")" <<'PY' || { cat "$T/serve.log"; fail "fault $how"; }
 import json, os, signal, sys, time, urllib.request
 port, how, pid1 = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -138,7 +147,7 @@ with urllib.request.urlopen(req, timeout=60) as r:
 assert tokens >= 20, f"only {tokens} tokens before the end"
 assert error and "rank" in error, f"the stream did not end with an error naming the ranks: {error}"
 took = time.time() - t_kill
-assert took < 15, f"the error came {took:.1f} s after the fault"
+assert took < 30, f"the error came {took:.1f} s after the fault"  # --rank-timeout 10
 # /health says 503 during the grace period (2 s), then the server is gone.
 h = None
 try:
@@ -163,10 +172,9 @@ echo "ok: faults end the stream with an error, /health 503, rank 0 exits 3"
 
 # Without --enable-recovery, mpirun itself ends every rank when one dies: serve warns about that at
 # startup, and a client's stream is cut (not hung) and mpirun exits non-zero.
-port=$((20000 + RANDOM % 20000))
-"${MPI[@]}" "$BIN" serve --model "$T/a.conv" --port "$port" --threads 1 >"$T/serve2.log" 2>&1 &
+"${MPI[@]}" "$BIN" serve --model "$T/a.conv" --port 0 --threads 1 >"$T/serve2.log" 2>&1 &
 job=$!
-for _ in $(seq 300); do curl -sf "localhost:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+port=$(listen_port "$T/serve2.log")
 grep -q "started without --enable-recovery" "$T/serve2.log" || fail "no --enable-recovery warning"
 pid1=$(sed -n 's/.*rank 1 on .* (pid \([0-9]*\)).*/\1/p' "$T/serve2.log")
 [ -n "$pid1" ] || fail "no pid of rank 1 in the log"

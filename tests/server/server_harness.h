@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -40,12 +41,17 @@ using namespace std::chrono_literals;
 // <｜Assistant｜> token of the sequence; before any cue it follows a fixed chain.
 class ScriptBackend final : public testing::ScriptedRunner {
  public:
-  ScriptBackend(const Tokenizer& tok, std::vector<int32_t> script, int sleep_ms)
+  // hold_file: while that file exists, a step that would give the 4th script token or a later
+  // one waits (up to 60 s), so a test can look at a half-streamed answer without racing the
+  // model (the browser test's Stop).
+  ScriptBackend(const Tokenizer& tok, std::vector<int32_t> script, int sleep_ms,
+                std::string hold_file = {})
       : vocab_(tok.vocab_size()),
         cue_(tok.token_id("<｜Assistant｜>")),
         eos_(tok.token_id("<｜end▁of▁sentence｜>")),
         script_(std::move(script)),
-        sleep_ms_(sleep_ms) {}
+        sleep_ms_(sleep_ms),
+        hold_file_(std::move(hold_file)) {}
   int32_t vocab_size() const override { return vocab_; }
   int64_t max_context() const override { return 2048; }
   void reset(SeqId s) override { since_cue_[s] = -1; }
@@ -61,6 +67,9 @@ class ScriptBackend final : public testing::ScriptedRunner {
     int32_t next = (tokens.back() * 7 + 3) % vocab_;
     if (since_cue >= 1) {
       const auto k = static_cast<std::size_t>(since_cue - 1);
+      if (k >= 3 && !hold_file_.empty())
+        for (int i = 0; i < 6000 && std::filesystem::exists(hold_file_); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
       next = k < script_.size() ? script_[k] : eos_;
     }
     logits.assign(static_cast<std::size_t>(vocab_), 0.f);
@@ -72,6 +81,7 @@ class ScriptBackend final : public testing::ScriptedRunner {
   int32_t vocab_, cue_, eos_;
   std::vector<int32_t> script_;
   int sleep_ms_;
+  std::string hold_file_;
   std::map<SeqId, int64_t> since_cue_;
 };
 
@@ -89,11 +99,12 @@ struct InProcess {
   std::thread thread;
   int port = 0;
 
-  explicit InProcess(int sleep_ms = 0, std::size_t max_body = 64 << 10, EngineOptions eo = {}) {
+  explicit InProcess(int sleep_ms = 0, std::size_t max_body = 64 << 10, EngineOptions eo = {},
+                     std::string hold_file = {}) {
     auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
     EXPECT_TRUE(tok.is_ok());
     auto script = (*tok)->encode(kScriptText);
-    auto backend = std::make_unique<ScriptBackend>(**tok, script, sleep_ms);
+    auto backend = std::make_unique<ScriptBackend>(**tok, script, sleep_ms, std::move(hold_file));
     auto e = Engine::create(std::move(backend), std::move(*tok), eo);
     EXPECT_TRUE(e.is_ok());
     engine = std::move(*e);
@@ -137,9 +148,10 @@ inline bool post_streaming(httplib::Client& c, const std::string& path, const st
   return static_cast<bool>(c.send(req));
 }
 
-// Waits up to 4 s for the engine to have nothing running or queued.
+// Waits up to 30 s (a starved CI machine; an idle engine returns at once) for the engine to have
+// nothing running or queued.
 inline bool engine_goes_idle(const Engine& e) {
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 1500; ++i) {
     const EngineStats st = e.stats();
     if (st.running == 0 && st.queued == 0) return true;
     std::this_thread::sleep_for(20ms);
@@ -158,7 +170,7 @@ inline std::string raw_exchange(int port, const std::string& bytes) {
     close(fd);
     return "";
   }
-  timeval tv{5, 0};
+  timeval tv{20, 0};  // a starved CI machine; still under the server's 30 s read timeout
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   (void)!write(fd, bytes.data(), bytes.size());
   std::string out;

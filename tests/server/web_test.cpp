@@ -81,15 +81,18 @@ TEST(Web, PagesAreBuiltInAndFetchNothingFromElsewhere) {
 
 TEST(Web, ChatPageAndDashboardInAHeadlessBrowser) {
   // The chat page on the scripted model (a known answer: reasoning, text, a tool call). One
-  // sequence at a time and a queue of one: the page's test fills both to see a 429. 50 ms a step
-  // gives the page time to click Stop before the scripted answer ends.
+  // sequence at a time and a queue of one: the page's test fills both to see a 429. 50 ms a step;
+  // while the page's test holds `hold` (a file it creates), the answer stops after its third
+  // token, so the test sees it half-streamed and clicks Stop before it ends, however slow the
+  // machine.
   EngineOptions eo;
   eo.max_num_seqs = 1;
   eo.max_queue = 1;
-  InProcess chat(/*sleep_ms=*/50, 64 << 10, eo);
+  dsv41::testing::TempDir dir;
+  const std::string hold = dir.path() + "/hold";
+  InProcess chat(/*sleep_ms=*/50, 64 << 10, eo, hold);
   // The dashboard on the tiny model's fast path: a bounded KV pool and the prefix cache, so that
   // its KV, hit-rate and time-to-first-token plots have something to show.
-  dsv41::testing::TempDir dir;
   EngineOptions fo;
   fo.model_dir = dsv41::testing::make_tiny_converted(dir, 5);
   fo.fast.kv_cache_gb = 0.05;
@@ -99,7 +102,7 @@ TEST(Web, ChatPageAndDashboardInAHeadlessBrowser) {
   const std::string out = std::string(DSV41_ARTIFACTS_DIR) + "/browser";
   const std::string cmd = std::string("node ") + DSV41_JS_DIR +
                           "/browser_test.mjs http://127.0.0.1:" + std::to_string(chat.port) +
-                          " http://127.0.0.1:" + std::to_string(fast.port) + " " + out;
+                          " http://127.0.0.1:" + std::to_string(fast.port) + " " + out + " " + hold;
   auto [code, log] = run_command(cmd);
   EXPECT_EQ(code, 0) << log;
   EXPECT_NE(log.find("all checks passed"), std::string::npos) << log;
