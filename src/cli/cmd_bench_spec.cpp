@@ -94,12 +94,17 @@ nlohmann::ordered_json measure(Engine& e, const FastModel& m,
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     es1 = e.stats();
   }
+  if (es1.running > 0 || es1.queued > 0)
+    log::warn(
+        "bench: the engine still runs {} sequences 30 s after its streams ended; this "
+        "run's counts may include the next one's",
+        es1.running + es1.queued);
   const FastStats fs1 = m.stats();
   double per_stream = 0, span = 0;
   int64_t tokens = 0, gaps = 0, measured = 0;
   for (const StreamRun& r : runs) {
     tokens += r.tokens;
-    if (r.tokens > 1 && r.last > r.first) {  // else no rate: every token came from one step
+    if (r.tokens > 1 && r.last > r.first) {  // else no rate: fewer than two tokens
       per_stream += double(r.tokens - 1) / (r.last - r.first);
       gaps += r.tokens - 1;
       span += r.last - r.first;

@@ -5,8 +5,8 @@
 # options as `serve --help` has them, the demo preset sizes in docs/checkpoints.md
 # are what make-tiny writes, and the commands of README's "Using the binary" run as written (from
 # the checkout root, with /tmp/ replaced by a scratch directory; `bench` lines are skipped because
-# they take a minute, Cli.BenchKernelsReportsBandwidthFractions runs them; `serve` runs for 3 s on
-# port 0 and must have listened and exited 0 on SIGTERM).
+# they take a minute, Cli.BenchKernelsReportsBandwidthFractions runs them; `serve` runs on port 0
+# until it says it listens, up to 60 s, and must then exit 0 on SIGTERM).
 # Usage: docs_check.sh REPO_ROOT DSV41_BINARY
 set -uo pipefail
 root=$1
@@ -80,6 +80,8 @@ while IFS= read -r line; do
   esac
   n=$((n + 1))
   if [[ "$cmd" == "dsv41 serve "* && "$cmd" != *--help* ]]; then
+    # One command, exec'd so that the signal reaches serve itself (not a shell over a pipeline).
+    [[ "$cmd" != *[\;\|\&]* ]] || fail "README serve line is not one command: $line"
     cmd=$(printf '%s' "$cmd" | sed 's/--port [0-9]*/--port 0/')
     # Started in the background; stopped with SIGTERM once it listens (up to 60 s to load on a
     # starved machine: a fixed delay could signal it mid-load), which must end it with 0.

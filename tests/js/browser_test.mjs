@@ -12,6 +12,10 @@ import { mkdirSync, unlinkSync, writeFileSync } from 'node:fs';
 import { check } from './check.mjs';
 
 const [base, fastBase, outDir, holdFile] = process.argv.slice(2);
+// A failed check exits at once: the hold must not outlive the test (the model would wait on it).
+process.on('exit', () => { try { unlinkSync(holdFile); } catch {} });
+const holdModel = () => writeFileSync(holdFile, '');
+const releaseModel = () => unlinkSync(holdFile);
 mkdirSync(outDir, { recursive: true });
 const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
 
@@ -20,6 +24,19 @@ const browser = await chromium.launch({ executablePath, headless: true,
 const failures = [];
 try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  // With the model held after its third token: the page shows the reasoning so far, the answer has
+  // not ended and its text is empty. That the page renders an answer before it ends is the proof
+  // of streaming that does not depend on the machine's speed.
+  const halfStreamed = async (what) => {
+    await page.waitForFunction(() => {
+      const r = document.querySelector('.msg.assistant:last-child .reasoning-text');
+      return r && r.textContent.length > 0;  // the first reasoning has arrived (folded: not visible)
+    });
+    check(await page.evaluate(() => {
+      const m = document.querySelector('.msg.assistant:last-child');
+      return !m.dataset.finish && m.querySelector('.content').textContent === '';
+    }), `${what}: the page shows the answer as it streams (its reasoning, before the answer ends)`);
+  };
   page.on('pageerror', (e) => failures.push(`page error: ${e.message}`));
   // Console errors fail the test, but for the two refusals it asks for (the browser logs each).
   const expected = /Failed to load resource: the server responded with a status of (400|429)/;
@@ -56,7 +73,10 @@ try {
   await page.selectOption('#effort', 'high');
   await page.fill('#stop_sequences', 'STOP-A\nSTOP-B');
   await page.fill('#prompt', 'What is the weather in Paris?');
+  holdModel();
   await page.click('#send');
+  await halfStreamed('a request with tools');
+  releaseModel();
   const answer = page.locator('.msg.assistant').last();
   await answer.locator('.tool-call').waitFor();
   await page.waitForFunction(() => document.querySelector('.msg.assistant:last-child').dataset.finish);
@@ -113,24 +133,18 @@ try {
   await page.click('#new-chat');
   await page.fill('#tools', '');
   await page.fill('#prompt', 'Tell me a long story');
-  writeFileSync(holdFile, '');
+  holdModel();
   await page.click('#send');
-  await page.waitForFunction(() => {
-    const r = document.querySelector('.msg.assistant .reasoning-text');
-    return r && r.textContent.length > 0;  // the first reasoning has arrived (folded: not visible)
-  });
-  check(await page.evaluate(() => !document.querySelector('.msg.assistant').dataset.finish &&
-                                  document.querySelector('.msg.assistant .content').textContent === ''),
-        'the page shows the answer as it streams (its reasoning, before the answer ends)');
+  await halfStreamed('a request to stop');
   await page.click('#stop');
   await page.waitForFunction(() => document.querySelector('.msg.assistant').dataset.finish === 'stopped');
   check((await page.locator('.msg.assistant .stats').textContent()).includes('stopped'), 'the message says stopped');
   check(!(await page.locator('.msg.assistant .content').textContent()).includes('Let me check.'),
         'the answer stopped before its end');
-  unlinkSync(holdFile);  // the model goes on and finds its request cancelled
+  releaseModel();  // the model goes on and finds its request cancelled
   check(await page.locator('#send').isEnabled(), 'the page takes a new message after a stop');
   const stoppedStats = await page.locator('.msg.assistant .stats').textContent();
-  check(/first token/.test(stoppedStats) && /pieces received/.test(stoppedStats),
+  check(/first token/.test(stoppedStats) && /\d+ pieces? received/.test(stoppedStats),
         `a stopped answer keeps its figures (${stoppedStats})`);
   const partial = await page.locator('.msg.assistant .reasoning-text').textContent();
   // The next turn carries the conversation: the question, the stopped answer, the new question;

@@ -82,6 +82,7 @@ for q in j["points"]:
     for m in ("off", "on", "oracle"):
         assert q[m]["tokens"] == 2 * 10 * q["streams"], (m, q)
         assert len(q[m]["per_stream_tok_s_runs"]) == 2 and q[m]["per_stream_tok_s"] > 0, (m, q)
+        assert q[m]["unmeasured_streams"] == 0, (m, q)  # every stream's rate is in
     assert q["off"]["drafts"] == 0 and q["off"]["verify_steps"] == 0, q
     assert q["off"]["shadow_probes"] == 0 and q["on"]["shadow_probes"] == 0, q  # a fixed width
     assert q["oracle"]["accepted"] == q["oracle"]["drafts"] > 0, q
@@ -121,6 +122,7 @@ assert j["modes"] == "on,off", j
 for q in j["points"]:
     assert "oracle" not in q and "oracle_speedup_per_stream" not in q, q  # --spec-modes on,off
     assert q["off"]["tokens"] == 24 and q["speedup_per_stream_pooled"] > 0, q
+    assert q["off"]["unmeasured_streams"] == q["on"]["unmeasured_streams"] == 0, q
     assert q["on"]["drafts"] >= 12 and q["on"]["accepted"] == q["on"]["drafts"], q
 acc = sum(q["on"]["accepted"] for q in plain["points"]); drafts = sum(q["on"]["drafts"] for q in plain["points"])
 assert acc < 0.5 * drafts, (acc, drafts)

@@ -987,31 +987,40 @@ TEST_F(RealServer, SigtermFinishesInFlightThenExitsZero) {
     c.set_read_timeout(60, 0);
     post_streaming(
         c, "/v1/completions",
-        R"({"model":"tiny","prompt":"hi","max_tokens":400,"stream":true,"ignore_eos":true})",
+        R"({"model":"tiny","prompt":"hi","max_tokens":2000,"stream":true,"ignore_eos":true})",
         [&](const char* data, std::size_t n) {
           std::lock_guard<std::mutex> lock(mu);
           streamed.append(data, n);
           return true;
         });
   });
-  auto streamed_bytes = [&] {
+  auto streamed_now = [&] {
     std::lock_guard<std::mutex> lock(mu);
-    return streamed.size();
+    return streamed;
   };
   // Wait until the stream is flowing (up to 30 s on a starved machine), then ask the server to
   // stop.
-  for (int i = 0; i < 3000 && streamed_bytes() < 200; ++i) std::this_thread::sleep_for(10ms);
-  EXPECT_GE(streamed_bytes(), 200u) << "the stream never started";
+  for (int i = 0; i < 3000 && streamed_now().size() < 200; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GE(streamed_now().size(), 200u) << "the stream never started";
   kill(p.pid, SIGTERM);
-  // Draining refuses new work: /health turns 503 once the signal is handled (or the listener is
-  // already closed when the in-flight request finished first); never 200 for long.
+  // Once the signal is handled (its log line), draining refuses new work: /health says 503 while
+  // the 2000-token stream still runs (the listener stays open until in-flight requests end).
+  bool handled = false;
+  for (int i = 0; i < 3000 && !handled; ++i) {
+    if (i) std::this_thread::sleep_for(10ms);
+    handled = testing::read_file(p.log_path).find("refusing new requests") != std::string::npos;
+  }
+  EXPECT_TRUE(handled) << testing::read_file(p.log_path);
   httplib::Client probe("127.0.0.1", p.port);
   auto h = probe.Get("/health");
-  for (int i = 0; i < 1000 && h && h->status == 200; ++i) {
+  for (int i = 0; i < 100 && h && h->status == 200; ++i) {  // the flag follows the log line
     std::this_thread::sleep_for(10ms);
     h = probe.Get("/health");
   }
-  if (h) EXPECT_EQ(h->status, 503);
+  const bool stream_ended = streamed_now().find("data: [DONE]") != std::string::npos;
+  EXPECT_FALSE(stream_ended) << "the stream ended before draining could be seen";
+  EXPECT_TRUE(h && h->status == 503)  // refusing new work while draining
+      << (h ? std::to_string(h->status) : std::string("no answer"));
   client.join();
   EXPECT_EQ(p.wait_exit(), 0);
   EXPECT_NE(streamed.find("\"finish_reason\":\"length\""), std::string::npos)

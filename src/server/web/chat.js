@@ -193,7 +193,7 @@ function statsLine(out, t0, ending) {
     if (n > 1 && secs > 0) parts.push(`${((n - 1) / secs).toFixed(1)} tok/s`);
     parts.push(`prompt ${out.usage.prompt_tokens} tokens`);
   } else if (out.chunks > 0) {
-    parts.push(`${out.chunks} pieces received`);
+    parts.push(`${out.chunks} ${out.chunks === 1 ? 'piece' : 'pieces'} received`);
     if (out.chunks > 1 && secs > 0) parts.push(`${((out.chunks - 1) / secs).toFixed(1)} pieces/s`);
   }
   if (ending) parts.push(ending);
