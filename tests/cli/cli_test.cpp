@@ -128,7 +128,7 @@ TEST_F(Tampered, RemovedTensorIsNamed) {
   CliRun i = run("inspect --model " + ck());
   EXPECT_EQ(i.code, 2);
   EXPECT_NE(i.err.find("missing tensor 'layers.3.attn.wkv.scale'"), std::string::npos) << i.err;
-  EXPECT_LT(i.seconds, 5.0);  // header-only: a hang or a full read would show; 5 s for a starved CI
+  EXPECT_LT(i.seconds, 5.0);  // a hang shows (header-only is timed on the 510 GB layout below)
   CliRun j = run("inspect --json --model " + ck());
   EXPECT_EQ(j.code, 2);
   auto doc = nlohmann::json::parse(j.out);
@@ -143,7 +143,7 @@ TEST_F(Tampered, ChangedShapeIsNamed) {
   EXPECT_NE(i.err.find("wrong shape: layers.1.engram.q_weight: expected [4, 64], found [8, 64]"),
             std::string::npos)
       << i.err;
-  EXPECT_LT(i.seconds, 5.0);  // header-only: a hang or a full read would show; 5 s for a starved CI
+  EXPECT_LT(i.seconds, 5.0);  // a hang shows (header-only is timed on the 510 GB layout below)
 }
 
 TEST_F(Tampered, TruncatedShardIsNamed) {
@@ -153,7 +153,7 @@ TEST_F(Tampered, TruncatedShardIsNamed) {
   EXPECT_EQ(i.code, 2);
   EXPECT_NE(i.err.find("model-00003-of-00005.safetensors"), std::string::npos) << i.err;
   EXPECT_NE(i.err.find("file truncated?"), std::string::npos) << i.err;
-  EXPECT_LT(i.seconds, 5.0);  // header-only: a hang or a full read would show; 5 s for a starved CI
+  EXPECT_LT(i.seconds, 5.0);  // a hang shows (header-only is timed on the 510 GB layout below)
 }
 
 TEST_F(Tampered, MissingShardConfigAndBadConfigAreNamed) {

@@ -232,8 +232,9 @@ python3 -c "import random; random.seed(4); print(','.join(str(random.randrange(0
 "$BIN" serve --model "$T/m" --port 0 --decoder-replay on --max-num-batched-tokens 32 \
   >"$T/plp.log" 2>&1 &
 SPID=$!
-for _ in $(seq 600); do grep -q "listening on" "$T/plp.log" && break; sleep 0.1; done
-PORT=$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$T/plp.log")
+# shellcheck source=../serve_port.sh
+. "$(dirname "$0")/../serve_port.sh"
+PORT=$(listen_port "$T/plp.log")
 python3 - "$PORT" "$T/p60" "$T/p60.f32" <<'PY'
 import json, math, struct, sys, urllib.request, urllib.error
 port, toks = int(sys.argv[1]), [int(x) for x in open(sys.argv[2]).read().split(",")]

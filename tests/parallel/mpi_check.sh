@@ -104,12 +104,8 @@ assert all(x["weight_bytes"] > 0 and x["rss_bytes"] > 0 and x["kv_pool_bytes"] >
 print("ok: bench decode under mpirun reports", {k: d["points"][0][k] for k in ("tok_s", "collective_share", "exchanged_bytes_per_token")})
 PY
 
-# The port a server started with --port 0 listens on, from its log (up to 60 s to start); ready
-# for requests once printed.
-listen_port() {
-  for _ in $(seq 600); do grep -q "listening on" "$1" && break; sleep 0.1; done
-  sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$1" | head -n 1
-}
+# shellcheck source=../serve_port.sh
+. "$(dirname "$0")/../serve_port.sh"  # listen_port LOG
 
 # --- faults. Each rank runs under a shell that records its pid and its exit code.
 fault() {  # $1: kill | stop; $2...: extra mpirun options
