@@ -12,6 +12,7 @@ extern const Kernels kScalarKernels;
 extern const Kernels kAvx2Kernels;
 extern const Kernels kAvx512Kernels;
 extern const Kernels kAvx512VnniKernels;
+extern const Kernels kAvx512Bf16Kernels;
 
 const char* isa_name(Isa isa) {
   switch (isa) {
@@ -23,6 +24,8 @@ const char* isa_name(Isa isa) {
       return "avx512";
     case Isa::kAvx512Vnni:
       return "avx512_vnni";
+    case Isa::kAvx512Bf16:
+      return "avx512_bf16";
   }
   return "?";
 }
@@ -40,6 +43,9 @@ bool isa_supported(Isa isa) {
              __builtin_cpu_supports("fma");
     case Isa::kAvx512Vnni:
       return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512vnni");
+    case Isa::kAvx512Bf16:  // vdpbf16ps, and vpermi2b for the FP8 -> bf16 decode
+      return isa_supported(Isa::kAvx512Vnni) && __builtin_cpu_supports("avx512bf16") &&
+             __builtin_cpu_supports("avx512vbmi");
   }
   return false;
 }
@@ -52,6 +58,8 @@ const Kernels& kernels_for(Isa isa) {
       return kAvx512Kernels;
     case Isa::kAvx512Vnni:
       return kAvx512VnniKernels;
+    case Isa::kAvx512Bf16:
+      return kAvx512Bf16Kernels;
     default:
       return kScalarKernels;
   }
@@ -61,7 +69,7 @@ namespace {
 
 Isa resolve() {
   Isa best = Isa::kScalar;
-  for (Isa i : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni})
+  for (Isa i : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAvx512Bf16})
     if (isa_supported(i)) best = i;
   if (const char* env = std::getenv("DSV41_ISA"); env && *env) {
     for (int k = 0; k < kIsaCount; ++k) {
@@ -73,8 +81,9 @@ Isa resolve() {
       }
       return want;
     }
-    log::warn("DSV41_ISA={}: unknown tier (scalar, avx2, avx512, avx512_vnni); using {}", env,
-              isa_name(best));
+    log::warn(
+        "DSV41_ISA={}: unknown tier (scalar, avx2, avx512, avx512_vnni, avx512_bf16); using {}",
+        env, isa_name(best));
   }
   return best;
 }
@@ -84,6 +93,18 @@ Isa resolve() {
 Isa active_isa() {
   static const Isa isa = resolve();
   return isa;
+}
+
+bool fp8_aq_scales_ok(const uint8_t* scale, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (scale[i] < 10 || scale[i] > 246) return false;
+  return true;
+}
+
+bool mxfp4_aq_scales_ok(const uint8_t* scale, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (scale[i] < 2 || scale[i] > 252) return false;
+  return true;
 }
 
 const Kernels& kernels() {

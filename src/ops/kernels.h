@@ -16,11 +16,14 @@
 namespace dsv41::ops {
 
 // Ordered: a higher tier needs every feature of the lower ones.
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
-inline constexpr int kIsaCount = 4;
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAvx512Bf16 = 4 };
+inline constexpr int kIsaCount = 5;
 const char* isa_name(Isa isa);
 
 inline constexpr int kMaxDecodeTokens = 16;
+
+// The weight format a packed act-quant activation row is laid out for (Kernels::aq_pack_act).
+enum class AqFormat : int { kFp8 = 0, kMxfp4 = 1 };
 
 struct Kernels {
   Isa isa;
@@ -133,7 +136,31 @@ struct Kernels {
   void (*mxfp4_gate_up_batch)(const uint8_t* w13, const uint8_t* scale13, int64_t inter,
                               int64_t dim, const float* x, const float* route, int64_t ntok,
                               float limit, float* h, int64_t ldh);
+  // The act-quant GEMM family (null in tiers without a bf16 dot product; avx512_bf16 has it):
+  // activations that act-quant mode has rounded to E4M3 with a power-of-two scale per 32, so each
+  // product with an FP8 or MXFP4 weight is exact and only the fp32 sums round, in one fixed order
+  // per output element whatever ntok is: every token gets the same bits at ntok = 1 and ntok = 500,
+  // and the weights are read once per call. aq_pack_act lays x [ntok, in] out as the tier's packed
+  // rows for one weight format (aq_act_stride(in, fmt) 16-bit words each); the GEMMs take them:
+  // y[t * ldy + o] = W[o, :] . x_t; aq_mxfp4_gate_up is mxfp4_gate_up_batch's fused gate/up with
+  // its clamp/SwiGLU/route epilogue. Only for weights whose scales pass fp8_aq_scales_ok /
+  // mxfp4_aq_scales_ok (callers check once, at load).
+  int64_t (*aq_act_stride)(int64_t in, AqFormat fmt);
+  void (*aq_pack_act)(const float* x, int64_t ntok, int64_t in, AqFormat fmt, uint16_t* xp);
+  void (*aq_fp8_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                      const uint16_t* xp, int64_t ntok, float* y, int64_t ldy);
+  void (*aq_mxfp4_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                        const uint16_t* xp, int64_t ntok, float* y, int64_t ldy);
+  void (*aq_mxfp4_gate_up)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
+                           const uint16_t* xp, const float* route, int64_t ntok, float limit,
+                           float* h, int64_t ldh);
 };
+
+// Whether an FP8 matrix's E8M0 block scales (n bytes) keep every scaled E4M3 weight a normal bf16
+// (2^-126 .. 2^127): exponents 10..246. The act-quant GEMMs fold the scale into the weight.
+bool fp8_aq_scales_ok(const uint8_t* scale, int64_t n);
+// The same for MXFP4 row scales (E2M1 magnitudes 0.5 .. 6): exponents 2..252.
+bool mxfp4_aq_scales_ok(const uint8_t* scale, int64_t n);
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).
 const Kernels& kernels();

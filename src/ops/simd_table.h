@@ -44,7 +44,13 @@ constexpr Kernels simd_table(Isa isa) {
                  &S::fp8_gemv_batch,
                  &bf16_gemv_batch_simd,
                  &mxfp4_gemv_batch_impl<S>,
-                 &mxfp4_gate_up_batch_impl<S>};
+                 &mxfp4_gate_up_batch_impl<S>,
+                 // the act-quant GEMMs: only tiers with a bf16 dot (kernels_avx512_bf16.cpp)
+                 nullptr,
+                 nullptr,
+                 nullptr,
+                 nullptr,
+                 nullptr};
 }
 
 }  // namespace

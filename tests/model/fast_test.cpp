@@ -300,8 +300,10 @@ TEST(FastModel, DecodeAndChunkedTrackPrefill) {
 
 // Steps a target sequence (prefill chunks then decode) either alone or with companions that are
 // opened, prefilled, decoded and freed around it; returns the target's logits.
-std::vector<float> target_among(int companions, uint64_t seed) {
-  auto m = load_fast();
+std::vector<float> target_among(int companions, uint64_t seed, bool act_quant = false) {
+  FastOptions o;
+  o.act_quant = act_quant;
+  auto m = load_fast(o);
   const int32_t v = m->vocab_size();
   const auto toks = random_tokens(5, 60, v);
   Rng rng(seed);
@@ -358,13 +360,17 @@ std::vector<float> target_among(int companions, uint64_t seed) {
   return got;
 }
 
+// In both numerics modes (act-quant on runs the FP8 linears through the act-quant GEMM on tiers
+// that have it).
 TEST(FastModel, BatchInvariantBitForBit) {
-  const auto solo = target_among(0, 1);
-  for (int companions : {1, 3, 15}) {
-    const auto mixed = target_among(companions, uint64_t(companions));
-    ASSERT_EQ(solo.size(), mixed.size());
-    EXPECT_EQ(std::memcmp(solo.data(), mixed.data(), solo.size() * sizeof(float)), 0)
-        << companions << " companions";
+  for (bool aq : {false, true}) {
+    const auto solo = target_among(0, 1, aq);
+    for (int companions : {1, 3, 15}) {
+      const auto mixed = target_among(companions, uint64_t(companions), aq);
+      ASSERT_EQ(solo.size(), mixed.size());
+      EXPECT_EQ(std::memcmp(solo.data(), mixed.data(), solo.size() * sizeof(float)), 0)
+          << companions << " companions, act-quant " << aq;
+    }
   }
 }
 
@@ -716,8 +722,8 @@ TEST(FastModel, PlantedForeignReadIsCountedAndMasked) {
   }
 }
 
-TEST(FastModel, DecodeHotPathAllocatesNothing) {
-  auto m = load_fast();
+// Decode steps after a warm-up allocate nothing (g_allocations counts every operator new).
+void decode_allocates_nothing(std::unique_ptr<FastModel> m) {
   const int32_t v = m->vocab_size();
   // With the prefix cache holding blocks (its free-block accounting is on the step's path too).
   run(*m, 9, random_tokens(50, int(2 * m->pool().layout().global_tokens + 3), v), 0);
@@ -740,6 +746,15 @@ TEST(FastModel, DecodeHotPathAllocatesNothing) {
     const int64_t before = g_allocations.load();
     ASSERT_TRUE(m->step(d, &out).is_ok());
     EXPECT_EQ(g_allocations.load() - before, 0) << "decode step " << i;
+  }
+}
+
+TEST(FastModel, DecodeHotPathAllocatesNothing) {
+  for (bool aq : {false, true}) {
+    SCOPED_TRACE(aq ? "act-quant on" : "act-quant off");
+    FastOptions o;
+    o.act_quant = aq;
+    decode_allocates_nothing(load_fast(o));
   }
 }
 

@@ -4,6 +4,7 @@
 // so; the AVX2 tier is tested directly whatever the best tier is.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -951,6 +952,175 @@ TEST_P(KernelTier, CachePackersBitExact) {
   }
 }
 
+// The act-quant GEMM (aq_fp8_gemm, tiers with a bf16 dot): on E4M3-rounded activations every
+// product is exact, so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV)
+// up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 7, 16, 64,
+// 500} (direct and panel paths, token blocks, tiles with remainders), rows past the tiles'
+// multiples, widths with a tail inside a 32-block and past the last 64-value chunk.
+TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
+  if (!k_->aq_fp8_gemm) GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
+  ASSERT_TRUE(k_->aq_pack_act && k_->aq_act_stride && k_->aq_mxfp4_gemm && k_->aq_mxfp4_gate_up);
+  struct Shape {
+    int64_t out, in;
+    std::vector<int64_t> ms;
+  };
+  const std::vector<Shape> shapes = {{33, 64, {1, 2, 3, 7, 16, 64, 500}},
+                                     {35, 96, {1, 2, 3, 7, 16}},
+                                     {100, 40, {1, 3, 7, 64}},
+                                     {64, 2304, {1, 2, 3, 7, 16, 64}},
+                                     {40, 5120, {1, 2, 7, 16, 500}},
+                                     {35, 4096 + 40, {1, 3, 16}},
+                                     {3, 7, {1, 2, 7}},
+                                     {8, 1280 + 32, {1, 7, 64}}};
+  for (const auto& sh : shapes) {
+    const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
+        s(static_cast<std::size_t>((out + 31) / 32 * sin));
+    for (auto& b : w) b = g_.e4m3();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    s[0] = 10;  // the extremes fp8_aq_scales_ok allows (2^-117 x 2^-9 is the least normal bf16)
+    if (s.size() > 1) s[1] = 240;
+    ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);
+    for (int64_t t = 0; t < mmax; ++t) ref::fake_fp8_pow2(x.data() + t * in, in, 32);
+    const int64_t st = k_->aq_act_stride(in, AqFormat::kFp8);
+    ASSERT_GE(st, in);
+    std::vector<uint16_t> xp(static_cast<std::size_t>(mmax * st));
+    k_->aq_pack_act(x.data(), mmax, in, AqFormat::kFp8, xp.data());
+    // M = 1 per token: against the exact sum.
+    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+        want(static_cast<std::size_t>(out));
+    std::vector<double> mag(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; ++t) {
+      k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
+                      out);
+      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      for (int64_t o = 0; o < out; ++o) {
+        double m = 0;
+        for (int64_t i = 0; i < in; ++i)
+          m += std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
+                         e8m0_to_float(s[std::size_t((o / 32) * sin + i / 32)]) *
+                         x[std::size_t(t * in + i)]);
+        mag[std::size_t(o)] = m;
+      }
+      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                   mag, sum_tol(in),
+                   "aq_fp8_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                       std::to_string(t));
+    }
+    // Every M: the one-token bits, with an output stride wider than the rows.
+    for (int64_t m : sh.ms) {
+      const int64_t ldy = out + 5;
+      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN);
+      k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                    bits_of_float(one[std::size_t(t * out + o)]))
+              << "aq_fp8_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
+    }
+  }
+}
+
+// The act-quant MXFP4 entries: aq_mxfp4_gemm against the exact sum (the scalar tier's
+// double-accumulated MXFP4 GEMV) up to fp32 sums, bit-identical across M; aq_mxfp4_gate_up equal
+// bit for bit to the epilogue applied to aq_mxfp4_gemm's gate and up rows, at every M. Widths with
+// a partial last 128-value chunk (an odd 32-block count), rows past the tiles' multiples.
+TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
+  if (!k_->aq_mxfp4_gemm)
+    GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
+  struct Shape {
+    int64_t out, in;
+    std::vector<int64_t> ms;
+  };
+  const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 7, 16, 64, 500}},
+                                     {64, 2304, {1, 2, 3, 7, 16, 64}},
+                                     {22, 5120, {1, 3, 7, 16, 500}},
+                                     {18, 96, {1, 2, 7, 16}},
+                                     {10, 32, {1, 3, 7}}};
+  for (const auto& sh : shapes) {
+    const int64_t out = sh.out, in = sh.in;
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+        s(static_cast<std::size_t>(out * in / 32));
+    for (auto& b : w) b = g_.byte();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    s[0] = 2;  // the extremes mxfp4_aq_scales_ok allows
+    s[1] = 252 - 24;
+    ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal();
+    for (int64_t t = 0; t < mmax; ++t) ref::fake_fp8_pow2(x.data() + t * in, in, 32);
+    const int64_t st = k_->aq_act_stride(in, AqFormat::kMxfp4);
+    ASSERT_GE(st, in);
+    std::vector<uint16_t> xp(static_cast<std::size_t>(mmax * st));
+    k_->aq_pack_act(x.data(), mmax, in, AqFormat::kMxfp4, xp.data());
+    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+        want(static_cast<std::size_t>(out));
+    std::vector<double> mag(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; ++t) {
+      k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
+                        out);
+      ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      for (int64_t o = 0; o < out; ++o) {
+        double m = 0;
+        for (int64_t i = 0; i < in; ++i) {
+          const uint8_t byte = w[std::size_t((o * in + i) / 2)];
+          const uint8_t code = i % 2 ? uint8_t(byte >> 4) : uint8_t(byte & 15);
+          m += std::fabs(double(e2m1_to_float(code)) *
+                         e8m0_to_float(s[std::size_t(o * (in / 32) + i / 32)]) *
+                         x[std::size_t(t * in + i)]);
+        }
+        mag[std::size_t(o)] = m;
+      }
+      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                   mag, sum_tol(in),
+                   "aq_mxfp4_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                       std::to_string(t));
+    }
+    const int64_t inter = out / 2;
+    std::vector<float> route(static_cast<std::size_t>(mmax));
+    for (auto& r : route) r = 0.5f + std::fabs(g_.normal());
+    const float limit = 7.0f;
+    for (int64_t m : sh.ms) {
+      const int64_t ldy = out + 5, ldh = inter + 3;
+      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN),
+          h(static_cast<std::size_t>(m * ldh), NAN);
+      k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
+      k_->aq_mxfp4_gate_up(w.data(), s.data(), inter, in, xp.data(), route.data(), m, limit,
+                           h.data(), ldh);
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                    bits_of_float(one[std::size_t(t * out + o)]))
+              << "aq_mxfp4_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
+        for (int64_t j = 0; j < inter; ++j) {
+          const float gc = std::min(one[std::size_t(t * out + 2 * j)], limit);
+          const float uc = std::clamp(one[std::size_t(t * out + 2 * j + 1)], -limit, limit);
+          const float want_h = gc / (1.0f + std::exp(-gc)) * uc * route[std::size_t(t)];
+          ASSERT_EQ(bits_of_float(h[std::size_t(t * ldh + j)]), bits_of_float(want_h))
+              << "aq_mxfp4_gate_up " << inter << "x" << in << " M " << m << " t" << t << " " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(Dispatch, Fp8AqScalesOkBounds) {
+  const uint8_t ok[] = {10, 127, 246}, low[] = {127, 9}, high[] = {247}, zero[] = {0};
+  EXPECT_TRUE(fp8_aq_scales_ok(ok, 3));
+  EXPECT_FALSE(fp8_aq_scales_ok(low, 2));
+  EXPECT_FALSE(fp8_aq_scales_ok(high, 1));
+  EXPECT_FALSE(fp8_aq_scales_ok(zero, 1));
+  EXPECT_TRUE(fp8_aq_scales_ok(zero, 0));
+  const uint8_t ok4[] = {2, 127, 252}, low4[] = {1}, high4[] = {253};
+  EXPECT_TRUE(mxfp4_aq_scales_ok(ok4, 3));
+  EXPECT_FALSE(mxfp4_aq_scales_ok(low4, 1));
+  EXPECT_FALSE(mxfp4_aq_scales_ok(high4, 1));
+}
+
 TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
   EXPECT_TRUE(isa_supported(active_isa()));
   EXPECT_EQ(kernels().isa, active_isa());
@@ -976,7 +1146,8 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
 INSTANTIATE_TEST_SUITE_P(Tiers, KernelTier,
                          ::testing::Values(Tier{Isa::kScalar, false}, Tier{Isa::kAvx2, false},
                                            Tier{Isa::kAvx512, false}, Tier{Isa::kAvx512Vnni, false},
-                                           Tier{Isa::kAvx512, true}, Tier{Isa::kAvx512Vnni, true}),
+                                           Tier{Isa::kAvx512Bf16, false}, Tier{Isa::kAvx512, true},
+                                           Tier{Isa::kAvx512Vnni, true}),
                          [](const ::testing::TestParamInfo<Tier>& i) {
                            return std::string(isa_name(i.param.isa)) +
                                   (i.param.emulated ? "_emulated" : "");

@@ -35,6 +35,8 @@ struct Linear {
   // An FP8 linear of the checkpoint whose input DeepSeek's code rounds (act_quant mode); wo_a is
   // not one (DeepSeek's converter dequantizes it to BF16 for a grouped einsum).
   bool act = false;
+  // FP8 scales that the act-quant GEMM can fold into bf16 weights (ops::fp8_aq_scales_ok).
+  bool aq_ok = false;
   // The step that last counted this weight's bytes (FastStats::weight_bytes counts each weight
   // once per step, whatever number of tokens read it).
   mutable int64_t stamp = -1;
@@ -43,6 +45,9 @@ struct Linear {
 
 struct ExpertW {
   const uint8_t *w13 = nullptr, *s13 = nullptr, *w2 = nullptr, *s2 = nullptr;
+  // Whether its scales suit the act-quant kernels (ops::mxfp4_aq_scales_ok): -1 not yet checked
+  // (checked on first use, so loading does not read every expert's scales), 0 no, 1 yes.
+  mutable int8_t aq = -1;
 };
 
 struct LayerW {
@@ -86,7 +91,11 @@ struct Binder {
     l.w = s.data;
     l.out = s.rows();
     l.in = s.cols();
-    if (s.dtype == DType::kF8_E4M3) l.scale = w.get(name + ".scale").data;
+    if (s.dtype == DType::kF8_E4M3) {
+      const WeightSpan& sc = w.get(name + ".scale");
+      l.scale = sc.data;
+      l.aq_ok = ops::fp8_aq_scales_ok(sc.data, int64_t(sc.bytes));
+    }
     l.act = s.dtype == DType::kF8_E4M3 || s.from_fp8;
     DSV41_CHECK_MSG(s.dtype == DType::kF8_E4M3 || s.dtype == DType::kBF16, name.c_str());
     return l;
@@ -261,6 +270,7 @@ struct FastModel::Impl {
   std::vector<std::vector<int64_t>> sel;   // per token: the current index source's selection
   std::vector<std::vector<uint8_t>> cand;  // per token: the candidate pool mask
   // per-call scratch of one token (the step runs tokens one after another)
+  std::vector<uint16_t> xpk;  // act-quant activations packed for ops aq_* kernels
   std::vector<float> qr, iq, kvrow, att_o, ubuf, tmp, tmp2, xq, scores, cosb, sinb, emb, ekv, lat,
       gbuf;
   std::vector<uint8_t> qpack, run_qpack;
@@ -381,6 +391,8 @@ struct FastModel::Impl {
   // Routed expert e on m gathered tokens (x [m, hidden], route [m]) -> out [m, hidden].
   void expert_batch(const fast::ExpertW& e, const float* x, const float* route, int64_t m,
                     float* out);
+  void expert_batch_aq(const fast::ExpertW& e, const float* xa, const float* route, int64_t m,
+                       float* out);
 
   // ---- pool row access with tag checks ----
   uint8_t* window_row(fast::SeqState& s, int layer, int64_t pos, RowTag** tag);

@@ -595,7 +595,17 @@ void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n
   linear_count(l);
   stats.macs += l.out * l.in * n;
   const ops::Kernels& kk = *kern;
-  if (l.quantized()) {
+  if (l.quantized() && l.act && opt.act_quant && l.aq_ok && kk.aq_fp8_gemm) {
+    // Act-quant GEMM: exact products, one fixed order of sums per output whatever n is.
+    const int64_t sin = (l.in + 31) / 32, st = kk.aq_act_stride(l.in, ops::AqFormat::kFp8);
+    if (int64_t(xpk.size()) < n * st) xpk.resize(std::size_t(n * st));
+    kk.aq_pack_act(xin, n, l.in, ops::AqFormat::kFp8, xpk.data());
+    auto fn = [&](int64_t r0, int64_t r1) {
+      kk.aq_fp8_gemm(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xpk.data(), n,
+                     out + r0, l.out);
+    };
+    par_rows(l.out, 32, std::ref(fn));
+  } else if (l.quantized()) {
     const int64_t sin = (l.in + 31) / 32;
     auto fn = [&](int64_t r0, int64_t r1) {
       const uint8_t *w = l.w + r0 * l.in, *sc = l.scale + (r0 / 32) * sin;

@@ -21,6 +21,12 @@ void FastModel::Impl::expert_batch(const fast::ExpertW& e, const float* x_in, co
   const float lim = float(tc.swiglu_limit);
   float* hb = hbuf.data();
   const ops::Kernels& kk = *kern;
+  if (opt.act_quant && kk.aq_mxfp4_gemm) {
+    if (e.aq < 0)
+      e.aq = ops::mxfp4_aq_scales_ok(e.s13, 2 * I * (D / 32)) &&
+             ops::mxfp4_aq_scales_ok(e.s2, D * (I / 32));
+    if (e.aq) return expert_batch_aq(e, xa, route, m, out);
+  }
   const bool i16 = opt.mxfp4_int16;
   auto gu = [&](int64_t j0, int64_t j1) {
     if (i16 || m == 1) {
@@ -43,6 +49,36 @@ void FastModel::Impl::expert_batch(const fast::ExpertW& e, const float* x_in, co
     } else {
       kk.mxfp4_gemv_batch(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, a, m, out + r0, D);
     }
+  };
+  par_rows(D, 32, std::ref(down));
+}
+
+// Act-quant on, on a tier with the act-quant kernels: the same expert through the bf16 GEMMs
+// (exact products; one kernel for every m, so a token's bits do not depend on its companions).
+// x_in is already rounded to E4M3 (expert_batch), the hidden h is rounded here as DeepSeek's
+// code rounds the input of w2.
+void FastModel::Impl::expert_batch_aq(const fast::ExpertW& e, const float* xa, const float* route,
+                                      int64_t m, float* out) {
+  const TextConfig& tc = cfg.text;
+  const int64_t D = tc.hidden_size, I = tc.moe_intermediate_size;
+  const ops::Kernels& kk = *kern;
+  const float lim = float(tc.swiglu_limit);
+  const int64_t std_ = kk.aq_act_stride(D, ops::AqFormat::kMxfp4),
+                sti = kk.aq_act_stride(I, ops::AqFormat::kMxfp4);
+  if (int64_t(xpk.size()) < m * std::max(std_, sti))
+    xpk.resize(std::size_t(m * std::max(std_, sti)));
+  kk.aq_pack_act(xa, m, D, ops::AqFormat::kMxfp4, xpk.data());
+  float* hb = hbuf.data();
+  auto gu = [&](int64_t j0, int64_t j1) {
+    kk.aq_mxfp4_gate_up(e.w13 + 2 * j0 * (D / 2), e.s13 + 2 * j0 * (D / 32), j1 - j0, D, xpk.data(),
+                        route, m, lim, hb + j0, I);
+  };
+  par_rows(I, 32, std::ref(gu));
+  const float* a = maybe_act_quant_rows(hb, m, I);
+  kk.aq_pack_act(a, m, I, ops::AqFormat::kMxfp4, xpk.data());
+  auto down = [&](int64_t r0, int64_t r1) {
+    kk.aq_mxfp4_gemm(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xpk.data(), m, out + r0,
+                     D);
   };
   par_rows(D, 32, std::ref(down));
 }

@@ -147,6 +147,61 @@ class Bench {
         copies);
   }
 
+  // The act-quant GEMM (aq_fp8_gemm) on the FP8 shapes: every token count through the one kernel
+  // (the activations, E4M3 values, packed once per call outside the timing as the engine does
+  // before splitting the rows).
+  json fp8_aq(const std::string& name, int64_t out, int64_t in) {
+    const std::size_t sin = std::size_t((in + 31) / 32),
+                      bytes = std::size_t(out * in) + std::size_t((out + 31) / 32) * sin;
+    const std::size_t copies = std::max<std::size_t>(1, (opt_.min_set_mb << 20) / bytes);
+    std::vector<std::vector<uint8_t>> w(copies), s(copies);
+    Rng rng(1);
+    for (std::size_t c = 0; c < copies; ++c) {
+      w[c].resize(std::size_t(out * in));
+      for (auto& b : w[c]) b = uint8_t(rng.below(0x7E));
+      s[c].assign(std::size_t((out + 31) / 32) * sin, 120);
+    }
+    std::vector<float> x(std::size_t(16 * in), 0.5f);
+    const int64_t st = k_->aq_act_stride(in, AqFormat::kFp8);
+    std::vector<uint16_t> xp(std::size_t(16 * st));
+    k_->aq_pack_act(x.data(), 16, in, AqFormat::kFp8, xp.data());
+    return gemv_case(
+        name, out, in, out, bytes, 32,
+        [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
+          k_->aq_fp8_gemm(w[c].data() + r0 * in, s[c].data() + (r0 / 32) * int64_t(sin), r1 - r0,
+                          in, xp.data(), ntok, y, r1 - r0);
+        },
+        copies);
+  }
+
+  // The act-quant MXFP4 entries (aq_mxfp4_gate_up / aq_mxfp4_gemm) on an expert's shapes.
+  json mxfp4_aq(const std::string& name, int64_t out, int64_t in, bool gate_up) {
+    const std::size_t rows = std::size_t(gate_up ? 2 * out : out);
+    const std::size_t bytes = rows * std::size_t(in / 2 + in / 32);
+    const std::size_t copies = std::max<std::size_t>(1, (opt_.min_set_mb << 20) / bytes);
+    std::vector<std::vector<uint8_t>> w(copies), s(copies);
+    Rng rng(2);
+    for (std::size_t c = 0; c < copies; ++c) {
+      w[c].resize(rows * std::size_t(in / 2));
+      for (auto& b : w[c]) b = uint8_t(rng.next_u64());
+      s[c].assign(rows * std::size_t(in / 32), 120);
+    }
+    std::vector<float> x(std::size_t(16 * in), 0.5f), route(16, 0.3f);
+    std::vector<uint16_t> xp(std::size_t(16 * k_->aq_act_stride(in, AqFormat::kMxfp4)));
+    k_->aq_pack_act(x.data(), 16, in, AqFormat::kMxfp4, xp.data());
+    return gemv_case(
+        name, out, in, int64_t(rows), bytes, 32,
+        [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
+          if (gate_up)
+            k_->aq_mxfp4_gate_up(w[c].data() + 2 * r0 * (in / 2), s[c].data() + 2 * r0 * (in / 32),
+                                 r1 - r0, in, xp.data(), route.data(), ntok, 10.0f, y, r1 - r0);
+          else
+            k_->aq_mxfp4_gemm(w[c].data() + r0 * (in / 2), s[c].data() + r0 * (in / 32), r1 - r0,
+                              in, xp.data(), ntok, y, r1 - r0);
+        },
+        copies);
+  }
+
   json mxfp4(const std::string& name, int64_t out, int64_t in, bool gate_up,
              bool one_token_only = false) {
     const std::size_t rows = std::size_t(gate_up ? 2 * out : out);
@@ -233,7 +288,7 @@ class Bench {
     Rng rng(4);
     std::vector<uint8_t> w8, s8;
     std::vector<uint16_t> w16;
-    if (format == "fp8") {
+    if (format == "fp8" || format == "fp8_aq") {
       w8.resize(std::size_t(n * kdim));
       for (auto& b : w8) b = uint8_t(rng.below(0x7E));
       s8.assign(std::size_t((n + 31) / 32 * ((kdim + 31) / 32)), 120);
@@ -248,11 +303,23 @@ class Bench {
     std::vector<float> x(std::size_t(m * kdim)), y(std::size_t(m * n));
     for (auto& v : x) v = float(rng.below(1000)) / 1000.0f - 0.5f;
     const int64_t sin = (kdim + 31) / 32;
+    std::vector<uint16_t> xp;
+    if (format == "fp8_aq") {
+      for (int64_t t = 0; t < m; ++t)  // E4M3 values with a power-of-two scale, as act-quant
+        for (int64_t i = 0; i < kdim; ++i)
+          x[std::size_t(t * kdim + i)] = float(int(rng.below(15)) - 7) * 0.0625f;
+      xp.resize(std::size_t(m * k_->aq_act_stride(kdim, AqFormat::kFp8)));
+    }
     auto once = [&] {
+      if (format == "fp8_aq")
+        k_->aq_pack_act(x.data(), m, kdim, AqFormat::kFp8, xp.data());  // once per call
       pool_.parallel_for(
           std::size_t((n + 95) / 96), [&](std::size_t b, std::size_t e, std::size_t) {
             const int64_t r0 = int64_t(b) * 96, rows = std::min(n, int64_t(e) * 96) - r0;
-            if (format == "fp8")
+            if (format == "fp8_aq")
+              k_->aq_fp8_gemm(w8.data() + r0 * kdim, s8.data() + (r0 / 32) * sin, rows, kdim,
+                              xp.data(), m, y.data() + r0, n);
+            else if (format == "fp8")
               k_->fp8_gemm(w8.data() + r0 * kdim, s8.data() + (r0 / 32) * sin, rows, kdim, x.data(),
                            m, y.data() + r0, n);
             else if (format == "mxfp4")
@@ -543,6 +610,16 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
     k.push_back(b.fp8("fp8_gemv shared_experts.w2", 5120, 2304));
     k.push_back(b.mxfp4("mxfp4_gate_up expert w13", 2304, 5120, true));
     k.push_back(b.mxfp4("mxfp4_gemv expert w2", 5120, 2304, false));
+    if (kernels().aq_fp8_gemm) {  // act-quant on: the same FP8 shapes through the bf16 GEMM
+      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wq_a", 1280, 5120));
+      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wq_b", 32768, 1280));
+      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wkv", 512, 5120));
+      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wo_b", 5120, 8192));
+      k.push_back(b.fp8_aq("aq_fp8_gemm shared_experts.w1", 2304, 5120));
+      k.push_back(b.fp8_aq("aq_fp8_gemm shared_experts.w2", 5120, 2304));
+      k.push_back(b.mxfp4_aq("aq_mxfp4_gate_up expert w13", 2304, 5120, true));
+      k.push_back(b.mxfp4_aq("aq_mxfp4_gemm expert w2", 5120, 2304, false));
+    }
   }
   bench_mhc(opt, j);
   j["indexer_scores"] = indexer_case(opt, kernels());
@@ -555,7 +632,8 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
   // Ours on the same shapes, and the ratio to the library's GFLOP/s of the same m in this run.
   json& ours = j["prefill_gemm_ours"];
   for (const auto& r : ref)
-    for (const char* format : {"fp8", "bf16", "mxfp4"}) {
+    for (const char* format : {"fp8", "bf16", "mxfp4", "fp8_aq"}) {
+      if (std::string(format) == "fp8_aq" && !kernels().aq_fp8_gemm) continue;
       json o =
           b.our_gemm(format, r["m"].get<int64_t>(), r["n"].get<int64_t>(), r["k"].get<int64_t>());
       if (r.contains("gflop_per_s")) {

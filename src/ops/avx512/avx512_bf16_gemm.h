@@ -1,0 +1,503 @@
+// The avx512_bf16 tier's act-quant GEMM family (Kernels::aq_*): FP8 block-scaled weights times
+// activations already rounded to E4M3 with a power-of-two scale per 32 (act-quant on), on
+// vdpbf16ps. Both factors are exact in bf16 (an E4M3 value has 4 significant bits; the FP8 block
+// scale is a power of two folded into the weight's exponent, the activation's scale is already in
+// its value), and vdpbf16ps forms their products exactly, so the only rounding left is the fp32
+// sums, in one fixed order per output element:
+//   acc = 0; for each 32-value chunk c of the (permuted, zero-padded) row, in order:
+//     acc = vdpbf16ps(acc, W[o, c], X[t, c])        (16 lanes, each adds 2 products)
+//   y[t, o] = the fixed horizontal sum of acc's 16 lanes.
+// That sequence is the same whatever the number of tokens M, the tile that holds (o, t), or the
+// path (weights decoded straight from memory for M <= 3, through a bf16 panel for more), so every
+// token gets the same bits alone or among 499 others (batch invariance by construction, not by a
+// GEMV shape). Exceptions to "exact products": vdpbf16ps treats bf16 denormal inputs as zero and
+// flushes denormal results, i.e. terms below 2^-126; fp8_aq_scales_ok() refuses weight scales
+// whose products could reach that range, and act-quant activations never do (their scale is at
+// least 2^-22 and an E4M3 step 2^-9).
+//
+// Weight decode, 64 FP8 bytes of one row at a time: vpermi2b looks up the bf16 high and low bytes
+// of the 7-bit magnitude in two 128-entry tables (subnormals included), one ternary-logic op puts
+// the sign back, two byte unpacks form the 16-bit words (so the words are in the in-lane unpack
+// order: k 0-7, 16-23, 32-39, 48-55 in the first register, 8-15, 24-31, 40-47, 56-63 in the
+// second; aq_pack_act lays the activations out in the same order), and a masked 16-bit add puts
+// the block scale into the exponent of the non-zero words. Included by the avx512_bf16 tier's
+// translation unit only (built with -mavx512bf16 -mavx512vbmi).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "ops/kernels.h"
+
+namespace dsv41::ops {
+namespace {
+
+// bf16 bits of the E4M3 magnitude code m (0..127; 127 is NaN in E4M3 and never a weight).
+constexpr uint16_t e4m3_mag_bf16(int m) {
+  const int e = m >> 3, f = m & 7;
+  if (m == 0) return 0;
+  if (e == 0) {  // f * 2^-9 = (f / 8) * 2^-6: normalise
+    int exp = -6, mant = f;
+    while (mant < 8) mant <<= 1, --exp;  // mant in [8, 16): value (mant / 8) * 2^exp
+    return static_cast<uint16_t>(((exp + 127) << 7) | ((mant - 8) << 4));
+  }
+  return static_cast<uint16_t>(((e - 7 + 127) << 7) | (f << 4));
+}
+
+struct AqLut {
+  alignas(64) uint8_t hi[128];
+  alignas(64) uint8_t lo[128];
+};
+constexpr AqLut make_aq_lut() {
+  AqLut t{};
+  for (int m = 0; m < 128; ++m) {
+    t.hi[m] = static_cast<uint8_t>(e4m3_mag_bf16(m) >> 8);
+    t.lo[m] = static_cast<uint8_t>(e4m3_mag_bf16(m) & 0xFF);
+  }
+  return t;
+}
+alignas(64) constexpr AqLut kAqLut = make_aq_lut();
+
+struct AqDecoder {
+  __m512i hi_a, hi_b, lo_a, lo_b, sign, mag;
+  AqDecoder()
+      : hi_a(_mm512_load_si512(kAqLut.hi)),
+        hi_b(_mm512_load_si512(kAqLut.hi + 64)),
+        lo_a(_mm512_load_si512(kAqLut.lo)),
+        lo_b(_mm512_load_si512(kAqLut.lo + 64)),
+        sign(_mm512_set1_epi8(static_cast<char>(0x80))),
+        mag(_mm512_set1_epi16(0x7FFF)) {}
+  // 64 bytes b -> w0, w1 (32 bf16 each, unpack order), exponents raised by `add` (per 128-bit
+  // lane: lanes 0-1 hold the first 32-block's values, lanes 2-3 the second's).
+  void decode(__m512i b, __m512i add, __m512i& w0, __m512i& w1) const {
+    __m512i hi = _mm512_permutex2var_epi8(hi_a, b, hi_b);
+    const __m512i lo = _mm512_permutex2var_epi8(lo_a, b, lo_b);
+    hi = _mm512_ternarylogic_epi32(hi, b, sign, 0xF8);  // hi | (b & 0x80)
+    w0 = _mm512_unpacklo_epi8(lo, hi);
+    w1 = _mm512_unpackhi_epi8(lo, hi);
+    w0 = _mm512_mask_add_epi16(w0, _mm512_test_epi16_mask(w0, mag), w0, add);
+    w1 = _mm512_mask_add_epi16(w1, _mm512_test_epi16_mask(w1, mag), w1, add);
+  }
+};
+
+// The exponent adds of the 32-blocks 2j and 2j + 1 of one FP8 scale row (E8M0 s: (s - 127) << 7;
+// past the row's last block: 0, the weights there are zero).
+inline __m512i aq_scale_add(const uint8_t* srow, int64_t nblocks, int64_t j) {
+  const int64_t b0 = 2 * j, b1 = 2 * j + 1;
+  const short a0 = static_cast<short>((int(srow[b0]) - 127) * 128);
+  const short a1 = b1 < nblocks ? static_cast<short>((int(srow[b1]) - 127) * 128) : short(0);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a0)), _mm256_set1_epi16(a1),
+                            1);
+}
+
+// Values per packed chunk: 64 for FP8 (64 bytes of weights), 128 for MXFP4 (64 bytes, two per
+// byte).
+constexpr int64_t aq_chunk(AqFormat fmt) {
+  return fmt == AqFormat::kFp8 ? 64 : 128;
+}
+
+inline int64_t aq_act_stride_impl(int64_t in, AqFormat fmt) {
+  const int64_t c = aq_chunk(fmt);
+  return (in + c - 1) / c * c;
+}
+
+// The element of a chunk that packed position p (0 .. chunk-1) holds: FP8 words come in the byte
+// unpack order (register w0: k 0-7, 16-23, 32-39, 48-55; w1: the other halves); MXFP4 registers
+// A, B, C, D hold, in 128-bit lane L (block L of the chunk), elements 32L + 2j, 32L + 16 + 2j,
+// 32L + 2j + 1, 32L + 17 + 2j for j < 8 (low nibbles of the lane's bytes 0-7 and 8-15, then the
+// high nibbles).
+inline int64_t aq_element_of(int64_t p, AqFormat fmt) {
+  const int64_t z = p / 32, q = p % 32, lane = q / 8, j = q % 8;
+  if (fmt == AqFormat::kFp8) return 16 * lane + (z == 0 ? 0 : 8) + j;
+  const int64_t base = 32 * lane;
+  switch (z) {
+    case 0:
+      return base + 2 * j;
+    case 1:
+      return base + 16 + 2 * j;
+    case 2:
+      return base + 2 * j + 1;
+    default:
+      return base + 17 + 2 * j;
+  }
+}
+
+inline uint16_t bf16_rne(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+// Activations -> bf16 in the decoders' word order, zero-padded to whole chunks. The conversion
+// rounds to nearest even; act-quant values are exact, so it changes nothing there.
+inline void aq_pack_act_impl(const float* x, int64_t ntok, int64_t in, AqFormat fmt, uint16_t* xp) {
+  const int64_t st = aq_act_stride_impl(in, fmt), ch = aq_chunk(fmt);
+  for (int64_t t = 0; t < ntok; ++t) {
+    const float* xt = x + t * in;
+    uint16_t* pt = xp + t * st;
+    int64_t c = 0;
+    if (fmt == AqFormat::kFp8) {
+      for (; c + 64 <= in; c += 64) {
+        // natural 16-value quarters q0..q3 -> bf16; w0 = the low 8 words of each quarter, w1 the
+        // high 8 (the unpack order above).
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k)
+          q[k] = std::bit_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(xt + c + 16 * k)));
+        const __m256i w0a = _mm256_permute2x128_si256(q[0], q[1], 0x20);
+        const __m256i w0b = _mm256_permute2x128_si256(q[2], q[3], 0x20);
+        const __m256i w1a = _mm256_permute2x128_si256(q[0], q[1], 0x31);
+        const __m256i w1b = _mm256_permute2x128_si256(q[2], q[3], 0x31);
+        _mm512_storeu_si512(pt + c, _mm512_inserti64x4(_mm512_castsi256_si512(w0a), w0b, 1));
+        _mm512_storeu_si512(pt + c + 32, _mm512_inserti64x4(_mm512_castsi256_si512(w1a), w1b, 1));
+      }
+    }
+    for (; c < st; c += ch)  // MXFP4 chunks and the last partial FP8 chunk, element by element
+      for (int64_t p = 0; p < ch; ++p) {
+        const int64_t k = c + aq_element_of(p, fmt);
+        pt[c + p] = k < in ? bf16_rne(xt[k]) : uint16_t(0);
+      }
+  }
+}
+
+inline float aq_hsum(__m512 v) {
+  return _mm512_reduce_add_ps(v);
+}
+
+inline __m512bh as_bh(__m512i v) {
+  return reinterpret_cast<__m512bh&>(v);
+}
+
+// 64 bytes of a row at p, the first `valid` of them real (the rest read as zero).
+inline __m512i aq_load_bytes(const uint8_t* p, int64_t valid) {
+  if (valid >= 64) return _mm512_loadu_si512(p);
+  return _mm512_maskz_loadu_epi8(_cvtu64_mask64(valid <= 0 ? 0 : (~0ull >> (64 - valid))), p);
+}
+
+// Straight from memory: R rows (one scale group) x NT tokens, each step decodes 64 bytes per row
+// and runs the NT tokens' dots on them.
+template <int R, int NT>
+inline void aq_direct_tile(const AqDecoder& dec, const uint8_t* w, int64_t in, const uint8_t* srow,
+                           const uint16_t* xp, int64_t xst, float* y, int64_t ldy) {
+  const int64_t st = aq_act_stride_impl(in, AqFormat::kFp8), nblocks = (in + 31) / 32;
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < st; c += 64) {
+    const __m512i add = aq_scale_add(srow, nblocks, c / 64);
+    __m512i x0[NT], x1[NT];
+    for (int t = 0; t < NT; ++t) {
+      x0[t] = _mm512_loadu_si512(xp + t * xst + c);
+      x1[t] = _mm512_loadu_si512(xp + t * xst + c + 32);
+    }
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = w + r * in;
+      _mm_prefetch(reinterpret_cast<const char*>(row + c + 1024), _MM_HINT_T0);
+      __m512i w0, w1;
+      dec.decode(aq_load_bytes(row + c, in - c), add, w0, w1);
+      for (int t = 0; t < NT; ++t) {
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w0), as_bh(x0[t]));
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w1), as_bh(x1[t]));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
+}
+
+// R rows of one scale group decoded into a bf16 panel (R x st words, the decoder's order).
+template <int R>
+inline void aq_decode_panel(const AqDecoder& dec, const uint8_t* w, int64_t in, const uint8_t* srow,
+                            uint16_t* panel) {
+  const int64_t st = aq_act_stride_impl(in, AqFormat::kFp8), nblocks = (in + 31) / 32;
+  for (int64_t c = 0; c < st; c += 64) {
+    const __m512i add = aq_scale_add(srow, nblocks, c / 64);
+    for (int r = 0; r < R; ++r) {
+      __m512i w0, w1;
+      dec.decode(aq_load_bytes(w + r * in + c, in - c), add, w0, w1);
+      _mm512_store_si512(panel + r * st + c, w0);
+      _mm512_store_si512(panel + r * st + c + 32, w1);
+    }
+  }
+}
+
+// The panel's R rows x NT tokens: the same dot sequence as aq_direct_tile.
+template <int R, int NT>
+inline void aq_panel_tile(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t xst,
+                          float* y, int64_t ldy) {
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < st; c += 32) {
+    __m512i xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_si512(xp + t * xst + c);
+    for (int r = 0; r < R; ++r) {
+      const __m512i wv = _mm512_load_si512(panel + r * st + c);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(wv), as_bh(xv[t]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
+}
+
+constexpr int kAqPanelRows = 4;                 // rows per panel (tile 4 x 6: 24 accumulators)
+constexpr int kAqPanelTokens = 6;               // tokens per panel tile
+constexpr int64_t kAqDirectMaxTokens = 3;       // up to here the weights are decoded per token pass
+constexpr int64_t kAqXBlockWords = 256 * 1024;  // a token block's activations: 512 KB, in L2
+
+// A thread's panel (kAqPanelRows rows of st words, 64-byte aligned): grown once per thread and
+// width (no allocation in steady state); a raw array, not a std::vector, so no shared template
+// instance is compiled with this tier's flags.
+inline uint16_t* aq_panel_scratch(int64_t st) {
+  static thread_local std::unique_ptr<uint16_t[]> buf;
+  static thread_local std::size_t cap = 0;
+  const std::size_t need = std::size_t(kAqPanelRows * st + 32);
+  if (cap < need) buf.reset(new uint16_t[need]), cap = need;
+  return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buf.get()) + 63) &
+                                     ~uintptr_t(63));
+}
+
+// Token blocks whose activations stay in L2 while every row of a call passes over them.
+inline int64_t aq_token_block(int64_t st) {
+  return std::max<int64_t>(kAqPanelTokens, kAqXBlockWords / st / kAqPanelTokens * kAqPanelTokens);
+}
+
+template <int R>
+inline void aq_panel_tokens(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t nt,
+                            float* y, int64_t ldy) {
+  int64_t t = 0;
+  for (; t + kAqPanelTokens <= nt; t += kAqPanelTokens)
+    aq_panel_tile<R, kAqPanelTokens>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+  switch (nt - t) {
+    case 5:
+      return aq_panel_tile<R, 5>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    case 4:
+      return aq_panel_tile<R, 4>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    case 3:
+      return aq_panel_tile<R, 3>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    case 2:
+      return aq_panel_tile<R, 2>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    case 1:
+      return aq_panel_tile<R, 1>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    default:
+      return;
+  }
+}
+
+template <int NT>
+inline void aq_direct_group(const AqDecoder& dec, const uint8_t* w, int64_t nrows, int64_t in,
+                            const uint8_t* srow, const uint16_t* xp, int64_t xst, float* y,
+                            int64_t ldy) {
+  constexpr int R = NT == 1 ? 8 : 4;
+  int64_t r = 0;
+  for (; r + R <= nrows; r += R)
+    aq_direct_tile<R, NT>(dec, w + r * in, in, srow, xp, xst, y + r, ldy);
+  for (; r < nrows; ++r) aq_direct_tile<1, NT>(dec, w + r * in, in, srow, xp, xst, y + r, ldy);
+}
+
+// Kernels::aq_fp8_gemm: y[t * ldy + o] = sum_k W[o, k] x[t, k], x packed by aq_pack_act.
+inline void aq_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                             const uint16_t* xp, int64_t ntok, float* y, int64_t ldy) {
+  const AqDecoder dec;
+  const int64_t st = aq_act_stride_impl(in, AqFormat::kFp8), sin = (in + 31) / 32;
+  if (ntok <= kAqDirectMaxTokens) {
+    for (int64_t g = 0; g * 32 < out; ++g) {
+      const int64_t o0 = g * 32, nrows = std::min<int64_t>(out, o0 + 32) - o0;
+      const uint8_t* wg = w + o0 * in;
+      const uint8_t* srow = scale + g * sin;
+      int64_t t = 0;
+      for (; t + 3 <= ntok; t += 3)
+        aq_direct_group<3>(dec, wg, nrows, in, srow, xp + t * st, st, y + t * ldy + o0, ldy);
+      if (ntok - t == 2)
+        aq_direct_group<2>(dec, wg, nrows, in, srow, xp + t * st, st, y + t * ldy + o0, ldy);
+      else if (ntok - t == 1)
+        aq_direct_group<1>(dec, wg, nrows, in, srow, xp + t * st, st, y + t * ldy + o0, ldy);
+    }
+    return;
+  }
+  uint16_t* panel = aq_panel_scratch(st);
+  const int64_t tb = aq_token_block(st);
+  for (int64_t t0 = 0; t0 < ntok; t0 += tb) {
+    const int64_t nt = std::min(tb, ntok - t0);
+    const uint16_t* xb = xp + t0 * st;
+    float* yb = y + t0 * ldy;
+    for (int64_t g = 0; g * 32 < out; ++g) {
+      const int64_t o0 = g * 32, nrows = std::min<int64_t>(out, o0 + 32) - o0;
+      const uint8_t* srow = scale + g * sin;
+      int64_t r = 0;
+      for (; r + kAqPanelRows <= nrows; r += kAqPanelRows) {
+        aq_decode_panel<kAqPanelRows>(dec, w + (o0 + r) * in, in, srow, panel);
+        aq_panel_tokens<kAqPanelRows>(panel, st, xb, nt, yb + o0 + r, ldy);
+      }
+      for (; r < nrows; ++r) {
+        aq_decode_panel<1>(dec, w + (o0 + r) * in, in, srow, panel);
+        aq_panel_tokens<1>(panel, st, xb, nt, yb + o0 + r, ldy);
+      }
+    }
+  }
+}
+
+// ---- MXFP4 ----------------------------------------------------------------------------------
+// 64 bytes of a row are 128 E2M1 weights, four 32-blocks, one per 128-bit lane. vpshufb looks up
+// the bf16 high and low bytes of each nibble (the sign is bit 3 of the code), four byte unpacks
+// form the words (registers A..D, aq_element_of), and a masked 16-bit add puts each lane's row
+// scale into the exponent of its non-zero words.
+
+struct AqFp4Decoder {
+  __m512i thi, tlo, nib, mag, lane_word;
+  AqFp4Decoder()
+      : thi(_mm512_broadcast_i32x4(
+            _mm_setr_epi8(0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, static_cast<char>(0x80),
+                          static_cast<char>(0xBF), static_cast<char>(0xBF), static_cast<char>(0xBF),
+                          static_cast<char>(0xC0), static_cast<char>(0xC0), static_cast<char>(0xC0),
+                          static_cast<char>(0xC0)))),
+        tlo(_mm512_broadcast_i32x4(
+            _mm_setr_epi8(0x00, 0x00, static_cast<char>(0x80), static_cast<char>(0xC0), 0x00, 0x40,
+                          static_cast<char>(0x80), static_cast<char>(0xC0), 0x00, 0x00,
+                          static_cast<char>(0x80), static_cast<char>(0xC0), 0x00, 0x40,
+                          static_cast<char>(0x80), static_cast<char>(0xC0)))),
+        nib(_mm512_set1_epi8(0x0F)),
+        mag(_mm512_set1_epi16(0x7FFF)),
+        lane_word(_mm512_setr_epi64(0, 0, 0x0001000100010001ll, 0x0001000100010001ll,
+                                    0x0002000200020002ll, 0x0002000200020002ll,
+                                    0x0003000300030003ll, 0x0003000300030003ll)) {}
+  // The exponent adds of blocks 4j .. 4j + 3 of a row's scales (lane L: (s - 127) << 7; past the
+  // row's last block 0, the weights there are zero).
+  __m512i scale_add(const uint8_t* srow, int64_t nblocks, int64_t j) const {
+    uint32_t four = 0;
+    const int64_t b0 = 4 * j, nb = std::min<int64_t>(4, nblocks - b0);
+    if (nb >= 4)
+      std::memcpy(&four, srow + b0, 4);
+    else
+      for (int64_t i = 0; i < nb; ++i) four |= uint32_t(srow[b0 + i]) << (8 * i);
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_set1_epi32(int(four)));  // words 0-3: s_0..s_3
+    const __m512i per_lane = _mm512_permutexvar_epi16(lane_word, w);
+    const __m512i add = _mm512_slli_epi16(_mm512_sub_epi16(per_lane, _mm512_set1_epi16(127)), 7);
+    if (nb >= 4) return add;
+    // lanes past the row's end: 0 (8 words a lane)
+    return _mm512_maskz_mov_epi16(_cvtu32_mask32(nb <= 0 ? 0u : (1u << (8 * nb)) - 1), add);
+  }
+  void decode(__m512i b, __m512i add, __m512i w[4]) const {
+    const __m512i lo_n = _mm512_and_si512(b, nib);
+    const __m512i hi_n = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
+    const __m512i lh = _mm512_shuffle_epi8(thi, lo_n), ll = _mm512_shuffle_epi8(tlo, lo_n);
+    const __m512i hh = _mm512_shuffle_epi8(thi, hi_n), hl = _mm512_shuffle_epi8(tlo, hi_n);
+    w[0] = _mm512_unpacklo_epi8(ll, lh);
+    w[1] = _mm512_unpackhi_epi8(ll, lh);
+    w[2] = _mm512_unpacklo_epi8(hl, hh);
+    w[3] = _mm512_unpackhi_epi8(hl, hh);
+    for (int z = 0; z < 4; ++z)
+      w[z] = _mm512_mask_add_epi16(w[z], _mm512_test_epi16_mask(w[z], mag), w[z], add);
+  }
+};
+
+// Straight from memory: R rows x NT tokens, 64 bytes (128 weights) of each row per step, the
+// same dot sequence as the panel path (registers A, B, C, D of each chunk in order).
+template <int R, int NT>
+inline void aq4_direct_tile(const AqFp4Decoder& dec, const uint8_t* w, const uint8_t* scale,
+                            int64_t in, const uint16_t* xp, int64_t xst, float* y, int64_t ldy) {
+  const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < st; c += 128) {
+    __m512i xv[NT][4];
+    for (int t = 0; t < NT; ++t)
+      for (int z = 0; z < 4; ++z) xv[t][z] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = w + r * rb;
+      _mm_prefetch(reinterpret_cast<const char*>(row + c / 2 + 1024), _MM_HINT_T0);
+      __m512i wv[4];
+      dec.decode(aq_load_bytes(row + c / 2, rb - c / 2),
+                 dec.scale_add(scale + r * nblocks, nblocks, c / 128), wv);
+      for (int t = 0; t < NT; ++t)
+        for (int z = 0; z < 4; ++z)
+          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(wv[z]), as_bh(xv[t][z]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
+}
+
+template <int R>
+inline void aq4_decode_panel(const AqFp4Decoder& dec, const uint8_t* w, const uint8_t* scale,
+                             int64_t in, uint16_t* panel) {
+  const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
+  for (int64_t c = 0; c < st; c += 128)
+    for (int r = 0; r < R; ++r) {
+      __m512i wv[4];
+      dec.decode(aq_load_bytes(w + r * rb + c / 2, rb - c / 2),
+                 dec.scale_add(scale + r * nblocks, nblocks, c / 128), wv);
+      for (int z = 0; z < 4; ++z) _mm512_store_si512(panel + r * st + c + 32 * z, wv[z]);
+    }
+}
+
+// Rows [0, out) of an MXFP4 matrix (in a multiple of 32) for ntok packed tokens.
+inline void aq_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                               const uint16_t* xp, int64_t ntok, float* y, int64_t ldy) {
+  const AqFp4Decoder dec;
+  const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
+  if (ntok <= kAqDirectMaxTokens) {
+    auto rows = [&]<int NT>(const uint16_t* xt, float* yt) {
+      constexpr int R = NT == 1 ? 8 : 4;
+      int64_t r = 0;
+      for (; r + R <= out; r += R)
+        aq4_direct_tile<R, NT>(dec, w + r * rb, scale + r * nblocks, in, xt, st, yt + r, ldy);
+      for (; r < out; ++r)
+        aq4_direct_tile<1, NT>(dec, w + r * rb, scale + r * nblocks, in, xt, st, yt + r, ldy);
+    };
+    int64_t t = 0;
+    for (; t + 3 <= ntok; t += 3) rows.template operator()<3>(xp + t * st, y + t * ldy);
+    if (ntok - t == 2) rows.template operator()<2>(xp + t * st, y + t * ldy);
+    if (ntok - t == 1) rows.template operator()<1>(xp + t * st, y + t * ldy);
+    return;
+  }
+  uint16_t* panel = aq_panel_scratch(st);
+  const int64_t tb = aq_token_block(st);
+  for (int64_t t0 = 0; t0 < ntok; t0 += tb) {
+    const int64_t nt = std::min(tb, ntok - t0);
+    int64_t r = 0;
+    for (; r + kAqPanelRows <= out; r += kAqPanelRows) {
+      aq4_decode_panel<kAqPanelRows>(dec, w + r * rb, scale + r * nblocks, in, panel);
+      aq_panel_tokens<kAqPanelRows>(panel, st, xp + t0 * st, nt, y + t0 * ldy + r, ldy);
+    }
+    for (; r < out; ++r) {
+      aq4_decode_panel<1>(dec, w + r * rb, scale + r * nblocks, in, panel);
+      aq_panel_tokens<1>(panel, st, xp + t0 * st, nt, y + t0 * ldy + r, ldy);
+    }
+  }
+}
+
+// Fused gate/up over the interleaved w13 (row 2j gate, 2j + 1 up): kAqGateUpPairs pairs at a time
+// through aq_mxfp4_gemm_impl into a per-thread buffer, then the epilogue of fp4_gate_up_rows
+// (ops/simd_common.h), element by element.
+constexpr int64_t kAqGateUpPairs = 64;
+
+inline void aq_mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter,
+                                  int64_t dim, const uint16_t* xp, const float* route, int64_t ntok,
+                                  float limit, float* h, int64_t ldh) {
+  static thread_local std::unique_ptr<float[]> buf;
+  static thread_local std::size_t cap = 0;
+  const std::size_t need = std::size_t(ntok * 2 * kAqGateUpPairs);
+  if (cap < need) buf.reset(new float[need]), cap = need;
+  float* gu = buf.get();
+  for (int64_t j0 = 0; j0 < inter; j0 += kAqGateUpPairs) {
+    const int64_t jn = std::min(kAqGateUpPairs, inter - j0);
+    aq_mxfp4_gemm_impl(w13 + 2 * j0 * (dim / 2), s13 + 2 * j0 * (dim / 32), 2 * jn, dim, xp, ntok,
+                       gu, 2 * jn);
+    for (int64_t t = 0; t < ntok; ++t)
+      for (int64_t j = 0; j < jn; ++j) {
+        const float gc = std::min(gu[t * 2 * jn + 2 * j], limit);
+        const float uc = std::clamp(gu[t * 2 * jn + 2 * j + 1], -limit, limit);
+        h[t * ldh + j0 + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
+      }
+  }
+}
+
+}  // namespace
+}  // namespace dsv41::ops
