@@ -30,6 +30,10 @@ void unpack_compressed_row(const uint8_t* in, int64_t n, float* x);
 void pack_index_key(const float* x, int64_t n, uint8_t* out);
 void unpack_index_key(const uint8_t* in, int64_t n, float* x);
 
+// The window rows' FP8 rule in place of the values (no packing): the activation rounding of
+// act-quant mode (Kernels::act_quant_fp8; y may alias x, n any, blocks of 32 from x).
+void fake_fp8_pow2_row(const float* x, int64_t n, float* y);
+
 // The E2M1 code (sign in bit 3) of v, |v| <= 6, rounded to nearest with ties to even, decided by
 // comparing |v| with the exact midpoints between representable magnitudes (no division).
 uint8_t e2m1_code_by_midpoints(float v);

@@ -136,6 +136,12 @@ struct Kernels {
   void (*mxfp4_gate_up_batch)(const uint8_t* w13, const uint8_t* scale13, int64_t inter,
                               int64_t dim, const float* x, const float* route, int64_t ntok,
                               float limit, float* h, int64_t ldh);
+  // Act-quant rounding of one activation row (n values, 32-value blocks from its start; y may
+  // alias x): DeepSeek's act_quant with a power-of-two scale, the window rows' FP8 rule:
+  // s = pow2_ceil(max(amax, 1e-4) * (1 / 448)) in float, y = e4m3(clamp(x / s, +-448)) * s (E4M3
+  // rounding to nearest even, subnormals included). Every tier bit-identical to the scalar one,
+  // which is the reference's fake_fp8_pow2 in float.
+  void (*act_quant_fp8)(const float* x, int64_t n, float* y);
   // The act-quant GEMM family (null in tiers without a bf16 dot product; avx512_bf16 has it):
   // activations that act-quant mode has rounded to E4M3 with a power-of-two scale per 32, so each
   // product with an FP8 or MXFP4 weight is exact and only the fp32 sums round, in one fixed order

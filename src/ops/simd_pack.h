@@ -90,6 +90,46 @@ inline void store_nibbles16(__m256i c0, __m256i c1, uint8_t* out) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(pairs, pairs));
 }
 
+// The E4M3 value (not its code) of 8 finite values with |v| <= 448: the rounding of
+// e4m3_encode8, kept in float (the mantissa cut to 3 bits half to even; below 2^-6 a multiple of
+// 2^-9), the sign put back.
+inline __m256 e4m3_round8(__m256 v) {
+  const __m256 signbit = _mm256_castsi256_ps(_mm256_set1_epi32(int(0x80000000u)));
+  const __m256 a = _mm256_andnot_ps(signbit, v);
+  const __m256 sub = _mm256_mul_ps(_mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)),
+                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                   _mm256_set1_ps(0x1p-9f));
+  const __m256i b = _mm256_castps_si256(a);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 20), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x7FFFF), odd)),
+                       _mm256_set1_epi32(int(0xFFF00000u)));
+  const __m256 is_sub = _mm256_cmp_ps(a, _mm256_set1_ps(0x1p-6f), _CMP_LT_OQ);
+  const __m256 r = _mm256_blendv_ps(_mm256_castsi256_ps(rounded), sub, is_sub);
+  return _mm256_or_ps(r, _mm256_and_ps(signbit, v));
+}
+
+// Kernels::act_quant_fp8: whole finite 32-blocks here, a partial last block or a block holding
+// NaN or infinity through the scalar rule.
+void act_quant_fp8_simd(const float* x, int64_t n, float* y) {
+  int64_t b = 0;
+  for (; b + 32 <= n; b += 32) {
+    float amax;
+    if (!amax_finite(x + b, 32, amax)) {
+      fake_fp8_pow2_row(x + b, 32, y + b);
+      continue;
+    }
+    const float s = pow2_ceil_bits(std::max(amax, 1e-4f) * (1.0f / 448.0f));
+    const __m256 inv = _mm256_set1_ps(1.0f / s), sv = _mm256_set1_ps(s),
+                 lo = _mm256_set1_ps(-448.0f), hi = _mm256_set1_ps(448.0f);
+    __m256 r[4];
+    for (int j = 0; j < 4; ++j)
+      r[j] = _mm256_mul_ps(e4m3_round8(clamp8(_mm256_mul_ps(load8(x, b, j), inv), lo, hi)), sv);
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(y + b + 8 * j, r[j]);
+  }
+  if (b < n) fake_fp8_pow2_row(x + b, n - b, y + b);
+}
+
 void pack_window_row_simd(const float* x, int64_t n, uint8_t* out) {
   if (n % 32 != 0 || !row_finite(x, n)) return pack_window_row(x, n, out);
   for (int64_t b = 0; b < n; b += 32) {

@@ -45,6 +45,7 @@ constexpr Kernels simd_table(Isa isa) {
                  &bf16_gemv_batch_simd,
                  &mxfp4_gemv_batch_impl<S>,
                  &mxfp4_gate_up_batch_impl<S>,
+                 &act_quant_fp8_simd,
                  // the act-quant GEMMs: only tiers with a bf16 dot (kernels_avx512_bf16.cpp)
                  nullptr,
                  nullptr,

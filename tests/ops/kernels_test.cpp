@@ -1108,6 +1108,42 @@ TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
   }
 }
 
+// act_quant_fp8 is the reference's fake_fp8_pow2<float> bit for bit on every tier: magnitudes
+// from 1e-9 to 1e9 (tiny blocks below the 1e-4 floor, E4M3 subnormals after scaling), exact ties
+// between E4M3 neighbours, zeros of both signs, partial last blocks, a block with an infinity, in
+// place and out of place.
+TEST_P(KernelTier, ActQuantFp8IsTheReferenceBitForBit) {
+  for (int64_t n :
+       {int64_t(1), int64_t(7), int64_t(32), int64_t(100), int64_t(512), int64_t(5120 + 16)}) {
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const float mag = std::pow(10.0f, float(int(g_.byte() % 19) - 9));
+        x[std::size_t(i)] = g_.normal() * ((i / 32) % 3 == 2 ? 1e-6f : mag);
+      }
+      if (n > 40) {
+        x[3] = 0.0f, x[4] = -0.0f;
+        // exact ties: with amax 448 * 2^-3 the scale is 2^-3; 1.0625 and 0.0068359375 (= 3.5 *
+        // 2^-9) are midpoints of E4M3 neighbours once divided by it
+        x[32] = 56.0f, x[33] = 1.0625f * 0.125f, x[34] = -3.5f * 0x1p-9f * 0.125f;
+        x[35] = 1.1875f * 0.125f;
+        for (int64_t i = 36; i < 64; ++i) x[std::size_t(i)] = 0.01f * float(i - 50);  // amax 56
+      }
+      if (trial == 3 && n >= 64) x[std::size_t(n - 2)] = INFINITY;
+      std::vector<float> want = x, got(x.size(), NAN), inplace = x;
+      ref::fake_fp8_pow2(want.data(), n, 32);
+      k_->act_quant_fp8(x.data(), n, got.data());
+      k_->act_quant_fp8(inplace.data(), n, inplace.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(bits_of_float(got[std::size_t(i)]), bits_of_float(want[std::size_t(i)]))
+            << "n " << n << " at " << i << ": x " << x[std::size_t(i)] << " got "
+            << got[std::size_t(i)] << " want " << want[std::size_t(i)];
+        ASSERT_EQ(bits_of_float(inplace[std::size_t(i)]), bits_of_float(want[std::size_t(i)]));
+      }
+    }
+  }
+}
+
 TEST(Dispatch, Fp8AqScalesOkBounds) {
   const uint8_t ok[] = {10, 127, 246}, low[] = {127, 9}, high[] = {247}, zero[] = {0};
   EXPECT_TRUE(fp8_aq_scales_ok(ok, 3));
@@ -1131,8 +1167,8 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
                 t.rope && t.indexer_scores && t.sparse_attention && t.hc_sinkhorn && t.fp8_gemm &&
                 t.bf16_gemm && t.mxfp4_gemm && t.prefill_attention && t.hc_mix &&
                 t.hc_collapse_rmsnorm && t.hc_expand && t.pack_window_row && t.unpack_window_row &&
-                t.pack_compressed_row && t.unpack_compressed_row && t.pack_index_key &&
-                t.unpack_index_key)
+                t.act_quant_fp8 && t.pack_compressed_row && t.unpack_compressed_row &&
+                t.pack_index_key && t.unpack_index_key)
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));

@@ -208,7 +208,9 @@ namespace dsv41 {
 
 struct FastModel::Impl {
   using Linear = fast::Linear;
-  static constexpr int64_t kChunk = 16;  // tokens per batch-kernel call
+  // Tokens per batch-kernel call: the act-quant GEMMs reuse each decoded weight across all of
+  // them (a chunk's activations stay in L2); every token's bits are the same at any size.
+  static constexpr int64_t kChunk = 64;
   FastOptions opt;
   std::unique_ptr<ConvertedWeights> wts;
   ModelConfig cfg;

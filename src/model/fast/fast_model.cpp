@@ -575,9 +575,9 @@ void FastModel::Impl::par_rows(int64_t n, int64_t align,
 const float* FastModel::Impl::maybe_act_quant_rows(const float* x, int64_t rows_n, int64_t n) {
   if (!opt.act_quant) return x;
   if (int64_t(xq.size()) < rows_n * n) xq.resize(std::size_t(rows_n * n));
-  std::copy_n(x, rows_n * n, xq.data());
-  // act_quant's rule is the window rows' FP8 rule, per row
-  for (int64_t r = 0; r < rows_n; ++r) ref::fake_fp8_pow2(xq.data() + r * n, n, 32);
+  // act_quant's rule is the window rows' FP8 rule, per row (the kernel is the reference's
+  // fake_fp8_pow2 bit for bit)
+  for (int64_t r = 0; r < rows_n; ++r) kern->act_quant_fp8(x + r * n, n, xq.data() + r * n);
   return xq.data();
 }
 

@@ -93,4 +93,23 @@ void unpack_index_key(const uint8_t* in, int64_t n, float* x) {
     x[i] = e2m1_to_float(e2m1_nibble(in, std::size_t(i))) * e8m0_to_float(in[n / 2 + i / 32]);
 }
 
+// The reference's fake_fp8_pow2 in float (model/reference/ref_ops.h; ops cannot include it), step
+// for step: the scale from the float product max(amax, 1e-4) * (1 / 448) rounded up to a power of
+// two, the E4M3 code of the clamped quotient, its value times the scale.
+void fake_fp8_pow2_row(const float* x, int64_t n, float* y) {
+  for (int64_t b = 0; b < n; b += 32) {
+    const int64_t e = std::min(n, b + 32);
+    float amax = 0;
+    for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float t = std::max(amax, 1e-4f) * (1.0f / 448.0f);
+    int ex;
+    const float m = std::frexp(t, &ex);
+    const float s = m == 0.5f ? std::ldexp(1.0f, ex - 1) : std::ldexp(1.0f, ex);
+    for (int64_t i = b; i < e; ++i) {
+      const float v = std::min(std::max(x[i] / s, -448.0f), 448.0f);
+      y[i] = e4m3_to_float(e4m3_from_double(double(v))) * s;
+    }
+  }
+}
+
 }  // namespace dsv41::ops

@@ -241,42 +241,14 @@ void prefill_attention(const float* q, int64_t nq, int64_t heads, int64_t dim, c
 
 }  // namespace
 
-extern const Kernels kScalarKernels = {Isa::kScalar,
-                                       fp8_gemv,
-                                       mxfp4_gemv,
-                                       mxfp4_gate_up,
-                                       rmsnorm,
-                                       read_sum,
-                                       rope,
-                                       indexer_scores,
-                                       sparse_attention,
-                                       hc_sinkhorn_ref,
-                                       fp8_gemm,
-                                       bf16_gemm,
-                                       mxfp4_gemm,
-                                       hc_mix,
-                                       hc_collapse_rmsnorm,
-                                       hc_expand,
-                                       prefill_attention,
-                                       pack_window_row,
-                                       unpack_window_row,
-                                       pack_compressed_row,
-                                       unpack_compressed_row,
-                                       pack_index_key,
-                                       unpack_index_key,
-                                       mxfp4_gemv,
-                                       mxfp4_gate_up,
-                                       bf16_gemv,
-                                       fp8_gemv_batch,
-                                       bf16_gemv_batch,
-                                       mxfp4_gemv_batch,
-                                       mxfp4_gate_up_batch,
-                                       // no act-quant GEMMs: the scalar FP8/MXFP4 GEMVs above
-                                       // are their reference (exact sums in double)
-                                       nullptr,
-                                       nullptr,
-                                       nullptr,
-                                       nullptr,
-                                       nullptr};
+extern const Kernels kScalarKernels = {
+    Isa::kScalar, fp8_gemv, mxfp4_gemv, mxfp4_gate_up, rmsnorm, read_sum, rope, indexer_scores,
+    sparse_attention, hc_sinkhorn_ref, fp8_gemm, bf16_gemm, mxfp4_gemm, hc_mix, hc_collapse_rmsnorm,
+    hc_expand, prefill_attention, pack_window_row, unpack_window_row, pack_compressed_row,
+    unpack_compressed_row, pack_index_key, unpack_index_key, mxfp4_gemv, mxfp4_gate_up, bf16_gemv,
+    fp8_gemv_batch, bf16_gemv_batch, mxfp4_gemv_batch, mxfp4_gate_up_batch, fake_fp8_pow2_row,
+    // no act-quant GEMMs: the scalar FP8/MXFP4 GEMVs above
+    // are their reference (exact sums in double)
+    nullptr, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace dsv41::ops
