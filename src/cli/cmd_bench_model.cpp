@@ -4,7 +4,11 @@
 // (counted by the engine), distinct routed experts per step, achieved GB/s, the read probe measured
 // beside it and fraction_of_floor = (bytes per step / probe GB/s) / step time. Prefill: per prompt
 // length, one step of the whole prompt: tok/s, time to first token, and the step's multiply-adds
-// (counted by the engine) per second against ops' FP8 GEMM peak measured in the same run.
+// (counted by the engine) per second against ops' FP8 GEMM peak measured in the same run. Both:
+// flops_per_step (2 x the multiply-adds the engine counts: linears, experts, mHC; a prefill's
+// "step" is the whole prompt), reference_gflop_per_s (oneDNN's bf16 matmul m=2048 k=n=5120 run
+// beside the point, ops::reference_gemm) and fraction_of_roofline = max(bytes / probe, flops /
+// reference) / step time.
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -17,6 +21,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "model/fast/fast_model.h"
+#include "ops/bench/kernel_bench.h"
 #include "ops/kernels.h"
 
 namespace dsv41::cli {
@@ -80,6 +85,15 @@ static std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
   return t;
 }
 
+// max(bytes / probe, flops / reference) / step time: how close a step is to the machine's bound,
+// memory or arithmetic, whichever binds (design.md §4); the bytes alone without a reference.
+double roofline_fraction(double bytes, double probe_gbs, double flops,
+                         const ops::ReferenceGemm& ref, double step_s) {
+  const double mem_s = probe_gbs > 0 ? bytes / 1e9 / probe_gbs : 0;
+  const double math_s = ref.gflop_per_s > 0 ? flops / 1e9 / ref.gflop_per_s : 0;
+  return std::max(mem_s, math_s) / step_s;
+}
+
 Result<nlohmann::ordered_json> decode_point(BenchModel& bm, ReadProbe& probe, int64_t streams,
                                             int64_t context, int steps, bool prefill_context,
                                             Rng& rng) {
@@ -108,6 +122,9 @@ Result<nlohmann::ordered_json> decode_point(BenchModel& bm, ReadProbe& probe, in
     return m.step(b, &out);
   };
   DSV41_RETURN_IF_ERROR(run_step());  // warm-up: scratch, first touch of pages
+  // The arithmetic reference beside the point (before the probe, so oneDNN's threads are idle
+  // again when the steps run).
+  const ops::ReferenceGemm ref = ops::reference_gemm();
   const double probe_before = probe.gb_per_s();
   const FastStats s0 = local.stats();
   const auto t0 = Clock::now();
@@ -119,6 +136,7 @@ Result<nlohmann::ordered_json> decode_point(BenchModel& bm, ReadProbe& probe, in
   const double step_s = t / steps;
   const double bytes = double(s1.weight_bytes - s0.weight_bytes) / steps;
   const double tok_s = double(streams) / step_s;
+  const double flops = 2.0 * double(s1.macs - s0.macs) / steps;
   nlohmann::ordered_json j{
       {"streams", streams},
       {"context", context},
@@ -131,6 +149,10 @@ Result<nlohmann::ordered_json> decode_point(BenchModel& bm, ReadProbe& probe, in
       {"achieved_gb_per_s", bytes / 1e9 / step_s},
       {"read_probe_gb_per_s", probe_gbs},
       {"fraction_of_floor", bytes / 1e9 / probe_gbs / step_s},
+      {"flops_per_step", flops},
+      {"reference_gflop_per_s", ref.gflop_per_s},
+      {"reference_op", ref.op},
+      {"fraction_of_roofline", roofline_fraction(bytes, probe_gbs, flops, ref, step_s)},
       {"foreign_reads", s1.foreign_reads}};
   if (bm.lead) {  // split: rank 0's time in collectives (waiting for the others included)
     const double comm_s = (s1.collective_seconds - s0.collective_seconds) / steps;
@@ -248,6 +270,7 @@ int run_bench_prefill(const BenchArgs& a) {
     return kExitInvalid;
   }
   Rng rng(2);
+  ReadProbe probe(a.probe_mb, std::size_t(a.threads));
   log::info("bench prefill: measuring the FP8 GEMM peak ...");
   const double peak = fp8_gemm_peak_gflops(a.threads);
   if (a.extremes && (a.decoder_replay != "ab" || a.prefill_attention != "ab")) {
@@ -270,6 +293,8 @@ int run_bench_prefill(const BenchArgs& a) {
     if (len < 1) continue;
     const std::vector<int32_t> prompt = random_tokens(rng, m->runner->vocab_size(), len);
     const int64_t chunk = a.chunk > 0 ? std::min(a.chunk, len) : len;
+    const ops::ReferenceGemm ref = ops::reference_gemm();  // beside the point
+    const double probe_gbs = probe.gb_per_s();
     nlohmann::ordered_json by_mode = nlohmann::ordered_json::object();
     for (const auto& mode : modes) {
       const bool replay = mode.first;
@@ -306,16 +331,24 @@ int run_bench_prefill(const BenchArgs& a) {
         log::error("bench prefill: {} tokens: {}", len, st.message());
         return kExitInvalid;
       }
-      const double gflops = 2.0 * double(local.stats().macs - s0.macs) / t / 1e9;
+      const double flops = 2.0 * double(local.stats().macs - s0.macs);
+      const double gflops = flops / t / 1e9;
+      const double bytes = double(local.stats().weight_bytes - s0.weight_bytes);
       const int64_t chunks = (len + chunk - 1) / chunk;
       by_mode[label(mode)] = {
           {"tok_s", double(len) / t},
           {"ttft_ms", t * 1e3},
           {"ms_per_chunk", t * 1e3 / double(chunks)},
           {"last_chunk_ms", last_chunk_ms},
-          {"bytes_read", double(local.stats().weight_bytes - s0.weight_bytes)},
+          {"bytes_read", bytes},
           {"linear_gflop_s", gflops},
           {"fraction_of_gemm_peak", gflops / peak},
+          {"bytes_per_step", bytes},
+          {"flops_per_step", flops},
+          {"reference_gflop_per_s", ref.gflop_per_s},
+          {"reference_op", ref.op},
+          {"read_probe_gb_per_s", probe_gbs},
+          {"fraction_of_roofline", roofline_fraction(bytes, probe_gbs, flops, ref, t)},
           {"replay_skipped_rows", local.stats().replay_skipped_rows - s0.replay_skipped_rows}};
     }
     nlohmann::ordered_json pt = {{"tokens", len}, {"chunk", chunk}};
@@ -419,7 +452,9 @@ void add_bench_model(CLI::App* bench, Runner* run) {
   CLI::App* pre = bench->add_subcommand(
       "prefill",
       "Fast-engine prefill, JSON per prompt length: tok/s, ttft_ms, the multiply-adds' GFLOP/s "
-      "and their fraction of the FP8 prefill GEMM's peak measured in the same run, isa.");
+      "and their fraction of the FP8 prefill GEMM's peak measured in the same run, "
+      "flops_per_step, reference_gflop_per_s (oneDNN bf16 matmul m=2048 k=n=5120 beside the "
+      "point) and fraction_of_roofline, isa.");
   add_common(pre, p.get());
   add_split_options(pre, &p->tp, &p->ep, &p->rank_timeout_s);
   pre->add_option("--decoder-replay", p->decoder_replay,
@@ -444,6 +479,9 @@ void add_bench_model(CLI::App* bench, Runner* run) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24))
       ->capture_default_str();
   pre->add_option("--lengths", p->lengths, "Comma-separated prompt lengths")->capture_default_str();
+  pre->add_option("--probe-mb", p->probe_mb, "Read-probe buffer (MiB)")
+      ->check(CLI::Range(16, 65536))
+      ->capture_default_str();
   pre->callback([=] { *run = [=] { return run_bench_prefill(*p); }; });
 }
 

@@ -32,7 +32,8 @@ PY
 # bench decode / prefill print the keys checks read (design.md §8), with counted bytes.
 "$BIN" bench decode --model "$T/m.dsv41-converted" --streams 1,2 --steps 2 --probe-mb 16 \
   2>/dev/null >"$T/dec.json"
-"$BIN" bench prefill --model "$T/m.dsv41-converted" --lengths 8,32 2>/dev/null >"$T/pre.json"
+"$BIN" bench prefill --model "$T/m.dsv41-converted" --lengths 8,32 --probe-mb 16 2>/dev/null \
+  >"$T/pre.json"
 python3 - "$T/dec.json" "$T/pre.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1])); p = json.load(open(sys.argv[2]))
@@ -48,6 +49,21 @@ assert a["bytes_per_step"] <= b["bytes_per_step"] < 2 * a["bytes_per_step"], (a,
 assert [q["tokens"] for q in p["points"]] == [8, 32] and all(q["ttft_ms"] > 0 for q in p["points"])
 assert p["fp8_gemm_peak_gflop_s"] > 0
 assert all(0 < q["fraction_of_gemm_peak"] and q["linear_gflop_s"] > 0 for q in p["points"])
+# the roofline keys (design.md §4): counted flops, oneDNN's rate beside each point, and the
+# fraction computed from them; two streams do twice one stream's multiply-adds
+def roofline(q, step_s):
+    assert q["flops_per_step"] > 0 and q["reference_gflop_per_s"] > 0, q
+    want = max(q["bytes_per_step"] / 1e9 / q["read_probe_gb_per_s"],
+               q["flops_per_step"] / 1e9 / q["reference_gflop_per_s"]) / step_s
+    assert abs(q["fraction_of_roofline"] - want) <= 1e-9 + 1e-6 * want, (q, want)
+for q in d["points"]:
+    roofline(q, q["step_ms"] / 1e3)
+assert abs(b["flops_per_step"] - 2 * a["flops_per_step"]) <= 1e-6 * b["flops_per_step"], (a, b)
+for q in p["points"]:
+    roofline(q, q["ttft_ms"] / 1e3)
+# 4x the prompt: 4x every layer's work, the head's one logits row alike in both
+f8, f32 = (q["flops_per_step"] for q in p["points"])
+assert 3.9 * f8 < f32 < 4 * f8, (f8, f32)
 PY
 # decode at depth from the random context fill; bench serve (server + its own clients, loopback)
 "$BIN" bench decode --model "$T/m.dsv41-converted" --streams 2 --context 300 --steps 2 \

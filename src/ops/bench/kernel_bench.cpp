@@ -58,6 +58,51 @@ double best_time(int reps, const std::function<void()>& fn) {
   return best;
 }
 
+// oneDNN matmul [m, k] x [k, n] -> f32 (prefill shapes), GFLOP/s: bf16 inputs where the CPU has a
+// bf16 path (oneDNN 2.6 needs AVX-512), otherwise f32 inputs, said in "op".
+json onednn_matmul_json(int64_t m, int64_t n, int64_t kdim, int reps) {
+  using namespace dnnl;
+  const auto* v = dnnl_version();
+  json j = {{"library", "oneDNN"},
+            {"version", std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                            std::to_string(v->patch)},
+            {"m", m},
+            {"n", n},
+            {"k", kdim}};
+  for (auto dt : {memory::data_type::bf16, memory::data_type::f32}) {
+    const bool bf16 = dt == memory::data_type::bf16;
+    try {
+      engine eng(engine::kind::cpu, 0);
+      stream st(eng);
+      memory::desc a({m, kdim}, dt, memory::format_tag::ab);
+      memory::desc b({kdim, n}, dt, memory::format_tag::any);
+      memory::desc c({m, n}, memory::data_type::f32, memory::format_tag::ab);
+      matmul::primitive_desc pd(matmul::desc(a, b, c), eng);  // oneDNN 2.x API
+      memory am(a, eng), bm_plain({{kdim, n}, dt, memory::format_tag::ab}, eng), cm(c, eng),
+          bm(pd.weights_desc(), eng);
+      const std::size_t esz = bf16 ? 2 : 4;
+      std::memset(am.get_data_handle(), 0x3F, std::size_t(m * kdim) * esz);  // any finite values
+      std::memset(bm_plain.get_data_handle(), 0x3E, std::size_t(kdim * n) * esz);
+      reorder(bm_plain, bm).execute(st, bm_plain, bm);
+      matmul mm(pd);
+      auto once = [&] {
+        mm.execute(st, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+        st.wait();
+      };
+      once();
+      const double t = best_time(reps, once);
+      j["op"] =
+          bf16 ? "matmul bf16 x bf16 -> f32" : "matmul f32 x f32 -> f32 (no bf16 path on this CPU)";
+      j["ms"] = t * 1e3;
+      j["gflop_per_s"] = 2.0 * double(m) * double(n) * double(kdim) / t / 1e9;
+      return j;
+    } catch (const std::exception& e) {
+      j[bf16 ? "bf16_error" : "f32_error"] = e.what();
+    }
+  }
+  return j;
+}
+
 class Bench {
  public:
   explicit Bench(const KernelBenchOptions& o)
@@ -237,49 +282,8 @@ class Bench {
         copies, one_token_only);
   }
 
-  // oneDNN matmul [m, k] x [k, n] -> f32 (prefill shapes), GFLOP/s: bf16 inputs where the CPU has a
-  // bf16 path (oneDNN 2.6 needs AVX-512), otherwise f32 inputs, said in "op".
   json onednn_matmul(int64_t m, int64_t n, int64_t kdim) {
-    using namespace dnnl;
-    const auto* v = dnnl_version();
-    json j = {{"library", "oneDNN"},
-              {"version", std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-                              std::to_string(v->patch)},
-              {"m", m},
-              {"n", n},
-              {"k", kdim}};
-    for (auto dt : {memory::data_type::bf16, memory::data_type::f32}) {
-      const bool bf16 = dt == memory::data_type::bf16;
-      try {
-        engine eng(engine::kind::cpu, 0);
-        stream st(eng);
-        memory::desc a({m, kdim}, dt, memory::format_tag::ab);
-        memory::desc b({kdim, n}, dt, memory::format_tag::any);
-        memory::desc c({m, n}, memory::data_type::f32, memory::format_tag::ab);
-        matmul::primitive_desc pd(matmul::desc(a, b, c), eng);  // oneDNN 2.x API
-        memory am(a, eng), bm_plain({{kdim, n}, dt, memory::format_tag::ab}, eng), cm(c, eng),
-            bm(pd.weights_desc(), eng);
-        const std::size_t esz = bf16 ? 2 : 4;
-        std::memset(am.get_data_handle(), 0x3F, std::size_t(m * kdim) * esz);  // any finite values
-        std::memset(bm_plain.get_data_handle(), 0x3E, std::size_t(kdim * n) * esz);
-        reorder(bm_plain, bm).execute(st, bm_plain, bm);
-        matmul mm(pd);
-        auto once = [&] {
-          mm.execute(st, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-          st.wait();
-        };
-        once();
-        const double t = best_time(opt_.reps, once);
-        j["op"] = bf16 ? "matmul bf16 x bf16 -> f32"
-                       : "matmul f32 x f32 -> f32 (no bf16 path on this CPU)";
-        j["ms"] = t * 1e3;
-        j["gflop_per_s"] = 2.0 * double(m) * double(n) * double(kdim) / t / 1e9;
-        return j;
-      } catch (const std::exception& e) {
-        j[bf16 ? "bf16_error" : "f32_error"] = e.what();
-      }
-    }
-    return j;
+    return onednn_matmul_json(m, n, kdim, opt_.reps);
   }
 
   // Our prefill GEMM of one weight format ("fp8", "bf16", "mxfp4") at [m tokens, k] x [n, k]^T,
@@ -308,8 +312,11 @@ class Bench {
       for (int64_t t = 0; t < m; ++t)  // E4M3 values with a power-of-two scale, as act-quant
         for (int64_t i = 0; i < kdim; ++i)
           x[std::size_t(t * kdim + i)] = float(int(rng.below(15)) - 7) * 0.0625f;
-      xp.resize(std::size_t(m * k_->aq_act_stride(kdim, AqFormat::kFp8)));
+      xp.resize(std::size_t(m * k_->aq_act_stride(kdim, AqFormat::kFp8)) + 32);
     }
+    // packed rows on 64-byte lines, as the engine keeps them (a split load per vector otherwise)
+    uint16_t* xpa =
+        reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xp.data()) + 63) & ~uintptr_t(63));
     auto once = [&] {
       if (format == "fp8_aq")
         k_->aq_pack_act(x.data(), m, kdim, AqFormat::kFp8, xp.data());  // once per call
@@ -317,8 +324,8 @@ class Bench {
           std::size_t((n + 95) / 96), [&](std::size_t b, std::size_t e, std::size_t) {
             const int64_t r0 = int64_t(b) * 96, rows = std::min(n, int64_t(e) * 96) - r0;
             if (format == "fp8_aq")
-              k_->aq_fp8_gemm(w8.data() + r0 * kdim, s8.data() + (r0 / 32) * sin, rows, kdim,
-                              xp.data(), m, y.data() + r0, n);
+              k_->aq_fp8_gemm(w8.data() + r0 * kdim, s8.data() + (r0 / 32) * sin, rows, kdim, xpa,
+                              m, y.data() + r0, n);
             else if (format == "fp8")
               k_->fp8_gemm(w8.data() + r0 * kdim, s8.data() + (r0 / 32) * sin, rows, kdim, x.data(),
                            m, y.data() + r0, n);
@@ -585,6 +592,14 @@ void bench_cache_pack(const KernelBenchOptions& opt, json& j) {
 }
 
 }  // namespace
+
+ReferenceGemm reference_gemm(int64_t m, int64_t n, int64_t k, int reps) {
+  const json j = onednn_matmul_json(m, n, k, reps);
+  ReferenceGemm r;
+  r.gflop_per_s = j.value("gflop_per_s", 0.0);
+  r.op = j.value("op", std::string("unavailable"));
+  return r;
+}
 
 std::string run_kernel_bench(const KernelBenchOptions& opt) {
   const auto t0 = Clock::now();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace dsv41::ops {
@@ -21,5 +22,14 @@ struct KernelBenchOptions {
 
 // The JSON document (one object).
 std::string run_kernel_bench(const KernelBenchOptions& opt);
+
+// The arithmetic reference of the roofline (design.md §4): oneDNN's matmul [m, k] x [k, n] -> f32
+// on every core, bf16 inputs where oneDNN has a bf16 path on this CPU (else f32, said in op),
+// best of reps after a warm-up; gflop_per_s 0 when oneDNN cannot run at all.
+struct ReferenceGemm {
+  double gflop_per_s = 0;
+  std::string op;
+};
+ReferenceGemm reference_gemm(int64_t m = 2048, int64_t n = 5120, int64_t k = 5120, int reps = 3);
 
 }  // namespace dsv41::ops
