@@ -39,12 +39,13 @@ namespace dsv41::ops {
 namespace {
 
 // Rows per tile straight from memory (one and two tokens; three: 4) and the software prefetch
-// distance in each row's stream. Measured on Zen 5 (one thread, 168-335 MB of weights, a row of
-// 5,120 values): more concurrent row streams keep more of the memory's bandwidth busy (FP8 one
-// token: 14.4 GB/s at 4 rows, 21 at 8, 23-26 at 16; MXFP4: 11, 15-16, 15-19); 512 bytes ahead
-// measured as good as or better than 256-4,096.
+// distance in each row's stream. Measured on Zen 5: one thread streaming 168-335 MB of weights
+// gained from more concurrent row streams (FP8 one token 14 GB/s at 4 rows, 21 at 8, 23-26 at 16),
+// but with both threads streaming (`bench kernels`, one run each) 16 one-token rows took 1.4-1.6x
+// the time of 8 rows at two tokens on the same matrices, where 8 one-token rows took the same
+// time: 8 rows. 512 bytes ahead measured as good as or better than 256-4,096.
 #ifndef DSV41_AQ_R1
-#define DSV41_AQ_R1 16
+#define DSV41_AQ_R1 8
 #endif
 #ifndef DSV41_AQ_R2
 #define DSV41_AQ_R2 8
