@@ -97,13 +97,13 @@ Isa active_isa() {
 
 bool fp8_aq_scales_ok(const uint8_t* scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
-    if (scale[i] < 10 || scale[i] > 246) return false;
+    if (scale[i] < 41 || scale[i] > 246) return false;
   return true;
 }
 
 bool mxfp4_aq_scales_ok(const uint8_t* scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
-    if (scale[i] < 2 || scale[i] > 252) return false;
+    if (scale[i] < 33 || scale[i] > 252) return false;
   return true;
 }
 

@@ -146,11 +146,13 @@ struct Kernels {
   // activations that act-quant mode has rounded to E4M3 with a power-of-two scale per 32, so each
   // product with an FP8 or MXFP4 weight is exact and only the fp32 sums round, in one fixed order
   // per output element whatever ntok is: every token gets the same bits at ntok = 1 and ntok = 500,
-  // and the weights are read once per call. aq_pack_act lays x [ntok, in] out as the tier's packed
-  // rows for one weight format (aq_act_stride(in, fmt) 16-bit words each); the GEMMs take them:
-  // y[t * ldy + o] = W[o, :] . x_t; aq_mxfp4_gate_up is mxfp4_gate_up_batch's fused gate/up with
-  // its clamp/SwiGLU/route epilogue. Only for weights whose scales pass fp8_aq_scales_ok /
-  // mxfp4_aq_scales_ok (callers check once, at load).
+  // and the weights are decoded once per block of tokens whose activations fit in L2 (48 tokens at
+  // 5,120 values; ops/avx512/avx512_bf16_gemm.h aq_token_block). aq_pack_act lays x [ntok, in] out
+  // as the tier's packed rows for one weight format (aq_act_stride(in, fmt) 16-bit words each); the
+  // GEMMs take them: y[t * ldy + o] = W[o, :] . x_t; aq_mxfp4_gate_up is mxfp4_gate_up_batch's
+  // fused gate/up with its clamp/SwiGLU/route epilogue. Only for weights whose scales pass
+  // fp8_aq_scales_ok / mxfp4_aq_scales_ok (callers check once per matrix: FP8 linears at load,
+  // experts on first use).
   int64_t (*aq_act_stride)(int64_t in, AqFormat fmt);
   void (*aq_pack_act)(const float* x, int64_t ntok, int64_t in, AqFormat fmt, uint16_t* xp);
   void (*aq_fp8_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
@@ -162,10 +164,14 @@ struct Kernels {
                            float* h, int64_t ldh);
 };
 
-// Whether an FP8 matrix's E8M0 block scales (n bytes) keep every scaled E4M3 weight a normal bf16
-// (2^-126 .. 2^127): exponents 10..246. The act-quant GEMMs fold the scale into the weight.
+// Whether an FP8 matrix's E8M0 block scales (n bytes) suit the act-quant GEMMs, which fold the
+// scale into the bf16 weight: every scaled E4M3 weight (2^-9 .. 448 times 2^(s-127)) a normal bf16
+// below 2^128 (s <= 246), and its product with the least act-quant activation (2^-31: scale
+// 2^-22 times the E4M3 step 2^-9) at least 2^-126, so vdpbf16ps flushes no product (s >= 41).
 bool fp8_aq_scales_ok(const uint8_t* scale, int64_t n);
-// The same for MXFP4 row scales (E2M1 magnitudes 0.5 .. 6): exponents 2..252.
+// The same for MXFP4 row scales, applied in fp32 to each 128-value chunk's dot: 2^(s-127) made by
+// a shift (s >= 1, s = 255 is NaN), and the least non-zero chunk dot (0.5 x 2^-31) times it at
+// least 2^-126 (s >= 33); s <= 252 as for FP8.
 bool mxfp4_aq_scales_ok(const uint8_t* scale, int64_t n);
 
 // The best tier this CPU supports, capped by DSV41_ISA when set (resolved once).

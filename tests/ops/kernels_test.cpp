@@ -980,8 +980,8 @@ TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
         s(static_cast<std::size_t>((out + 31) / 32 * sin));
     for (auto& b : w) b = g_.e4m3();
     for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
-    s[0] = 10;  // the extremes fp8_aq_scales_ok allows (2^-117 x 2^-9 is the least normal bf16)
-    if (s.size() > 1) s[1] = 240;
+    s[0] = 41;  // the least scale fp8_aq_scales_ok allows, and a large one (246 would overflow
+    if (s.size() > 1) s[1] = 240;  // the sums of these random values)
     ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
     const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
     std::vector<float> x(static_cast<std::size_t>(mmax * in));
@@ -1037,7 +1037,9 @@ TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
     int64_t out, in;
     std::vector<int64_t> ms;
   };
+  // (160 rows: 80 gate/up pairs, past aq_mxfp4_gate_up's 64 pairs a pass)
   const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 7, 16, 64, 500}},
+                                     {160, 128, {1, 2, 7, 64}},
                                      {64, 2304, {1, 2, 3, 7, 16, 64}},
                                      {22, 5120, {1, 3, 7, 16, 500}},
                                      {18, 96, {1, 2, 7, 16}},
@@ -1048,8 +1050,8 @@ TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
         s(static_cast<std::size_t>(out * in / 32));
     for (auto& b : w) b = g_.byte();
     for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
-    s[0] = 2;  // the extremes mxfp4_aq_scales_ok allows
-    s[1] = 252 - 24;
+    s[0] = 33;  // the least scale mxfp4_aq_scales_ok allows, and a large one
+    s[1] = 228;
     ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
     const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
     std::vector<float> x(static_cast<std::size_t>(mmax * in));
@@ -1147,13 +1149,13 @@ TEST_P(KernelTier, ActQuantFp8IsTheReferenceBitForBit) {
 }
 
 TEST(Dispatch, Fp8AqScalesOkBounds) {
-  const uint8_t ok[] = {10, 127, 246}, low[] = {127, 9}, high[] = {247}, zero[] = {0};
+  const uint8_t ok[] = {41, 127, 246}, low[] = {127, 40}, high[] = {247}, zero[] = {0};
   EXPECT_TRUE(fp8_aq_scales_ok(ok, 3));
   EXPECT_FALSE(fp8_aq_scales_ok(low, 2));
   EXPECT_FALSE(fp8_aq_scales_ok(high, 1));
   EXPECT_FALSE(fp8_aq_scales_ok(zero, 1));
   EXPECT_TRUE(fp8_aq_scales_ok(zero, 0));
-  const uint8_t ok4[] = {2, 127, 252}, low4[] = {1}, high4[] = {253};
+  const uint8_t ok4[] = {33, 127, 252}, low4[] = {32}, high4[] = {253};
   EXPECT_TRUE(mxfp4_aq_scales_ok(ok4, 3));
   EXPECT_FALSE(mxfp4_aq_scales_ok(low4, 1));
   EXPECT_FALSE(mxfp4_aq_scales_ok(high4, 1));

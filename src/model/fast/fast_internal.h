@@ -272,7 +272,13 @@ struct FastModel::Impl {
   std::vector<std::vector<int64_t>> sel;   // per token: the current index source's selection
   std::vector<std::vector<uint8_t>> cand;  // per token: the candidate pool mask
   // per-call scratch of one token (the step runs tokens one after another)
-  std::vector<uint16_t> xpk;  // act-quant activations packed for ops aq_* kernels
+  std::vector<uint16_t> xpk;  // act-quant activations packed for ops aq_* kernels (xpk_words)
+  // xpk holding `words` from a 64-byte line on (the kernels' vector loads then never split a line)
+  uint16_t* xpk_words(int64_t words) {
+    if (int64_t(xpk.size()) < words + 32) xpk.resize(std::size_t(words + 32));
+    return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xpk.data()) + 63) &
+                                       ~uintptr_t(63));
+  }
   std::vector<float> qr, iq, kvrow, att_o, ubuf, tmp, tmp2, xq, scores, cosb, sinb, emb, ekv, lat,
       gbuf;
   std::vector<uint8_t> qpack, run_qpack;

@@ -598,11 +598,11 @@ void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n
   if (l.quantized() && l.act && opt.act_quant && l.aq_ok && kk.aq_fp8_gemm) {
     // Act-quant GEMM: exact products, one fixed order of sums per output whatever n is.
     const int64_t sin = (l.in + 31) / 32, st = kk.aq_act_stride(l.in, ops::AqFormat::kFp8);
-    if (int64_t(xpk.size()) < n * st) xpk.resize(std::size_t(n * st));
-    kk.aq_pack_act(xin, n, l.in, ops::AqFormat::kFp8, xpk.data());
+    uint16_t* xp = xpk_words(n * st);
+    kk.aq_pack_act(xin, n, l.in, ops::AqFormat::kFp8, xp);
     auto fn = [&](int64_t r0, int64_t r1) {
-      kk.aq_fp8_gemm(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xpk.data(), n,
-                     out + r0, l.out);
+      kk.aq_fp8_gemm(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xp, n, out + r0,
+                     l.out);
     };
     par_rows(l.out, 32, std::ref(fn));
   } else if (l.quantized()) {

@@ -65,20 +65,18 @@ void FastModel::Impl::expert_batch_aq(const fast::ExpertW& e, const float* xa, c
   const float lim = float(tc.swiglu_limit);
   const int64_t std_ = kk.aq_act_stride(D, ops::AqFormat::kMxfp4),
                 sti = kk.aq_act_stride(I, ops::AqFormat::kMxfp4);
-  if (int64_t(xpk.size()) < m * std::max(std_, sti))
-    xpk.resize(std::size_t(m * std::max(std_, sti)));
-  kk.aq_pack_act(xa, m, D, ops::AqFormat::kMxfp4, xpk.data());
+  uint16_t* xp = xpk_words(m * std::max(std_, sti));
+  kk.aq_pack_act(xa, m, D, ops::AqFormat::kMxfp4, xp);
   float* hb = hbuf.data();
   auto gu = [&](int64_t j0, int64_t j1) {
-    kk.aq_mxfp4_gate_up(e.w13 + 2 * j0 * (D / 2), e.s13 + 2 * j0 * (D / 32), j1 - j0, D, xpk.data(),
-                        route, m, lim, hb + j0, I);
+    kk.aq_mxfp4_gate_up(e.w13 + 2 * j0 * (D / 2), e.s13 + 2 * j0 * (D / 32), j1 - j0, D, xp, route,
+                        m, lim, hb + j0, I);
   };
   par_rows(I, 32, std::ref(gu));
   const float* a = maybe_act_quant_rows(hb, m, I);
-  kk.aq_pack_act(a, m, I, ops::AqFormat::kMxfp4, xpk.data());
+  kk.aq_pack_act(a, m, I, ops::AqFormat::kMxfp4, xp);
   auto down = [&](int64_t r0, int64_t r1) {
-    kk.aq_mxfp4_gemm(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xpk.data(), m, out + r0,
-                     D);
+    kk.aq_mxfp4_gemm(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xp, m, out + r0, D);
   };
   par_rows(D, 32, std::ref(down));
 }

@@ -10,10 +10,10 @@
 // That sequence is the same whatever the number of tokens M, the tile that holds (o, t), or the
 // path (weights decoded straight from memory for M <= 3, through a bf16 panel for more), so every
 // token gets the same bits alone or among 499 others (batch invariance by construction, not by a
-// GEMV shape). Exceptions to "exact products": vdpbf16ps treats bf16 denormal inputs as zero and
-// flushes denormal results, i.e. terms below 2^-126; fp8_aq_scales_ok() refuses weight scales
-// whose products could reach that range, and act-quant activations never do (their scale is at
-// least 2^-22 and an E4M3 step 2^-9).
+// GEMV shape). vdpbf16ps treats bf16 denormal inputs as zero and flushes denormal results:
+// act-quant activations are never denormal (at least 2^-31: scale 2^-22 times the E4M3 step
+// 2^-9), fp8_aq_scales_ok() keeps every product above 2^-126, and only a partial sum that cancels
+// below 2^-126 is flushed where the fp32 path would keep a denormal.
 //
 // Weight decode, 64 FP8 bytes of one row at a time: vpermi2b looks up the bf16 high and low bytes
 // of the 7-bit magnitude in two 128-entry tables (subnormals included), one ternary-logic op puts

@@ -319,7 +319,7 @@ class Bench {
         reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xp.data()) + 63) & ~uintptr_t(63));
     auto once = [&] {
       if (format == "fp8_aq")
-        k_->aq_pack_act(x.data(), m, kdim, AqFormat::kFp8, xp.data());  // once per call
+        k_->aq_pack_act(x.data(), m, kdim, AqFormat::kFp8, xpa);  // once per call
       pool_.parallel_for(
           std::size_t((n + 95) / 96), [&](std::size_t b, std::size_t e, std::size_t) {
             const int64_t r0 = int64_t(b) * 96, rows = std::min(n, int64_t(e) * 96) - r0;
