@@ -155,6 +155,12 @@ struct Kernels {
   // experts on first use).
   int64_t (*aq_act_stride)(int64_t in, AqFormat fmt);
   void (*aq_pack_act)(const float* x, int64_t ntok, int64_t in, AqFormat fmt, uint16_t* xp);
+  // Any fp32 activations (act-quant off, or wo_a's input) as three bf16 terms whose sum is x
+  // exactly (hi = bf16(x), mid = bf16(x - hi), lo = x - hi - mid; only terms below 2^-126, which
+  // vdpbf16ps flushes, are lost): packed rows 3t, 3t + 1, 3t + 2 hold token t's terms, so a GEMM
+  // over 3 * ntok packed rows gives each term's exact-product dot, and y_t = (hi + mid) + lo of
+  // them, in that order, has the same bits at every ntok.
+  void (*aq_pack_act_split3)(const float* x, int64_t ntok, int64_t in, AqFormat fmt, uint16_t* xp);
   void (*aq_fp8_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                       const uint16_t* xp, int64_t ntok, float* y, int64_t ldy);
   void (*aq_mxfp4_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,

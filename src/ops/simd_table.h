@@ -51,6 +51,7 @@ constexpr Kernels simd_table(Isa isa) {
                  nullptr,
                  nullptr,
                  nullptr,
+                 nullptr,
                  nullptr};
 }
 

@@ -1148,6 +1148,76 @@ TEST_P(KernelTier, ActQuantFp8IsTheReferenceBitForBit) {
   }
 }
 
+// aq_pack_act_split3: three bf16 terms whose sum is x exactly. A one-hot FP8 matrix (row o picks
+// x[o]) returns every x bit for bit from (hi + mid) + lo of the terms' dots; a random matrix gives
+// the exact sum up to fp32 sums, with the same bits for every M (3M packed rows).
+TEST_P(KernelTier, AqSplit3IsExactAndBitIdenticalAcrossM) {
+  if (!k_->aq_pack_act_split3) GTEST_SKIP() << "no bf16 dot product in this tier";
+  auto combine = [](const std::vector<float>& y3, int64_t m, int64_t out) {
+    std::vector<float> y(static_cast<std::size_t>(m * out));
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t o = 0; o < out; ++o)
+        y[std::size_t(t * out + o)] =
+            (y3[std::size_t(3 * t * out + o)] + y3[std::size_t((3 * t + 1) * out + o)]) +
+            y3[std::size_t((3 * t + 2) * out + o)];
+    return y;
+  };
+  {  // one-hot
+    const int64_t n = 96, st = k_->aq_act_stride(n, AqFormat::kFp8);
+    std::vector<uint8_t> w(static_cast<std::size_t>(n * n), 0), s(9, 127);
+    for (int64_t o = 0; o < n; ++o) w[std::size_t(o * n + o)] = 0x38;  // E4M3 1.0
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      x[std::size_t(i)] = g_.normal() * std::pow(10.0f, float(int(g_.byte() % 13) - 6));
+    std::vector<uint16_t> xp(static_cast<std::size_t>(3 * st));
+    k_->aq_pack_act_split3(x.data(), 1, n, AqFormat::kFp8, xp.data());
+    std::vector<float> y3(static_cast<std::size_t>(3 * n), NAN);
+    k_->aq_fp8_gemm(w.data(), s.data(), n, n, xp.data(), 3, y3.data(), n);
+    const auto y = combine(y3, 1, n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(bits_of_float(y[std::size_t(i)]), bits_of_float(x[std::size_t(i)]))
+          << i << ": " << x[std::size_t(i)] << " came back as " << y[std::size_t(i)];
+  }
+  for (const auto& [out, in] :
+       std::vector<std::pair<int64_t, int64_t>>{{33, 64}, {40, 5120}, {35, 4096 + 40}}) {
+    const int64_t sin = (in + 31) / 32, st = k_->aq_act_stride(in, AqFormat::kFp8);
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
+        s(static_cast<std::size_t>((out + 31) / 32 * sin));
+    for (auto& b : w) b = g_.e4m3();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    const int64_t mmax = 64;
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal();
+    std::vector<uint16_t> xp(static_cast<std::size_t>(3 * mmax * st));
+    k_->aq_pack_act_split3(x.data(), mmax, in, AqFormat::kFp8, xp.data());
+    std::vector<float> y3(static_cast<std::size_t>(3 * mmax * out), NAN);
+    k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data(), 3 * mmax, y3.data(), out);
+    const auto all = combine(y3, mmax, out);
+    std::vector<float> want(static_cast<std::size_t>(out));
+    std::vector<double> mag(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; t += 7) {
+      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      for (int64_t o = 0; o < out; ++o) {
+        double m = 0;
+        for (int64_t i = 0; i < in; ++i)
+          m += std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
+                         e8m0_to_float(s[std::size_t((o / 32) * sin + i / 32)]) *
+                         x[std::size_t(t * in + i)]);
+        mag[std::size_t(o)] = m;
+      }
+      expect_close(std::vector<float>(all.begin() + t * out, all.begin() + (t + 1) * out), want,
+                   mag, sum_tol(in), "split3 " + std::to_string(out) + "x" + std::to_string(in));
+    }
+    for (int64_t m : {1, 2, 7, 16}) {  // the first m tokens alone: the same bits
+      std::vector<float> ym(static_cast<std::size_t>(3 * m * out), NAN);
+      k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data(), 3 * m, ym.data(), out);
+      const auto got = combine(ym, m, out);
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(bits_of_float(got[i]), bits_of_float(all[i])) << "M " << m << " at " << i;
+    }
+  }
+}
+
 TEST(Dispatch, Fp8AqScalesOkBounds) {
   const uint8_t ok[] = {41, 127, 246}, low[] = {127, 40}, high[] = {247}, zero[] = {0};
   EXPECT_TRUE(fp8_aq_scales_ok(ok, 3));

@@ -273,6 +273,7 @@ struct FastModel::Impl {
   std::vector<std::vector<uint8_t>> cand;  // per token: the candidate pool mask
   // per-call scratch of one token (the step runs tokens one after another)
   std::vector<uint16_t> xpk;  // act-quant activations packed for ops aq_* kernels (xpk_words)
+  std::vector<float> y3;      // the three bf16 terms' outputs of a split-activation linear
   // xpk holding `words` from a 64-byte line on (the kernels' vector loads then never split a line)
   uint16_t* xpk_words(int64_t words) {
     if (int64_t(xpk.size()) < words + 32) xpk.resize(std::size_t(words + 32));

@@ -605,6 +605,23 @@ void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n
                      l.out);
     };
     par_rows(l.out, 32, std::ref(fn));
+  } else if (l.quantized() && l.aq_ok && kk.aq_pack_act_split3) {
+    // fp32 inputs (act-quant off, or wo_a's) on the same GEMM as three exact bf16 terms: each
+    // term's products exact, each output (hi + mid) + lo of the terms' dots in that order.
+    const int64_t sin = (l.in + 31) / 32, st = kk.aq_act_stride(l.in, ops::AqFormat::kFp8);
+    uint16_t* xp = xpk_words(3 * n * st);
+    kk.aq_pack_act_split3(xin, n, l.in, ops::AqFormat::kFp8, xp);
+    if (int64_t(y3.size()) < 3 * n * l.out) y3.resize(std::size_t(3 * n * l.out));
+    auto fn = [&](int64_t r0, int64_t r1) {
+      kk.aq_fp8_gemm(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xp, 3 * n,
+                     y3.data() + r0, l.out);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* a = y3.data() + 3 * t * l.out;
+        for (int64_t o = r0; o < r1; ++o)
+          out[t * l.out + o] = (a[o] + a[l.out + o]) + a[2 * l.out + o];
+      }
+    };
+    par_rows(l.out, 32, std::ref(fn));
   } else if (l.quantized()) {
     const int64_t sin = (l.in + 31) / 32;
     auto fn = [&](int64_t r0, int64_t r1) {

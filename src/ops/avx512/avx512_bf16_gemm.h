@@ -184,6 +184,33 @@ inline void aq_pack_act_impl(const float* x, int64_t ntok, int64_t in, AqFormat 
   }
 }
 
+// bf16(f) rounded to nearest even, as a float (f finite).
+inline float bf16_round(float f) {
+  const uint32_t h = uint32_t(bf16_rne(f)) << 16;
+  float r;
+  std::memcpy(&r, &h, 4);
+  return r;
+}
+
+// Kernels::aq_pack_act_split3: each token's three terms as packed rows 3t .. 3t + 2.
+inline void aq_pack_act_split3_impl(const float* x, int64_t ntok, int64_t in, AqFormat fmt,
+                                    uint16_t* xp) {
+  static thread_local std::unique_ptr<float[]> buf;  // one token's three term rows
+  static thread_local int64_t cap = 0;
+  if (cap < 3 * in) buf.reset(new float[std::size_t(3 * in)]), cap = 3 * in;
+  float* terms = buf.get();
+  const int64_t st = aq_act_stride_impl(in, fmt);
+  for (int64_t t = 0; t < ntok; ++t) {
+    const float* xt = x + t * in;
+    for (int64_t i = 0; i < in; ++i) {
+      const float hi = bf16_round(xt[i]), r1 = xt[i] - hi;  // exact
+      const float mid = bf16_round(r1);
+      terms[i] = hi, terms[in + i] = mid, terms[2 * in + i] = r1 - mid;  // exact, 8 bits at most
+    }
+    aq_pack_act_impl(terms, 3, in, fmt, xp + 3 * t * st);
+  }
+}
+
 inline float aq_hsum(__m512 v) {
   return _mm512_reduce_add_ps(v);
 }

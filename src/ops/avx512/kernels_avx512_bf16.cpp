@@ -13,6 +13,7 @@ constexpr Kernels bf16_table() {
   Kernels k = simd_table<Avx512>(Isa::kAvx512Bf16);
   k.aq_act_stride = &aq_act_stride_impl;
   k.aq_pack_act = &aq_pack_act_impl;
+  k.aq_pack_act_split3 = &aq_pack_act_split3_impl;
   k.aq_fp8_gemm = &aq_fp8_gemm_impl;
   k.aq_mxfp4_gemm = &aq_mxfp4_gemm_impl;
   k.aq_mxfp4_gate_up = &aq_mxfp4_gate_up_impl;

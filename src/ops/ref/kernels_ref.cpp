@@ -249,6 +249,6 @@ extern const Kernels kScalarKernels = {
     fp8_gemv_batch, bf16_gemv_batch, mxfp4_gemv_batch, mxfp4_gate_up_batch, fake_fp8_pow2_row,
     // no act-quant GEMMs: the scalar FP8/MXFP4 GEMVs above
     // are their reference (exact sums in double)
-    nullptr, nullptr, nullptr, nullptr, nullptr};
+    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace dsv41::ops
