@@ -18,6 +18,13 @@ test -f "$T/m.dsv41-converted/manifest.json"
 grep -q "using its conversion" "$T/err2" || { echo "conversion not reused"; cat "$T/err2"; exit 1; }
 cmp "$T/solo.f32" "$T/mixed.f32"
 grep -q '"foreign_reads":0' "$T/out2"
+# the same with act-quant on (the act-quant GEMMs where the tier has them): byte-equal among
+# companions
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/solo_aq.f32" --path fast \
+  --act-quant on 2>/dev/null >/dev/null
+"$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/mixed_aq.f32" --path fast \
+  --act-quant on --companions 8 --companion-seed 5 --mode chunked:37 2>/dev/null >/dev/null
+cmp "$T/solo_aq.f32" "$T/mixed_aq.f32"
 "$BIN" logits --model "$T/m" --tokens-file "$T/toks" --out "$T/ref.f32" >/dev/null 2>&1
 python3 - "$T/solo.f32" "$T/ref.f32" <<'PY'
 import struct, sys
