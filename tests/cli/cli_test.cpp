@@ -624,7 +624,9 @@ TEST(Cli, BenchKernelsReportsBandwidthFractions) {
   auto j = nlohmann::json::parse(b.out);
   EXPECT_EQ(j["bench"], "kernels");
   EXPECT_GT(j["read_probe_gb_per_s"].get<double>(), 0.0);
-  ASSERT_EQ(j["kernels"].size(), 3u);
+  // the act-quant GEMMs too where the tier has them (FP8 and MXFP4 gate/up, one quick shape each)
+  const bool aq = j["isa"] == "avx512_bf16";
+  ASSERT_EQ(j["kernels"].size(), aq ? 5u : 3u);
   for (const auto& k : j["kernels"]) {
     ASSERT_EQ(k["runs"].size(), 4u);  // 1, 2, 6 and 16 tokens
     for (const auto& r : k["runs"]) {
@@ -641,6 +643,14 @@ TEST(Cli, BenchKernelsReportsBandwidthFractions) {
   ASSERT_EQ(j["reference_library"].size(), 1u);
   EXPECT_GT(j["reference_library"][0]["gflop_per_s"].get<double>(), 0.0)
       << j["reference_library"][0].dump();
+  int aq_gemms = 0;
+  for (const auto& o : j["prefill_gemm_ours"])
+    if (o["weights"] == "fp8_aq") {
+      ++aq_gemms;
+      EXPECT_GT(o["gflop_per_s"].get<double>(), 0.0);
+      EXPECT_GT(o["ratio_vs_reference_library"].get<double>(), 0.0);
+    }
+  EXPECT_EQ(aq_gemms, aq ? 1 : 0);
   // The tier A/B: the active tier against the one below, both measured, in the same run.
   const auto& ab = j["tier_ab"];
   if (j["isa"] != "scalar") {

@@ -954,6 +954,33 @@ TEST_P(KernelTier, CachePackersBitExact) {
   }
 }
 
+// Per output row o, the sum of |W[o, i] x_i|: the scale of a row's summation error (FP8 with
+// 32 x 32 block scales, MXFP4 with row scales per 32).
+std::vector<double> fp8_term_sums(const std::vector<uint8_t>& w, const std::vector<uint8_t>& s,
+                                  int64_t out, int64_t in, const float* x) {
+  const int64_t sin = (in + 31) / 32;
+  std::vector<double> mag(static_cast<std::size_t>(out));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i)
+      mag[std::size_t(o)] +=
+          std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
+                    e8m0_to_float(s[std::size_t((o / 32) * sin + i / 32)]) * x[i]);
+  return mag;
+}
+std::vector<double> mxfp4_term_sums(const std::vector<uint8_t>& w, const std::vector<uint8_t>& s,
+                                    int64_t out, int64_t in, const float* x) {
+  std::vector<double> mag(static_cast<std::size_t>(out));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      const uint8_t byte = w[std::size_t((o * in + i) / 2)];
+      const uint8_t code = i % 2 ? uint8_t(byte >> 4) : uint8_t(byte & 15);
+      mag[std::size_t(o)] +=
+          std::fabs(double(e2m1_to_float(code)) *
+                    e8m0_to_float(s[std::size_t(o * (in / 32) + i / 32)]) * x[i]);
+    }
+  return mag;
+}
+
 // The act-quant GEMM (aq_fp8_gemm, tiers with a bf16 dot): on E4M3-rounded activations every
 // product is exact, so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV)
 // up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 7, 16, 64,
@@ -999,14 +1026,7 @@ TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
       k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
                       out);
       ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
-      for (int64_t o = 0; o < out; ++o) {
-        double m = 0;
-        for (int64_t i = 0; i < in; ++i)
-          m += std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
-                         e8m0_to_float(s[std::size_t((o / 32) * sin + i / 32)]) *
-                         x[std::size_t(t * in + i)]);
-        mag[std::size_t(o)] = m;
-      }
+      mag = fp8_term_sums(w, s, out, in, x.data() + t * in);
       expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
                    mag, sum_tol(in),
                    "aq_fp8_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
@@ -1068,17 +1088,7 @@ TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
       k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
                         out);
       ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
-      for (int64_t o = 0; o < out; ++o) {
-        double m = 0;
-        for (int64_t i = 0; i < in; ++i) {
-          const uint8_t byte = w[std::size_t((o * in + i) / 2)];
-          const uint8_t code = i % 2 ? uint8_t(byte >> 4) : uint8_t(byte & 15);
-          m += std::fabs(double(e2m1_to_float(code)) *
-                         e8m0_to_float(s[std::size_t(o * (in / 32) + i / 32)]) *
-                         x[std::size_t(t * in + i)]);
-        }
-        mag[std::size_t(o)] = m;
-      }
+      mag = mxfp4_term_sums(w, s, out, in, x.data() + t * in);
       expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
                    mag, sum_tol(in),
                    "aq_mxfp4_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
@@ -1197,14 +1207,7 @@ TEST_P(KernelTier, AqSplit3IsExactAndBitIdenticalAcrossM) {
     std::vector<double> mag(static_cast<std::size_t>(out));
     for (int64_t t = 0; t < mmax; t += 7) {
       ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
-      for (int64_t o = 0; o < out; ++o) {
-        double m = 0;
-        for (int64_t i = 0; i < in; ++i)
-          m += std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
-                         e8m0_to_float(s[std::size_t((o / 32) * sin + i / 32)]) *
-                         x[std::size_t(t * in + i)]);
-        mag[std::size_t(o)] = m;
-      }
+      mag = fp8_term_sums(w, s, out, in, x.data() + t * in);
       expect_close(std::vector<float>(all.begin() + t * out, all.begin() + (t + 1) * out), want,
                    mag, sum_tol(in), "split3 " + std::to_string(out) + "x" + std::to_string(in));
     }

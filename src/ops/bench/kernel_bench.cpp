@@ -103,6 +103,30 @@ json onednn_matmul_json(int64_t m, int64_t n, int64_t kdim, int reps) {
   return j;
 }
 
+// Enough copies of one matrix's weights and scales (E4M3 without NaN codes, or random MXFP4
+// nibbles; every scale 2^-7) that cycling through them reads from memory, not from a cache.
+struct WeightCopies {
+  std::vector<std::vector<uint8_t>> w, s;
+  std::size_t bytes = 0;  // one copy's weights and scales
+};
+WeightCopies weight_copies(bool fp8, int64_t rows, int64_t in, std::size_t min_set_mb) {
+  WeightCopies wc;
+  const std::size_t wbytes = std::size_t(fp8 ? rows * in : rows * in / 2),
+                    sbytes =
+                        std::size_t(fp8 ? (rows + 31) / 32 * ((in + 31) / 32) : rows * in / 32);
+  wc.bytes = wbytes + sbytes;
+  const std::size_t copies = std::max<std::size_t>(1, (min_set_mb << 20) / wc.bytes);
+  wc.w.resize(copies);
+  wc.s.resize(copies);
+  Rng rng(fp8 ? 1 : 2);
+  for (std::size_t c = 0; c < copies; ++c) {
+    wc.w[c].resize(wbytes);
+    for (auto& b : wc.w[c]) b = fp8 ? uint8_t(rng.below(0x7E)) : uint8_t(rng.next_u64());
+    wc.s[c].assign(sbytes, 120);
+  }
+  return wc;
+}
+
 class Bench {
  public:
   explicit Bench(const KernelBenchOptions& o)
@@ -169,117 +193,87 @@ class Bench {
   }
 
   json fp8(const std::string& name, int64_t out, int64_t in) {
-    const std::size_t sin = std::size_t((in + 31) / 32),
-                      bytes = std::size_t(out * in) + std::size_t((out + 31) / 32) * sin;
-    const std::size_t copies = std::max<std::size_t>(1, (opt_.min_set_mb << 20) / bytes);
-    std::vector<std::vector<uint8_t>> w(copies), s(copies);
-    Rng rng(1);
-    for (std::size_t c = 0; c < copies; ++c) {
-      w[c].resize(std::size_t(out * in));
-      for (auto& b : w[c]) b = uint8_t(rng.below(0x7E));  // no NaN codes
-      s[c].assign(std::size_t((out + 31) / 32) * sin, 120);
-    }
+    const WeightCopies m = weight_copies(true, out, in, opt_.min_set_mb);
+    const int64_t sin = (in + 31) / 32;
     std::vector<float> x(std::size_t(16 * in), 0.5f);
     return gemv_case(
-        name, out, in, out, bytes, 32,
+        name, out, in, out, m.bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
-          const uint8_t *wc = w[c].data() + r0 * in, *sc = s[c].data() + (r0 / 32) * int64_t(sin);
+          const uint8_t *wc = m.w[c].data() + r0 * in, *sc = m.s[c].data() + (r0 / 32) * sin;
           if (ntok == 1)
             k_->fp8_gemv(wc, sc, r1 - r0, in, x.data(), 1, y);
           else
             k_->fp8_gemv_batch(wc, sc, r1 - r0, in, x.data(), ntok, y, r1 - r0);
         },
-        copies);
+        m.w.size());
   }
 
   // The act-quant GEMM (aq_fp8_gemm) on the FP8 shapes: every token count through the one kernel
   // (the activations, E4M3 values, packed once per call outside the timing as the engine does
   // before splitting the rows).
   json fp8_aq(const std::string& name, int64_t out, int64_t in) {
-    const std::size_t sin = std::size_t((in + 31) / 32),
-                      bytes = std::size_t(out * in) + std::size_t((out + 31) / 32) * sin;
-    const std::size_t copies = std::max<std::size_t>(1, (opt_.min_set_mb << 20) / bytes);
-    std::vector<std::vector<uint8_t>> w(copies), s(copies);
-    Rng rng(1);
-    for (std::size_t c = 0; c < copies; ++c) {
-      w[c].resize(std::size_t(out * in));
-      for (auto& b : w[c]) b = uint8_t(rng.below(0x7E));
-      s[c].assign(std::size_t((out + 31) / 32) * sin, 120);
-    }
+    const WeightCopies m = weight_copies(true, out, in, opt_.min_set_mb);
+    const int64_t sin = (in + 31) / 32;
     std::vector<float> x(std::size_t(16 * in), 0.5f);
     const int64_t st = k_->aq_act_stride(in, AqFormat::kFp8);
     std::vector<uint16_t> xp(std::size_t(16 * st));
     k_->aq_pack_act(x.data(), 16, in, AqFormat::kFp8, xp.data());
     return gemv_case(
-        name, out, in, out, bytes, 32,
+        name, out, in, out, m.bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
-          k_->aq_fp8_gemm(w[c].data() + r0 * in, s[c].data() + (r0 / 32) * int64_t(sin), r1 - r0,
-                          in, xp.data(), ntok, y, r1 - r0);
+          k_->aq_fp8_gemm(m.w[c].data() + r0 * in, m.s[c].data() + (r0 / 32) * sin, r1 - r0, in,
+                          xp.data(), ntok, y, r1 - r0);
         },
-        copies);
+        m.w.size());
   }
 
   // The act-quant MXFP4 entries (aq_mxfp4_gate_up / aq_mxfp4_gemm) on an expert's shapes.
   json mxfp4_aq(const std::string& name, int64_t out, int64_t in, bool gate_up) {
-    const std::size_t rows = std::size_t(gate_up ? 2 * out : out);
-    const std::size_t bytes = rows * std::size_t(in / 2 + in / 32);
-    const std::size_t copies = std::max<std::size_t>(1, (opt_.min_set_mb << 20) / bytes);
-    std::vector<std::vector<uint8_t>> w(copies), s(copies);
-    Rng rng(2);
-    for (std::size_t c = 0; c < copies; ++c) {
-      w[c].resize(rows * std::size_t(in / 2));
-      for (auto& b : w[c]) b = uint8_t(rng.next_u64());
-      s[c].assign(rows * std::size_t(in / 32), 120);
-    }
+    const int64_t rows = gate_up ? 2 * out : out;
+    const WeightCopies m = weight_copies(false, rows, in, opt_.min_set_mb);
     std::vector<float> x(std::size_t(16 * in), 0.5f), route(16, 0.3f);
     std::vector<uint16_t> xp(std::size_t(16 * k_->aq_act_stride(in, AqFormat::kMxfp4)));
     k_->aq_pack_act(x.data(), 16, in, AqFormat::kMxfp4, xp.data());
     return gemv_case(
-        name, out, in, int64_t(rows), bytes, 32,
+        name, out, in, rows, m.bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
+          const int64_t f = gate_up ? 2 : 1;  // gate/up: out pairs of rows
+          const uint8_t *wc = m.w[c].data() + f * r0 * (in / 2),
+                        *sc = m.s[c].data() + f * r0 * (in / 32);
           if (gate_up)
-            k_->aq_mxfp4_gate_up(w[c].data() + 2 * r0 * (in / 2), s[c].data() + 2 * r0 * (in / 32),
-                                 r1 - r0, in, xp.data(), route.data(), ntok, 10.0f, y, r1 - r0);
+            k_->aq_mxfp4_gate_up(wc, sc, r1 - r0, in, xp.data(), route.data(), ntok, 10.0f, y,
+                                 r1 - r0);
           else
-            k_->aq_mxfp4_gemm(w[c].data() + r0 * (in / 2), s[c].data() + r0 * (in / 32), r1 - r0,
-                              in, xp.data(), ntok, y, r1 - r0);
+            k_->aq_mxfp4_gemm(wc, sc, r1 - r0, in, xp.data(), ntok, y, r1 - r0);
         },
-        copies);
+        m.w.size());
   }
 
   json mxfp4(const std::string& name, int64_t out, int64_t in, bool gate_up,
              bool one_token_only = false) {
-    const std::size_t rows = std::size_t(gate_up ? 2 * out : out);
-    const std::size_t bytes = rows * std::size_t(in / 2 + in / 32);
-    const std::size_t copies = std::max<std::size_t>(1, (opt_.min_set_mb << 20) / bytes);
-    std::vector<std::vector<uint8_t>> w(copies), s(copies);
-    Rng rng(2);
-    for (std::size_t c = 0; c < copies; ++c) {
-      w[c].resize(rows * std::size_t(in / 2));
-      for (auto& b : w[c]) b = uint8_t(rng.next_u64());
-      s[c].assign(rows * std::size_t(in / 32), 120);
-    }
+    const int64_t rows = gate_up ? 2 * out : out;
+    const WeightCopies m = weight_copies(false, rows, in, opt_.min_set_mb);
     std::vector<float> x(std::size_t(16 * in), 0.5f), route(16, 0.3f);
     return gemv_case(
-        name, out, in, int64_t(rows), bytes, 32,
+        name, out, in, rows, m.bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
           if (gate_up) {
-            const uint8_t *wc = w[c].data() + 2 * r0 * (in / 2),
-                          *sc = s[c].data() + 2 * r0 * (in / 32);
+            const uint8_t *wc = m.w[c].data() + 2 * r0 * (in / 2),
+                          *sc = m.s[c].data() + 2 * r0 * (in / 32);
             if (ntok == 1)
               k_->mxfp4_gate_up_f32(wc, sc, r1 - r0, in, x.data(), route.data(), 1, 10.0f, y);
             else
               k_->mxfp4_gate_up_batch(wc, sc, r1 - r0, in, x.data(), route.data(), ntok, 10.0f, y,
                                       r1 - r0);
           } else {
-            const uint8_t *wc = w[c].data() + r0 * (in / 2), *sc = s[c].data() + r0 * (in / 32);
+            const uint8_t *wc = m.w[c].data() + r0 * (in / 2), *sc = m.s[c].data() + r0 * (in / 32);
             if (ntok == 1)
               k_->mxfp4_gemv_f32(wc, sc, r1 - r0, in, x.data(), 1, y);
             else
               k_->mxfp4_gemv_batch(wc, sc, r1 - r0, in, x.data(), ntok, y, r1 - r0);
           }
         },
-        copies, one_token_only);
+        m.w.size(), one_token_only);
   }
 
   json onednn_matmul(int64_t m, int64_t n, int64_t kdim) {
@@ -615,23 +609,27 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
     k.push_back(b.fp8("fp8_gemv attn.wkv", 512, 1024));
     k.push_back(b.mxfp4("mxfp4_gate_up expert w13", 256, 1024, true));
     k.push_back(b.mxfp4("mxfp4_gemv expert w2", 1024, 256, false));
+    if (kernels().aq_fp8_gemm) {
+      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wkv", 512, 1024));
+      k.push_back(b.mxfp4_aq("aq_mxfp4_gate_up expert w13", 256, 1024, true));
+    }
   } else {
     // Real shapes (spec §3.6): q_lora 1280, hidden 5120, 64 heads x 512, expert inter 2304.
-    k.push_back(b.fp8("fp8_gemv attn.wq_a", 1280, 5120));
-    k.push_back(b.fp8("fp8_gemv attn.wq_b", 32768, 1280));
-    k.push_back(b.fp8("fp8_gemv attn.wkv", 512, 5120));
-    k.push_back(b.fp8("fp8_gemv attn.wo_b", 5120, 8192));
-    k.push_back(b.fp8("fp8_gemv shared_experts.w1", 2304, 5120));
-    k.push_back(b.fp8("fp8_gemv shared_experts.w2", 5120, 2304));
+    struct Fp8Shape {
+      const char* name;
+      int64_t out, in;
+    };
+    const Fp8Shape fp8_shapes[] = {
+        {"attn.wq_a", 1280, 5120},         {"attn.wq_b", 32768, 1280},
+        {"attn.wkv", 512, 5120},           {"attn.wo_b", 5120, 8192},
+        {"shared_experts.w1", 2304, 5120}, {"shared_experts.w2", 5120, 2304}};
+    for (const auto& f : fp8_shapes)
+      k.push_back(b.fp8(std::string("fp8_gemv ") + f.name, f.out, f.in));
     k.push_back(b.mxfp4("mxfp4_gate_up expert w13", 2304, 5120, true));
     k.push_back(b.mxfp4("mxfp4_gemv expert w2", 5120, 2304, false));
-    if (kernels().aq_fp8_gemm) {  // act-quant on: the same FP8 shapes through the bf16 GEMM
-      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wq_a", 1280, 5120));
-      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wq_b", 32768, 1280));
-      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wkv", 512, 5120));
-      k.push_back(b.fp8_aq("aq_fp8_gemm attn.wo_b", 5120, 8192));
-      k.push_back(b.fp8_aq("aq_fp8_gemm shared_experts.w1", 2304, 5120));
-      k.push_back(b.fp8_aq("aq_fp8_gemm shared_experts.w2", 5120, 2304));
+    if (kernels().aq_fp8_gemm) {  // act-quant on: the same shapes through the bf16 GEMMs
+      for (const auto& f : fp8_shapes)
+        k.push_back(b.fp8_aq(std::string("aq_fp8_gemm ") + f.name, f.out, f.in));
       k.push_back(b.mxfp4_aq("aq_mxfp4_gate_up expert w13", 2304, 5120, true));
       k.push_back(b.mxfp4_aq("aq_mxfp4_gemm expert w2", 5120, 2304, false));
     }
