@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +50,15 @@ uint8_t read_byte(const std::string& path, uint64_t offset) {
   std::ifstream f(path, std::ios::binary);
   f.seekg(static_cast<std::streamoff>(offset));
   return static_cast<uint8_t>(f.get());
+}
+
+// validate's stderr without its log lines ("[time] [level] ..."): the mismatch report.
+std::vector<std::string> report_lines(const std::string& err) {
+  std::vector<std::string> out;
+  std::istringstream in(err);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty() && l[0] != '[') out.push_back(l);
+  return out;
 }
 
 class Convert : public ::testing::Test {
@@ -245,6 +255,48 @@ TEST_F(Convert, DamagedConversionsAreRefusedWithNames) {
     EXPECT_EQ(std::count(o.err.begin(), o.err.end(), '\n'), 1) << o.err.substr(0, 2000);
     EXPECT_EQ(json::parse(o.out)["mismatches"], 1);
   }
+}
+
+TEST_F(Convert, ConversionOfAnotherSameShapeCheckpointIsSaidInOneLine) {
+  // Another seed: the same config, index and tokenizer (so the manifest's source identity
+  // matches), other weights. Every weight tensor differs.
+  TempDir t;
+  const std::string s = t.path() + "/src", o = t.path() + "/out";
+  ASSERT_EQ(run("make-tiny --preset tiny --seed 777 --out " + s).code, 0);
+  ASSERT_EQ(run("convert --from " + s + " --to " + o).code, 0);
+  CliRun v = run("validate --from " + src() + " --to " + o);
+  EXPECT_EQ(v.code, 2);
+  const json j = json::parse(v.out);
+  const int checked = j["tensors_checked"], differing = j["tensors_differing"];
+  EXPECT_GT(differing * 2, checked);
+  EXPECT_TRUE(j["not_made_from_source"].get<bool>());
+  EXPECT_EQ(j["mismatches"].get<int>(), differing);
+  const std::string first =
+      "mismatch: the conversion was not made from --from: " + std::to_string(differing) + " of " +
+      std::to_string(checked) + " tensors differ";
+  // The headline, 5 examples, the count of the rest (the progress log line aside).
+  const auto lines = report_lines(v.err);
+  ASSERT_EQ(lines.size(), 7u) << v.err.substr(0, 2000);
+  EXPECT_EQ(lines[0].rfind(first, 0), 0u) << v.err.substr(0, 2000);
+  EXPECT_EQ(lines[6], "validate: " + std::to_string(differing - 5) +
+                          " more mismatches not shown (--verbose lists them all)");
+  // --verbose: every mismatch, one line each, after the headline.
+  CliRun all = run("validate --verbose --from " + src() + " --to " + o);
+  EXPECT_EQ(all.code, 2);
+  EXPECT_EQ(report_lines(all.err).size(), std::size_t(differing) + 1);
+  EXPECT_EQ(all.err.find("more mismatches not shown"), std::string::npos);
+  // A conversion damaged in one tensor is not taken for another checkpoint's: it is listed.
+  const std::string d = copy_of_out("one_flip");
+  const json e = entry(d, "embed.weight");
+  const std::string file = d + "/" + e["file"].get<std::string>();
+  const uint64_t off = e["offset"].get<uint64_t>() + 3;
+  patch_byte(file, off, static_cast<uint8_t>(read_byte(file, off) ^ 0x01));
+  CliRun one = run("validate --from " + src() + " --to " + d);
+  EXPECT_EQ(one.code, 2);
+  EXPECT_EQ(report_lines(one.err),
+            std::vector<std::string>{
+                "mismatch: embed.weight: sha256 of the bytes differs from the manifest"});
+  EXPECT_FALSE(json::parse(one.out)["not_made_from_source"].get<bool>());
 }
 
 TEST(ConvertResume, KilledMidwayResumesAndMatchesACleanRun) {

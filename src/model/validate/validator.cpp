@@ -393,6 +393,7 @@ Result<ValidateReport> validate_conversion(const ValidateOptions& opt) {
     if (!why[i].empty()) rep.mismatches.push_back(manifest->tensors[i].name + ": " + why[i]);
     if (checked[i]) {
       ++rep.tensors_checked;
+      rep.tensors_differing += !why[i].empty();
       rep.bytes_checked += manifest->tensors[i].bytes;
     }
   }

@@ -23,6 +23,10 @@ struct ValidateReport {
   std::size_t tensors_checked = 0;
   uint64_t bytes_checked = 0;
   std::vector<std::string> mismatches;  // "tensor: what differs"
+  // Of tensors_checked, how many differ. When most do, the conversion was made from another
+  // checkpoint of the same shape (same config, index and tokenizer, so the source identity in the
+  // manifest matches; other weights): the CLI says that once instead of one line per tensor.
+  std::size_t tensors_differing = 0;
   double seconds = 0;
 };
 
