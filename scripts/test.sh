@@ -4,8 +4,8 @@
 # layer library under ASan+UBSan: the hardening suites, the kernel, fast-forward and engine tests,
 # every fuzz target on its seeds and committed regression inputs, then a few seconds of fuzzing
 # each; tests/fuzz). Without clang the io/text hardening suites are built sanitized with g++ in
-# build/ instead and the rest of the sanitized build is skipped (said so). The last lines are the
-# CTest summary of both.
+# build/ instead and the rest of the sanitized build is skipped (said so). Then the CTest summary of
+# both and, last, the ten slowest tests of the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -20,12 +20,23 @@ else
 fi
 status=0
 fuzz_status=0
+tested=(build)
 if [ -d build-fuzz ] && command -v clang++ >/dev/null 2>&1; then
+  tested+=(build-fuzz)
   echo "test: the sanitized build (build-fuzz)"
   (cd build-fuzz && ctest --output-on-failure -j"$(nproc)" --timeout 600) || fuzz_status=1
   echo "test: the main build (build)"
 fi
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600) || status=1
+# The ten slowest tests of both trees (CTest's own timings), so that CI time stays watched.
+echo "test: the ten slowest tests"
+for tree in "${tested[@]}"; do
+  log="$tree/Testing/Temporary/LastTest.log"
+  [ -f "$log" ] || continue
+  awk -v tree="$tree" '/^[0-9]+\/[0-9]+ Testing: / { sub(/^[0-9]+\/[0-9]+ Testing: /, ""); name = $0 }
+    /Test time = / { t = $0; sub(/.*Test time = */, "", t); sub(/ sec.*/, "", t);
+                     printf "%8.1f s  %s (%s)\n", t, name, tree }' "$log"
+done | sort -rn | head -10
 if [ $fuzz_status -ne 0 ]; then
   echo "test: FAILED in the sanitized build (build-fuzz): see its CTest output above"
   status=1

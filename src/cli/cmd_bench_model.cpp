@@ -79,7 +79,7 @@ Result<BenchModel> load_for_bench(const BenchArgs& a) {
   return bm;
 }
 
-static std::vector<int32_t> random_tokens(Rng& rng, int32_t vocab, int64_t n) {
+static std::vector<int32_t> bench_random_tokens(Rng& rng, int32_t vocab, int64_t n) {
   std::vector<int32_t> t(static_cast<std::size_t>(n));
   for (auto& v : t) v = int32_t(rng.below(uint64_t(vocab)));
   return t;
@@ -106,7 +106,7 @@ Result<nlohmann::ordered_json> decode_point(BenchModel& bm, ReadProbe& probe, in
       DSV41_RETURN_IF_ERROR(bm.fill_random_context(SeqId(s + 1), context, rng.next_u64()));
     } else if (context > 0) {  // each stream's context, one prefill step per stream
       StepBatch b;
-      b.slices.push_back({SeqId(s + 1), 0, random_tokens(rng, V, context), {}, {}});
+      b.slices.push_back({SeqId(s + 1), 0, bench_random_tokens(rng, V, context), {}, {}});
       StepOutput out;
       DSV41_RETURN_IF_ERROR(m.step(b, &out));
     }
@@ -291,7 +291,7 @@ int run_bench_prefill(const BenchArgs& a) {
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   for (int64_t len : *lengths) {
     if (len < 1) continue;
-    const std::vector<int32_t> prompt = random_tokens(rng, m->runner->vocab_size(), len);
+    const std::vector<int32_t> prompt = bench_random_tokens(rng, m->runner->vocab_size(), len);
     const int64_t chunk = a.chunk > 0 ? std::min(a.chunk, len) : len;
     const ops::ReferenceGemm ref = ops::reference_gemm();  // beside the point
     const double probe_gbs = probe.gb_per_s();

@@ -139,7 +139,7 @@ std::optional<ApiError> convert_item(const OJson& item, const std::string& p,
 }
 
 // tools: [{type: "function", name, description, parameters}] -> function objects.
-std::optional<ApiError> convert_tools(const OJson& v, std::vector<OJson>& out) {
+std::optional<ApiError> convert_responses_tools(const OJson& v, std::vector<OJson>& out) {
   if (!v.is_array()) return bad("tools", "must be an array");
   for (std::size_t i = 0; i < v.size(); ++i) {
     const std::string p = fmt::format("tools[{}]", i);
@@ -252,7 +252,7 @@ std::optional<ApiError> responses_conversation(const OJson& body, ChatRequest& c
   }
   std::vector<OJson> tools;
   if (const OJson* t = f.get("tools"))
-    if (auto e = convert_tools(*t, tools)) return e;
+    if (auto e = convert_responses_tools(*t, tools)) return e;
   const bool has_tools = !tools.empty();
   attach_tools(msgs, std::move(tools));
   tool_choice = "auto";

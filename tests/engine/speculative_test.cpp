@@ -29,7 +29,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const std::vector<float> kLogits = {2.0f, 1.0f, 0.5f, 0.0f, -0.5f, -1.0f, 1.5f, 0.2f};
+const std::vector<float> kSpecLogits = {2.0f, 1.0f, 0.5f, 0.0f, -0.5f, -1.0f, 1.5f, 0.2f};
 
 std::vector<double> softmax(const std::vector<float>& l) {
   double m = *std::max_element(l.begin(), l.end()), z = 0;
@@ -41,17 +41,17 @@ std::vector<double> softmax(const std::vector<float>& l) {
 
 using testing::chi_square;
 
-constexpr double kChi7 = 24.3;  // 7 degrees of freedom, P(chi2 > 24.3) = 0.001
+constexpr double kSpecChi7 = 24.3;  // 7 degrees of freedom, P(chi2 > 24.3) = 0.001
 
 TEST(Verify, GreedyAcceptsOnlyTheArgmax) {
   SamplingParams sp;
   sp.temperature = 0;
   Sampler s(sp, 1);
   ProcessedDistribution p;
-  std::vector<float> l = kLogits;
+  std::vector<float> l = kSpecLogits;
   s.process(l, &p);
   ASSERT_TRUE(p.greedy);
-  for (int32_t d = 0; d < int32_t(kLogits.size()); ++d) {
+  for (int32_t d = 0; d < int32_t(kSpecLogits.size()); ++d) {
     const VerifyOutcome v = verify_draft(p, d, s);
     EXPECT_EQ(v.accepted, d == 0) << d;
     EXPECT_EQ(v.token, 0) << d;
@@ -60,24 +60,24 @@ TEST(Verify, GreedyAcceptsOnlyTheArgmax) {
 
 TEST(Verify, OutcomesFollowTheTargetDistributionWhateverTheDraft) {
   const int n = 40000;
-  const auto p_full = softmax(kLogits);
+  const auto p_full = softmax(kSpecLogits);
   for (int32_t draft : {0, 3, 5}) {  // likely, middling, unlikely
     SamplingParams sp;
     sp.temperature = 1.0;
     sp.seed = 77 + uint64_t(draft);
     Sampler s(sp, 1);
     ProcessedDistribution p;
-    std::vector<int> h(kLogits.size(), 0);
+    std::vector<int> h(kSpecLogits.size(), 0);
     int accepted = 0;
     for (int i = 0; i < n; ++i) {
-      std::vector<float> l = kLogits;
+      std::vector<float> l = kSpecLogits;
       s.process(l, &p);
       const VerifyOutcome v = verify_draft(p, draft, s);
       ++h[std::size_t(v.token)];
       accepted += v.accepted;
       EXPECT_EQ(v.accepted, v.token == draft);
     }
-    EXPECT_LT(chi_square(h, p_full, n), kChi7) << "draft " << draft;
+    EXPECT_LT(chi_square(h, p_full, n), kSpecChi7) << "draft " << draft;
     // Accepted as often as the target gives the draft (binomial, 5 sigma).
     const double want = p_full[std::size_t(draft)] * n;
     EXPECT_NEAR(accepted, want, 5 * std::sqrt(want)) << "draft " << draft;
@@ -90,15 +90,15 @@ TEST(Verify, OutcomesFollowTheTargetDistributionWhateverTheDraft) {
   sp.seed = 5;
   Sampler s(sp, 1);
   ProcessedDistribution p;
-  std::vector<int> h(kLogits.size(), 0);
+  std::vector<int> h(kSpecLogits.size(), 0);
   for (int i = 0; i < n; ++i) {
-    std::vector<float> l = kLogits;
+    std::vector<float> l = kSpecLogits;
     s.process(l, &p);
     const VerifyOutcome v = verify_draft(p, 4, s);
     EXPECT_FALSE(v.accepted);
     ++h[std::size_t(v.token)];
   }
-  std::vector<double> q(kLogits.size(), 0.0);
+  std::vector<double> q(kSpecLogits.size(), 0.0);
   const double z = p_full[0] + p_full[6] + p_full[1];
   for (int t : {0, 6, 1}) q[std::size_t(t)] = p_full[std::size_t(t)] / z;
   EXPECT_LT(chi_square(h, q, n), 13.8);  // 2 dof, 0.001
@@ -237,9 +237,9 @@ TEST(Tracker, NewRequestsStartFromTheEnginesAcceptanceAndAFixedWidthIsKept) {
   }
 }
 
-// Every row's logits are kLogits over a vocabulary of 8 (padded to the tokenizer's size with
+// Every row's logits are kSpecLogits over a vocabulary of 8 (padded to the tokenizer's size with
 // -inf), whatever the context; the drafter proposes `draft` every time. Generated tokens are then
-// independent draws of softmax(kLogits) when the verifier is right.
+// independent draws of softmax(kSpecLogits) when the verifier is right.
 class FixedBackend final : public ModelRunner {
  public:
   FixedBackend(int32_t vocab, int32_t draft) : vocab_(vocab), draft_(draft) {}
@@ -265,7 +265,7 @@ class FixedBackend final : public ModelRunner {
     for (std::size_t i = 0; i < b.slices.size(); ++i) {
       for (std::size_t r = 0; r < b.slices[i].logits_rows.size(); ++r) {
         std::vector<float> row(std::size_t(vocab_), -std::numeric_limits<float>::infinity());
-        std::copy(kLogits.begin(), kLogits.end(), row.begin());
+        std::copy(kSpecLogits.begin(), kSpecLogits.end(), row.begin());
         out->slices[i].logits.insert(out->slices[i].logits.end(), row.begin(), row.end());
       }
       len_[b.slices[i].seq] += int64_t(b.slices[i].tokens.size());
@@ -291,7 +291,7 @@ class FixedBackend final : public ModelRunner {
   std::map<SeqId, int64_t> len_;
 };
 
-std::unique_ptr<Tokenizer> tiny_tokenizer() {
+std::unique_ptr<Tokenizer> spec_tiny_tokenizer() {
   auto t = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
   EXPECT_TRUE(t.is_ok());
   return std::move(*t);
@@ -315,7 +315,7 @@ std::vector<int32_t> run(Engine& e, GenerationRequest r) {
 
 TEST(Engine, SpeculativeSampledTokensKeepTheTargetDistribution) {
   for (int32_t draft : {0, 4}) {  // a draft the target likes, one it rarely takes
-    auto tok = tiny_tokenizer();
+    auto tok = spec_tiny_tokenizer();
     auto b = std::make_unique<FixedBackend>(tok->vocab_size(), draft);
     FixedBackend* backend = b.get();
     EngineOptions opt;
@@ -325,7 +325,7 @@ TEST(Engine, SpeculativeSampledTokensKeepTheTargetDistribution) {
     opt.speculative_shadow_probes = false;
     auto e = Engine::create(std::move(b), std::move(tok), opt);
     ASSERT_TRUE(e.is_ok()) << e.status().message();
-    std::vector<int> h(kLogits.size(), 0);
+    std::vector<int> h(kSpecLogits.size(), 0);
     int n = 0;
     for (int r = 0; r < 40; ++r) {
       GenerationRequest q;
@@ -335,13 +335,13 @@ TEST(Engine, SpeculativeSampledTokensKeepTheTargetDistribution) {
       q.sampling.ignore_eos = true;
       q.sampling.seed = uint64_t(1000 * draft + r);
       for (int32_t t : run(**e, q)) {
-        ASSERT_LT(t, int32_t(kLogits.size()));
+        ASSERT_LT(t, int32_t(kSpecLogits.size()));
         ++h[std::size_t(t)];
         ++n;
       }
     }
     ASSERT_EQ(n, 40 * 250);
-    EXPECT_LT(chi_square(h, softmax(kLogits), n), kChi7) << "draft " << draft;
+    EXPECT_LT(chi_square(h, softmax(kSpecLogits), n), kSpecChi7) << "draft " << draft;
     const EngineStats s = (*e)->stats();
     EXPECT_GT(s.spec_steps, 0);
     EXPECT_GT(s.spec_accepted_tokens, 0);
@@ -359,7 +359,7 @@ TEST(Engine, SpeculativeNeedsADrafter) {
   auto with = Engine::load(opt);
   ASSERT_TRUE(with.is_ok()) << with.status().message();
   // A backend without a drafter is refused when speculation is asked for.
-  auto tok = tiny_tokenizer();
+  auto tok = spec_tiny_tokenizer();
   class NoDrafter final : public ModelRunner {
    public:
     int32_t vocab_size() const override { return 8; }

@@ -25,7 +25,7 @@ struct Tiny {
   std::vector<int32_t> tokens;
 };
 
-const Tiny& tiny() {
+const Tiny& dspark_tiny() {
   static Tiny* t = [] {
     auto* k = new Tiny();
     k->conv = testing::make_tiny_converted(k->dir, 31);
@@ -42,7 +42,7 @@ std::unique_ptr<FastModel> load(bool dspark, bool prefix_cache = false) {
   o.threads = 2;
   o.kv_cache_bytes = int64_t(64) << 20;
   o.prefix_cache = prefix_cache;
-  auto m = FastModel::load(tiny().conv, o);
+  auto m = FastModel::load(dspark_tiny().conv, o);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
   return m.is_ok() ? std::move(*m) : nullptr;
 }
@@ -78,11 +78,11 @@ double rel_l2(const float* a, const float* b, int64_t n) {
 // one (P = 12): logit rows within the short-prefix gate on the first steps, chains identical on
 // nearly every step (measured: all of them), confidences close.
 TEST(FastDspark, DraftsTrackTheReferenceDrafter) {
-  const auto& tk = tiny().tokens;
+  const auto& tk = dspark_tiny().tokens;
   for (int64_t P : {3, 12}) {
     ReferenceOptions ro;
     ro.dspark = true;
-    auto ref = ReferenceModel<float>::load(tiny().dir.path() + "/ck", ro);
+    auto ref = ReferenceModel<float>::load(dspark_tiny().dir.path() + "/ck", ro);
     ASSERT_TRUE(ref.is_ok()) << ref.status().message();
     auto fast = load(true);
     ASSERT_TRUE(fast);
@@ -125,7 +125,7 @@ TEST(FastDspark, DraftsTrackTheReferenceDrafter) {
 }
 
 TEST(FastDspark, DraftingChangesNothingAndIsBatchInvariant) {
-  const auto& tk = tiny().tokens;
+  const auto& tk = dspark_tiny().tokens;
   auto m = load(true);
   ASSERT_TRUE(m);
   feed(*m, 1, {tk.begin(), tk.begin() + 20});
@@ -148,7 +148,7 @@ TEST(FastDspark, DraftingChangesNothingAndIsBatchInvariant) {
 }
 
 TEST(FastDspark, LoadingTheDrafterLeavesTheTargetBitIdentical) {
-  const auto& tk = tiny().tokens;
+  const auto& tk = dspark_tiny().tokens;
   auto with = load(true), without = load(false);
   ASSERT_TRUE(with && without);
   EXPECT_EQ(without->draft_block_size(), 0);
@@ -157,7 +157,7 @@ TEST(FastDspark, LoadingTheDrafterLeavesTheTargetBitIdentical) {
 }
 
 TEST(FastDspark, StageRowsFollowTruncateAndThePrefixCache) {
-  const auto& tk = tiny().tokens;
+  const auto& tk = dspark_tiny().tokens;
   auto m = load(true, /*prefix_cache=*/true);
   ASSERT_TRUE(m);
   // A verify step of 5 tokens rolled back to 2 must leave what stepping the 2 alone leaves.

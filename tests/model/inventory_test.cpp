@@ -15,7 +15,7 @@ struct Released {
   ModelPlan plan;
 };
 
-Released released() {
+Released released_totals() {
   auto c = parse_config(testing::released_config_json(), "config.json");
   DSV41_CHECK(c.is_ok());
   auto p = build_layer_plan(c.value());
@@ -24,7 +24,7 @@ Released released() {
 }
 
 TEST(Inventory, ReleasedTotalsMatchPublishedCounts) {
-  const Released r = released();
+  const Released r = released_totals();
   const auto text = expected_text_tensors(r.config, r.plan);
   const auto vision = expected_vision_tensors(r.config);
   std::map<int, std::size_t> per_layer;
@@ -61,7 +61,7 @@ TEST(Inventory, ReleasedTotalsMatchPublishedCounts) {
 }
 
 TEST(Inventory, ReleasedShapesOfSpecTable) {
-  const Released r = released();
+  const Released r = released_totals();
   const auto text = expected_text_tensors(r.config, r.plan);
   std::map<std::string, std::vector<int64_t>> shape;
   for (const auto& t : text) shape[t.name] = t.shape;

@@ -8,7 +8,7 @@
 namespace dsv41 {
 namespace {
 
-const std::string kEos = "<｜end▁of▁sentence｜>";
+const std::string kEosText = "<｜end▁of▁sentence｜>";
 
 struct Turn {
   std::string reasoning;
@@ -40,8 +40,8 @@ std::string generated_text(const Turn& turn, bool thinking) {
   std::size_t start = text->find(cue);
   EXPECT_NE(start, std::string::npos);
   std::string gen = text->substr(start + cue.size());
-  EXPECT_TRUE(gen.ends_with(kEos));
-  return gen.substr(0, gen.size() - kEos.size());
+  EXPECT_TRUE(gen.ends_with(kEosText));
+  return gen.substr(0, gen.size() - kEosText.size());
 }
 
 std::vector<Turn> sample_turns() {

