@@ -19,7 +19,7 @@ void add_generate(CLI::App& app, Runner* run) {
     int max_tokens = 64;
     double temperature = 0.0;
     uint64_t seed = 0;
-    bool chat = false, thinking = false;
+    bool chat = false, thinking = false, ignore_eos = false;
     PathArgs paths;
   };
   auto a = std::make_shared<Args>();
@@ -39,6 +39,10 @@ void add_generate(CLI::App& app, Runner* run) {
                 "Wrap the prompt in the V4.1 chat format (one user turn, chat mode)");
   sub->add_flag("--thinking", a->thinking,
                 "With --chat: thinking mode (the reasoning is printed too)");
+  // The server's `ignore_eos`: benchmarks and checks that need a fixed length get exactly
+  // --max-tokens tokens whatever the model says.
+  sub->add_flag("--ignore-eos", a->ignore_eos,
+                "Keep generating past the end-of-sentence token: exactly --max-tokens tokens");
   add_path_options(sub, &a->paths);
   sub->callback([a, run] {
     *run = [a] {
@@ -84,6 +88,7 @@ void add_generate(CLI::App& app, Runner* run) {
       req.sampling.max_tokens = a->max_tokens;
       req.sampling.temperature = a->temperature;
       req.sampling.seed = a->seed;
+      req.sampling.ignore_eos = a->ignore_eos;
       auto h = (*engine)->submit(req);
       if (!h) {
         log::error("generate: {}", h.status().message());

@@ -52,6 +52,9 @@ class RequestChannel {
     std::lock_guard<std::mutex> lock(mu_);
     if (token) pending_.tokens.push_back(std::move(*token));
     pending_.text += text;
+    // Known from the first admission on, before any token: a stream can report it at its start
+    // (Anthropic's message_start usage).
+    if (cached_known_) pending_.cached_prompt_tokens = cached_;
     has_news_ = true;
     cv_.notify_all();
   }

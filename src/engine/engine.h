@@ -66,7 +66,9 @@ struct RequestOutput {
   std::string error;  // kError
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  int64_t cached_prompt_tokens = 0;  // of the prompt, taken from the prefix cache (not computed)
+  // Of the prompt, taken from the prefix cache (not computed) by the request's first admission; in
+  // every output from the first token on.
+  int64_t cached_prompt_tokens = 0;
   // prompt_logprobs: entries for prompt positions 1, 2, ... in order (position 0 has none), as the
   // prompt's chunks are computed.
   std::vector<PromptLogprob> prompt_logprobs;

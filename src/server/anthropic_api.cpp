@@ -345,22 +345,28 @@ class MessagesWriter final : public ResponseWriter, BlockListener {
   MessagesWriter(const GenerationJob& job, const std::string& id)
       : job_(job), id_("msg_" + id), parser_(job.thinking, job.extract_tools) {}
 
-  std::vector<std::string> stream_begin() override {
-    OJson msg = message_json();
-    msg["content"] = OJson::array();
-    msg["stop_reason"] = nullptr;
-    msg["stop_sequence"] = nullptr;
-    msg["usage"] = usage_json(int64_t(job_.request.prompt.size()), 0);
-    return {event("message_start", {{"type", "message_start"}, {"message", std::move(msg)}}),
-            event("ping", {{"type", "ping"}})};
-  }
+  // message_start waits for the engine's first output: its usage splits the prompt into computed
+  // and cached tokens, which the engine knows once the request is admitted (until then only pings
+  // go out, which clients skip).
+  std::vector<std::string> stream_begin() override { return {}; }
   std::vector<std::string> stream_output(std::size_t, const RequestOutput& out) override {
+    if (!started_) {
+      started_ = true;
+      OJson msg = message_json();
+      msg["content"] = OJson::array();
+      msg["stop_reason"] = nullptr;
+      msg["stop_sequence"] = nullptr;
+      msg["usage"] = usage_json(int64_t(job_.request.prompt.size()), out.cached_prompt_tokens, 0);
+      frames_ = {event("message_start", {{"type", "message_start"}, {"message", std::move(msg)}}),
+                 event("ping", {{"type", "ping"}})};
+    }
     absorb(out, this);
     return std::move(frames_);
   }
   std::vector<std::string> stream_end() override {
     OJson delta = {{"stop_reason", stop_reason()}, {"stop_sequence", stop_sequence()}};
-    OJson usage = {{"output_tokens", completion_tokens_}};
+    // Cumulative, as Anthropic's message_delta usage is (clients overwrite message_start's).
+    OJson usage = usage_json(prompt_tokens_, cached_tokens_, completion_tokens_);
     return {event("message_delta",
                   {{"type", "message_delta"}, {"delta", std::move(delta)}, {"usage", usage}}),
             event("message_stop", {{"type", "message_stop"}})};
@@ -379,7 +385,7 @@ class MessagesWriter final : public ResponseWriter, BlockListener {
     msg["content"] = std::move(content);
     msg["stop_reason"] = stop_reason();
     msg["stop_sequence"] = stop_sequence();
-    msg["usage"] = usage_json(prompt_tokens_, completion_tokens_);
+    msg["usage"] = usage_json(prompt_tokens_, cached_tokens_, completion_tokens_);
     return dump_safe(msg);
   }
 
@@ -419,6 +425,7 @@ class MessagesWriter final : public ResponseWriter, BlockListener {
       reason_ = out.reason;
       stop_ = out.stop;
       prompt_tokens_ = out.prompt_tokens;
+      cached_tokens_ = out.cached_prompt_tokens;
       completion_tokens_ = out.completion_tokens;
     }
   }
@@ -438,8 +445,15 @@ class MessagesWriter final : public ResponseWriter, BlockListener {
   OJson message_json() const {
     return {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", job_.model}};
   }
-  static OJson usage_json(int64_t in, int64_t out) {
-    return {{"input_tokens", in}, {"output_tokens", out}};
+  // Anthropic's accounting: the prompt is input_tokens + cache_creation_input_tokens +
+  // cache_read_input_tokens. The prefix cache is automatic and writing to it costs nothing beyond
+  // computing the prompt, so every computed prompt token is an input token and the cache creation
+  // count is 0; the cache reads are the tokens the prefix cache gave the request.
+  static OJson usage_json(int64_t prompt, int64_t cached, int64_t out) {
+    return {{"input_tokens", prompt - cached},
+            {"cache_creation_input_tokens", 0},
+            {"cache_read_input_tokens", cached},
+            {"output_tokens", out}};
   }
   bool stopped_by_sequence() const {
     const auto& seqs = job_.request.sampling.stop;
@@ -461,7 +475,8 @@ class MessagesWriter final : public ResponseWriter, BlockListener {
   std::vector<std::string> frames_;  // stream: what the blocks' changes produced
   FinishReason reason_ = FinishReason::kNone;
   std::string stop_;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
+  bool started_ = false;  // stream: message_start sent
 };
 
 class MessagesApi final : public GenerationApi {

@@ -1,12 +1,14 @@
 // Routes and request lifecycle. Generation: parse + validate (4xx with OpenAI's error JSON),
-// submit, then either wait for the whole answer or stream SSE chunks; a failed write (client gone)
-// cancels the request in the engine. Every handler catches everything: a request can fail, the
-// server not.
+// submit, then either wait for the whole answer (its status decided at the end: 5xx on an engine
+// failure) or stream SSE chunks; a client gone (a hang-up seen on the socket, a failed stream
+// write) cancels the request in the engine. Every handler catches everything: a request can fail,
+// the server not.
 #include "server/http_server.h"
 
 #include <httplib.h>
 
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <charconv>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <regex>
@@ -89,6 +92,45 @@ std::string bind_failure(const std::string& host, int port) {
     default:
       return std::strerror(err);
   }
+}
+
+// host:port of a socket address as httplib writes Request::local_addr / remote_addr.
+bool same_endpoint(const sockaddr_storage& a, socklen_t len, const std::string& host, int port) {
+  char h[NI_MAXHOST], p[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof(h), p, sizeof(p),
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return false;
+  return host == h && std::to_string(port) == p;
+}
+
+// The socket of the connection `req` came on (-1 when not found). httplib 0.11 hands a handler no
+// socket, only the connection's two addresses; a TCP connection is the one socket with both. The
+// socket stays open while its handler runs (httplib closes it after the response), so the number
+// cannot be reused under us.
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    const std::string name = entry.path().filename().string();
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
+      continue;
+    if (same_endpoint(local, local_len, req.local_addr, req.local_port) &&
+        same_endpoint(peer, peer_len, req.remote_addr, req.remote_port))
+      return fd;
+  }
+  return -1;
+}
+
+// Whether the client closed its side of the connection (or it broke), seen without writing a byte:
+// a hang-up is readable as POLLRDHUP. Bytes the client sent meanwhile (a pipelined request) are
+// left unread.
+bool peer_hung_up(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 }  // namespace
@@ -170,7 +212,10 @@ struct HttpServer::Impl {
   std::unique_ptr<GenerationApi> chat_api = openai_chat_api();
   std::unique_ptr<GenerationApi> messages_api = anthropic_messages_api();
   std::unique_ptr<GenerationApi> responses_api = openai_responses_api();
-  void release(StreamState& st, const std::string& endpoint);
+  bool note(StreamState& st, std::size_t which, const RequestOutput& out);
+  void whole_answer(const httplib::Request& req, httplib::Response& res, StreamState& st,
+                    const GenerationApi& api, const std::string& id);
+  void release(StreamState& st, const std::string& endpoint, int status);
   void tokenize(const httplib::Request& req, httplib::Response& res);
   void count_tokens(const httplib::Request& req, httplib::Response& res);
   void detokenize(const httplib::Request& req, httplib::Response& res);
@@ -256,7 +301,7 @@ void HttpServer::Impl::routes() {
     for (const GenerationApi* api :
          {completions_api.get(), chat_api.get(), messages_api.get(), responses_api.get()})
       generation = generation || req.path == api->endpoint();
-    if (generation && res.status == 200) return;
+    if (generation && (res.status == 200 || res.has_header("X-Request-Id"))) return;
     // An open dashboard scrapes /metrics every second and the page loads its files: at debug.
     const bool polled =
         res.status == 200 && (req.path == "/metrics" || req.path == "/" ||
@@ -440,11 +485,18 @@ struct StreamState {
     return false;
   }
   std::size_t poll_from = 0;
+  // The first choice that failed (a bug or a broken model, never bad input): the whole response
+  // reports it.
+  const Choice* failure() const {
+    for (const auto& c : choices)
+      if (c.finished && c.reason == FinishReason::kError) return &c;
+    return nullptr;
+  }
 };
 
-// While the model works and nothing else is written, a few ignorable bytes go out every half second
-// (a space before a JSON body, an SSE comment in a stream): the only way this HTTP layer learns
-// that the client went away is a failing write. Returns false (stop) when the write fails.
+// While the model works and nothing else is written, a stream sends an SSE comment (or the API's
+// ping) every half second: a stream learns that the client went away from a failing write.
+// Returns false (stop) when the write fails.
 static bool heartbeat(StreamState& st, httplib::DataSink& sink, const std::string& filler) {
   const auto now = Clock::now();
   if (now - st.last_write < std::chrono::milliseconds(500)) return true;
@@ -452,8 +504,9 @@ static bool heartbeat(StreamState& st, httplib::DataSink& sink, const std::strin
   return sink.write(filler.data(), filler.size());
 }
 
-// Called once per generation response when httplib is done with it (sent, or the client is gone).
-void HttpServer::Impl::release(StreamState& st, const std::string& endpoint) {
+// Called once per submitted generation request when it is over: answered (`status` as the client
+// got it, 499 when it went away first) or abandoned; cancels what still runs.
+void HttpServer::Impl::release(StreamState& st, const std::string& endpoint, int status) {
   if (!st.finished) {
     for (auto& c : st.choices)
       if (!c.finished) c.handle->cancel();
@@ -461,10 +514,93 @@ void HttpServer::Impl::release(StreamState& st, const std::string& endpoint) {
   }
   in_flight.fetch_sub(1);
   const double secs = std::chrono::duration<double>(Clock::now() - st.t0).count();
-  const int status = st.finished || st.failed ? 200 : 499;
   metrics.generation_done(endpoint, status, secs);
   log::info("access: POST {} {} prompt_tokens={} completion_tokens={} {:.3f}s", endpoint, status,
             st.prompt_tokens, st.completion_tokens, secs);
+}
+
+// Metrics and the choice's state for one output; returns true when every choice has finished.
+bool HttpServer::Impl::note(StreamState& st, std::size_t which, const RequestOutput& out) {
+  StreamState::Choice& ch = st.choices[which];
+  const auto now = Clock::now();
+  if (!out.tokens.empty()) {
+    if (!st.first_token) {
+      st.first_token = true;
+      metrics.first_token(std::chrono::duration<double>(now - st.t0).count());
+    }
+    if (!ch.first_token) {
+      ch.first_token = true;
+      if (out.tokens.size() > 1)
+        metrics.inter_token(0, int64_t(out.tokens.size()) - 1);  // arrived together
+    } else {
+      metrics.inter_token(std::chrono::duration<double>(now - ch.last_token).count(),
+                          int64_t(out.tokens.size()));
+    }
+    ch.last_token = now;
+  }
+  if (out.finished) {
+    ch.finished = true;
+    ch.reason = out.reason;
+    ch.error = out.error;
+    ch.completion_tokens = out.completion_tokens;
+    st.prompt_tokens = out.prompt_tokens;
+    st.completion_tokens += out.completion_tokens;
+    st.finished = std::all_of(st.choices.begin(), st.choices.end(),
+                              [](const StreamState::Choice& c) { return c.finished; });
+    if (st.finished) metrics.tokens(st.prompt_tokens, st.completion_tokens);
+  }
+  st.failed = st.failed || (out.finished && out.reason == FinishReason::kError);
+  return st.finished;
+}
+
+// A non-streamed answer: waits for the whole of it in the handler, so that nothing, not even the
+// status line, is written before the outcome is known. An engine failure is then a real 5xx with
+// the API's error body (503 when the model is unhealthy, e.g. a rank of a split model died; 500
+// otherwise), which clients raise as an API error and load balancers count as a failure; it used to
+// be a 200 whose body of keep-alive spaces ended in an error JSON. A client that hangs up meanwhile
+// is seen by polling the connection's socket (no byte is written), and its request is cancelled.
+void HttpServer::Impl::whole_answer(const httplib::Request& req, httplib::Response& res,
+                                    StreamState& st, const GenerationApi& api,
+                                    const std::string& id) {
+  int status = 500;  // an exception (the exception handler's answer) unless set below
+  struct Release {   // whatever happens, the request is released
+    Impl* impl;
+    StreamState& st;
+    const GenerationApi& api;
+    int& status;
+    ~Release() { impl->release(st, api.endpoint(), status); }
+  } guard{this, st, api, status};
+  const int fd = connection_socket(req);
+  if (fd < 0) log::debug("serve: {}: connection socket not found; hang-ups go unnoticed", id);
+  auto last_check = Clock::now();
+  while (!st.finished && !st.failed) {
+    RequestOutput out;
+    std::size_t which = 0;
+    if (st.next(which, out, std::chrono::milliseconds(100))) {
+      note(st, which, out);
+      st.writer->add(which, out);
+    }
+    if (Clock::now() - last_check >= std::chrono::milliseconds(100)) {
+      last_check = Clock::now();
+      if (fd >= 0 && peer_hung_up(fd)) {
+        status = 499;  // the guard cancels the request
+        return;
+      }
+    }
+  }
+  if (const StreamState::Choice* bad = st.failure()) {
+    log::error("serve: {}: engine error: {}", id, bad->error);
+    const bool unhealthy = !engine.health();
+    status = unhealthy ? 503 : 500;
+    res.status = status;
+    res.set_content(
+        api.error_body(make_error(status, "engine error: " + bad->error,
+                                  unhealthy ? "service_unavailable" : "internal_error")),
+        "application/json");
+    return;
+  }
+  res.set_content(st.writer->body(), "application/json");
+  status = 200;
 }
 
 void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res,
@@ -501,82 +637,15 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   for (std::size_t c = 0; c < handles->size(); ++c) st->choices[c].handle = (*handles)[c];
   st->writer = api.writer(st->job, tok, id, static_cast<int64_t>(std::time(nullptr)));
   in_flight.fetch_add(1);
-
-  // Metrics and the choice's state for one output; returns true when every choice has finished.
-  auto note = [this, st](std::size_t which, const RequestOutput& out) {
-    StreamState::Choice& ch = st->choices[which];
-    const auto now = Clock::now();
-    if (!out.tokens.empty()) {
-      if (!st->first_token) {
-        st->first_token = true;
-        metrics.first_token(std::chrono::duration<double>(now - st->t0).count());
-      }
-      if (!ch.first_token) {
-        ch.first_token = true;
-        if (out.tokens.size() > 1)
-          metrics.inter_token(0, int64_t(out.tokens.size()) - 1);  // arrived together
-      } else {
-        metrics.inter_token(std::chrono::duration<double>(now - ch.last_token).count(),
-                            int64_t(out.tokens.size()));
-      }
-      ch.last_token = now;
-    }
-    if (out.finished) {
-      ch.finished = true;
-      ch.reason = out.reason;
-      ch.error = out.error;
-      ch.completion_tokens = out.completion_tokens;
-      st->prompt_tokens = out.prompt_tokens;
-      st->completion_tokens += out.completion_tokens;
-      st->finished = std::all_of(st->choices.begin(), st->choices.end(),
-                                 [](const StreamState::Choice& c) { return c.finished; });
-      if (st->finished) metrics.tokens(st->prompt_tokens, st->completion_tokens);
-    }
-    return st->finished;
-  };
-  // The first choice that failed (a bug, never bad input): the whole response reports it.
-  auto failure = [st]() -> const StreamState::Choice* {
-    for (const auto& c : st->choices)
-      if (c.finished && c.reason == FinishReason::kError) return &c;
-    return nullptr;
-  };
-
-  if (!st->job.stream) {
-    // The answer is written in one piece at the end, but through a content provider so that a
-    // client that hangs up while the model works is noticed (see heartbeat()) and the request
-    // cancelled. The status line (200) goes out first; an engine failure (a bug, never bad input)
-    // is then reported as an error JSON body.
-    res.set_chunked_content_provider(
-        "application/json",
-        [this, st, note, failure, id, &api](std::size_t, httplib::DataSink& sink) {
-          RequestOutput out;
-          std::size_t which = 0;
-          if (!st->next(which, out, std::chrono::milliseconds(100)))
-            return heartbeat(*st, sink, " ");
-          const bool done = note(which, out);
-          st->writer->add(which, out);
-          st->failed = st->failed || (out.finished && out.reason == FinishReason::kError);
-          if (!done && !st->failed) return heartbeat(*st, sink, " ");
-          std::string answer;
-          if (const StreamState::Choice* bad = failure()) {
-            log::error("serve: {}: engine error: {}", id, bad->error);
-            answer =
-                api.error_body(make_error(500, "engine error: " + bad->error, "internal_error"));
-          } else {
-            answer = st->writer->body();
-          }
-          if (!sink.write(answer.data(), answer.size())) return false;
-          sink.done();
-          return true;
-        },
-        [this, st, endpoint](bool) { release(*st, endpoint); });
-    return;
-  }
+  // The access log line of a submitted request is release()'s (with its token counts); the header
+  // also tells the HTTP logger so.
+  res.set_header("X-Request-Id", id);
+  if (!st->job.stream) return whole_answer(req, res, *st, api, id);
 
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [st, note](std::size_t, httplib::DataSink& sink) {
+      [this, st](std::size_t, httplib::DataSink& sink) {
         auto send = [&](const std::vector<std::string>& frames) {
           st->last_write = Clock::now();
           for (const std::string& f : frames)
@@ -591,10 +660,10 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
         std::size_t which = 0;
         if (!st->next(which, out, std::chrono::milliseconds(100)))
           return heartbeat(*st, sink, st->writer->stream_heartbeat());
-        const bool done = note(which, out);
+        const bool done = note(*st, which, out);
         if (out.finished && out.reason == FinishReason::kError) {
-          // One failed choice ends the response: the others are cancelled by the releaser.
-          st->failed = true;
+          // The status went out with the stream's first bytes: the failure is an in-band error
+          // event. One failed choice ends the response: the others are cancelled by the releaser.
           if (!send(st->writer->stream_error(
                   make_error(500, "engine error: " + out.error, "internal_error"))))
             return false;
@@ -607,7 +676,9 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
         sink.done();
         return true;
       },
-      [this, st, endpoint](bool) { release(*st, endpoint); });
+      [this, st, endpoint](bool) {
+        release(*st, endpoint, st->finished || st->failed ? 200 : 499);
+      });
 }
 
 void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {

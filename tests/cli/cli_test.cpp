@@ -577,6 +577,32 @@ TEST(Cli, GenerateStreamsTextAndReportsSpeed) {
   EXPECT_EQ(run("generate --model " + dir.path() + "/ck").code, 1);  // --prompt is required
 }
 
+// --ignore-eos (the server's ignore_eos): a run the model ends early with EOS goes on to exactly
+// --max-tokens tokens. The early end is found by sampling hot on the random tiny model: the first
+// of a few seeds whose run stops (EOS is the only stop generate has; about one run in four of 400
+// tokens meets it here, so 40 seeds all missing it would take odds of about 1e-5).
+TEST(Cli, GenerateIgnoreEosRunsToMaxTokens) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  const std::string base = "generate --model " + dir.path() +
+                           "/ck --prompt 'hello world' --max-tokens 400 --temperature 2 --seed ";
+  int seed = -1;
+  for (int s = 1; s <= 40 && seed < 0; ++s) {
+    CliRun g = run(base + std::to_string(s));
+    ASSERT_EQ(g.code, 0) << g.err;
+    if (g.err.find("finish: stop") != std::string::npos) {
+      seed = s;
+      EXPECT_EQ(g.err.find("400 generated"), std::string::npos) << g.err;
+    }
+  }
+  ASSERT_GE(seed, 1) << "no seed of 40 reached EOS within 400 tokens";
+  CliRun full = run(base + std::to_string(seed) + " --ignore-eos");
+  ASSERT_EQ(full.code, 0) << full.err;
+  EXPECT_NE(full.err.find("400 generated"), std::string::npos) << full.err;
+  EXPECT_NE(full.err.find("finish: length"), std::string::npos) << full.err;
+  EXPECT_NE(run("generate --help").out.find("--ignore-eos"), std::string::npos);
+}
+
 TEST(Cli, ServeRefusesABusyPortAndABadModel) {
   TempDir dir;
   ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);

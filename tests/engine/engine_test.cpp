@@ -560,12 +560,24 @@ TEST(Engine, PrefixCacheHitsAnswerExactlyAndSkipThePrompt) {
   const Collected third = collect(*e->submit(r), 20s);
   EXPECT_GE(third.last.cached_prompt_tokens, 200);
   EXPECT_LT(third.last.cached_prompt_tokens, int64_t(r.prompt.size()));
+  // It says so from its first output on (a stream reports it at its start), not only at the end.
+  GenerationRequest longer = r;
+  longer.sampling.max_tokens = 300;
+  longer.sampling.ignore_eos = true;
+  RequestHandle early = *e->submit(longer);
+  RequestOutput first_out;
+  ASSERT_TRUE(early.next(first_out, 20s));
+  EXPECT_FALSE(first_out.finished);
+  EXPECT_EQ(first_out.cached_prompt_tokens, third.last.cached_prompt_tokens);
+  early.cancel();
+  EXPECT_EQ(collect(early, 20s).last.reason, FinishReason::kCancelled);
   GenerationRequest salted = r;
   salted.cache_salt = "tenant-b";
   const Collected other = collect(*e->submit(salted), 20s);
   EXPECT_EQ(other.last.cached_prompt_tokens, 0);
   EXPECT_EQ(other.tokens, first.tokens);
-  EXPECT_EQ(settled(*e).prefix_hit_tokens, st.prefix_hit_tokens + third.last.cached_prompt_tokens);
+  EXPECT_EQ(settled(*e).prefix_hit_tokens, st.prefix_hit_tokens + third.last.cached_prompt_tokens +
+                                               first_out.cached_prompt_tokens);
   auto plain = make(false);
   EXPECT_TRUE(produce(*plain->submit(r)) == first);
   EXPECT_EQ(settled(*plain).prefix_hit_tokens, 0);

@@ -33,6 +33,9 @@ async function basic() {
   check(m.content.length >= 1 && m.content.every((b) => b.type === 'text'), 'text blocks (thinking off by default)');
   check(['end_turn', 'max_tokens'].includes(m.stop_reason), `stop_reason (${m.stop_reason})`);
   check(m.usage.input_tokens > 0 && m.usage.output_tokens >= 1 && m.usage.output_tokens <= 8, 'usage');
+  // Anthropic's accounting: the prompt is input + cache creation + cache reads (prefix-cache hits).
+  const prompt = (u) => u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
+  check(m.usage.cache_creation_input_tokens === 0 && Number.isInteger(m.usage.cache_read_input_tokens), 'usage cache fields');
 
   const stream = client.messages.stream({ model, max_tokens: 8, temperature: 0, messages });
   let deltas = '';
@@ -42,17 +45,36 @@ async function basic() {
   check(text(fin) === text(m), 'streamed final message equals the non-streamed one');
   check(deltas === text(m), 'text deltas add up to the answer');
   check(fin.stop_reason === m.stop_reason && fin.usage.output_tokens === m.usage.output_tokens, 'streamed stop_reason and usage');
+  check(prompt(fin.usage) === prompt(m.usage), 'streamed usage splits the same prompt');
 
   const sys = await client.messages.create({ model, max_tokens: 4, temperature: 0, system: [{ type: 'text', text: 'Be brief.' }], messages });
-  check(sys.usage.input_tokens > m.usage.input_tokens, 'system blocks reach the prompt');
+  check(prompt(sys.usage) > prompt(m.usage), 'system blocks reach the prompt');
   const count = await client.messages.countTokens({ model, system: [{ type: 'text', text: 'Be brief.' }], messages });
-  check(count.input_tokens === sys.usage.input_tokens, `count_tokens equals the prompt (${count.input_tokens})`);
+  check(count.input_tokens === prompt(sys.usage), `count_tokens equals the prompt (${count.input_tokens})`);
 
   const think = await client.messages.create({
     model, max_tokens: 2048, temperature: 0, messages, thinking: { type: 'enabled', budget_tokens: 1024 },
     stop_sequences: ['\u0000never'],
   });
-  check(think.usage.input_tokens !== m.usage.input_tokens, 'thinking enabled changes the prompt');
+  check(prompt(think.usage) !== prompt(m.usage), 'thinking enabled changes the prompt');
+
+  // A long prompt asked again: its blocks come from the prefix cache, reported as cache reads, in
+  // the streamed message_start too.
+  const long = [{ role: 'user', content: 'Tell me about the weather in Paris and Lyon. '.repeat(30) }];
+  const cold = await client.messages.create({ model, max_tokens: 2, temperature: 0, messages: long });
+  const warm = await client.messages.create({ model, max_tokens: 2, temperature: 0, messages: long });
+  check(warm.usage.cache_read_input_tokens > 0 && prompt(warm.usage) === prompt(cold.usage),
+    `cache reads on a repeated prompt (${JSON.stringify(warm.usage)})`);
+  const again = client.messages.stream({ model, max_tokens: 2, temperature: 0, messages: long });
+  let started = null;
+  // A copy: the SDK accumulates the later events into the message_start object itself.
+  again.on('streamEvent', (e) => { if (e.type === 'message_start') started = { ...e.message.usage }; });
+  const warmStreamed = await again.finalMessage();
+  check(started?.cache_read_input_tokens > 0 && prompt(started) === prompt(cold.usage),
+    `message_start usage has the cache reads (${JSON.stringify(started)})`);
+  const u = warmStreamed.usage;
+  check(u.input_tokens === warm.usage.input_tokens && u.cache_read_input_tokens === warm.usage.cache_read_input_tokens &&
+    u.cache_creation_input_tokens === 0, `streamed final usage equals the non-streamed one (${JSON.stringify(u)})`);
 
   // A tool round trip: the assistant's tool_use and the user's tool_result go back in.
   const history = [

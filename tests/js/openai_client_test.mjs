@@ -5,6 +5,9 @@
 //   token-id prompts, typed errors.
 // MODE "tools": the server runs a scripted model that answers with reasoning and a DSML tool call;
 //   checks reasoning_content and tool_calls, streamed and not.
+// MODE "engine-failure": the server's model fails every step; a non-streamed request must raise
+//   the SDK's InternalServerError (a real 500 with OpenAI's error JSON, not a 200 whose body the
+//   client cannot parse), a streamed one an APIError from its in-band error event.
 // Prints one line per check; exits 1 on the first failure.
 import OpenAI from 'openai';
 import { check, expectError, runMode } from './check.mjs';
@@ -161,4 +164,22 @@ async function toolsMode() {
   check(!none.choices[0].message.tool_calls && none.choices[0].message.content.includes('invoke'), 'tool_choice none');
 }
 
-await runMode(mode, { basic, tools: toolsMode });
+async function engineFailure() {
+  const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+  await expectError(client.chat.completions.create({ model, messages, max_tokens: 50 }),
+    OpenAI.InternalServerError, 500, 'engine failure, not streamed', (e) => {
+      check(e.error?.type === 'internal_error' && e.error.message.startsWith('engine error:'),
+        `engine failure: error JSON (got ${JSON.stringify(e.error)})`);
+    });
+  let raised = null;
+  try {
+    const s = await client.chat.completions.create({ model, messages, max_tokens: 50, stream: true });
+    for await (const chunk of s) void chunk;
+  } catch (e) {
+    raised = e;
+  }
+  check(raised instanceof OpenAI.APIError && raised.error?.type === 'internal_error',
+    `engine failure, streamed: APIError (got ${raised?.constructor?.name}: ${raised?.message})`);
+}
+
+await runMode(mode, { basic, tools: toolsMode, 'engine-failure': engineFailure });

@@ -6,7 +6,8 @@
 #  - refusals: a split without mpirun, a split that does not fit the ranks, ranks loading different
 #    models (the error names the rank);
 #  - faults: a rank killed mid-stream (mpirun --enable-recovery) and a rank that hangs (SIGSTOP):
-#    the stream ends with an error event, /health answers 503, rank 0 exits 3 within the timeout.
+#    the stream ends with an error event, /health answers 503, rank 0 exits 3 within the timeout;
+#    a rank killed during a non-streamed request: a 503 whose body is the error JSON (issue 34).
 set -euo pipefail
 BIN="$1"
 T="$(mktemp -d)"
@@ -108,7 +109,7 @@ PY
 . "$(dirname "$0")/../serve_port.sh"  # listen_port LOG
 
 # --- faults. Each rank runs under a shell that records its pid and its exit code.
-fault() {  # $1: kill | stop; $2...: extra mpirun options
+fault() {  # $1: kill | stop | kill-whole (a non-streamed request); $2...: extra mpirun options
   local how="$1"
   shift
   rm -f "$T"/pid.* "$T"/rc.*
@@ -121,27 +122,41 @@ fault() {  # $1: kill | stop; $2...: extra mpirun options
   port=$(listen_port "$T/serve.log")
   for _ in $(seq 600); do [ -f "$T/pid.1" ] && break; sleep 0.1; done
   python3 - "$port" "$how" "$(cat "$T/pid.1")" <<'PY' || { cat "$T/serve.log"; fail "fault $how"; }
-import json, os, signal, sys, time, urllib.request
+import json, os, signal, sys, threading, time, urllib.error, urllib.request
 port, how, pid1 = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+whole = how == "kill-whole"
 body = json.dumps({"model": "a.conv", "prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True,
-                   "stream": True}).encode()
+                   "stream": not whole}).encode()
 req = urllib.request.Request(f"http://localhost:{port}/v1/completions", body,
                              {"Content-Type": "application/json"})
-t0 = time.time()
-tokens, error, done = 0, None, False
-with urllib.request.urlopen(req, timeout=60) as r:
-    for line in r:
-        line = line.decode().strip()
-        if not line.startswith("data: "): continue
-        if line == "data: [DONE]": done = True; break
-        ev = json.loads(line[6:])
-        if "error" in ev: error = ev["error"]["message"]; continue
-        tokens += 1
-        if tokens == 20:
-            os.kill(pid1, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
-            t_kill = time.time()
-assert tokens >= 20, f"only {tokens} tokens before the end"
-assert error and "rank" in error, f"the stream did not end with an error naming the ranks: {error}"
+def non_streamed():  # the status waits for the outcome: a 503 whose body is the error JSON
+    threading.Timer(1.5, lambda: os.kill(pid1, signal.SIGKILL)).start()
+    t_kill = time.time() + 1.5
+    try:
+        urllib.request.urlopen(req, timeout=60)
+    except urllib.error.HTTPError as e:
+        assert e.code == 503, f"a non-streamed request answered {e.code} after a rank died"
+        return "503", json.loads(e.read())["error"]["message"], t_kill
+    raise AssertionError("a non-streamed request answered 200 after a rank died")
+
+def streamed():
+    tokens, error, t_kill = 0, None, None
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: "): continue
+            if line == "data: [DONE]": break
+            ev = json.loads(line[6:])
+            if "error" in ev: error = ev["error"]["message"]; continue
+            tokens += 1
+            if tokens == 20:
+                os.kill(pid1, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+                t_kill = time.time()
+    assert tokens >= 20, f"only {tokens} tokens before the end"
+    return f"{tokens} tokens streamed", error, t_kill
+
+what, error, t_kill = non_streamed() if whole else streamed()
+assert error and "rank" in error, f"the request did not end with an error naming the ranks: {error}"
 took = time.time() - t_kill
 assert took < 30, f"the error came {took:.1f} s after the fault"  # --rank-timeout 10
 # /health says 503 during the grace period (2 s), then the server is gone.
@@ -154,7 +169,7 @@ except urllib.error.HTTPError as e:
 except Exception:
     h = "gone"
 assert h in (503, "gone"), f"/health answered {h} after the fault"
-print(f"ok: {how}: {tokens} tokens streamed, error after {took:.1f} s ({error[:60]}...), /health {h}")
+print(f"ok: {how}: {what}, error after {took:.1f} s ({error[:60]}...), /health {h}")
 PY
   for _ in $(seq 200); do [ -f "$T/rc.0" ] && break; sleep 0.1; done
   [ "$(cat "$T/rc.0" 2>/dev/null)" = 3 ] || { cat "$T/serve.log"; fail "rank 0 exit code $(cat "$T/rc.0" 2>/dev/null) (want 3)"; }
@@ -164,7 +179,8 @@ PY
 }
 fault kill mpirun --oversubscribe --enable-recovery
 fault stop mpirun --oversubscribe
-echo "ok: faults end the stream with an error, /health 503, rank 0 exits 3"
+fault kill-whole mpirun --oversubscribe --enable-recovery
+echo "ok: faults end the stream with an error (a non-streamed request: 503), /health 503, rank 0 exits 3"
 
 # Without --enable-recovery, mpirun itself ends every rank when one dies: serve warns about that at
 # startup, and a client's stream is cut (not hung) and mpirun exits non-zero.

@@ -257,6 +257,71 @@ TEST(Anthropic, StreamedBlocksEqualTheMessageInEveryChunking) {
   }
 }
 
+// Usage in Anthropic's accounting: input_tokens + cache_creation_input_tokens +
+// cache_read_input_tokens = the prompt; the prefix cache's hits are the cache reads, creation is 0
+// (docs/server.md). The stream says it in message_start (sent with the first output, which carries
+// the engine's cache count) and again, cumulatively, in message_delta.
+TEST(Anthropic, UsageSplitsThePromptIntoComputedAndCachedTokens) {
+  const auto tok = tiny_tokenizer();
+  GenerationJob job = reasoning_tools_job();
+  job.request.prompt.assign(30, 5);
+  auto api = anthropic_messages_api();
+  RequestOutput done = whole_output(kScriptText);
+  done.prompt_tokens = 30;
+  done.cached_prompt_tokens = 16;
+  const OJson message = whole_body(*api, job, *tok, done);
+  EXPECT_EQ(message["usage"].dump(),
+            R"({"input_tokens":14,"cache_creation_input_tokens":0,"cache_read_input_tokens":16,)"
+            R"("output_tokens":40})");
+  auto w = api->writer(job, *tok, "x", 0);
+  EXPECT_TRUE(w->stream_begin().empty());  // message_start waits for the first output
+  RequestOutput first;
+  first.text = "I should";
+  first.tokens.resize(2);
+  first.cached_prompt_tokens = 16;
+  const std::vector<std::string> opening = w->stream_output(0, first);
+  ASSERT_FALSE(opening.empty());
+  ASSERT_EQ(opening[0].rfind("event: message_start\n", 0), 0u) << opening[0];
+  const OJson start = *parse_json_ordered(opening[0].substr(opening[0].find("data: ") + 6));
+  EXPECT_EQ(start["message"]["usage"].dump(),
+            R"({"input_tokens":14,"cache_creation_input_tokens":0,"cache_read_input_tokens":16,)"
+            R"("output_tokens":0})");
+  RequestOutput rest = whole_output(" call the tool.</think>Hi");
+  rest.prompt_tokens = 30;
+  rest.cached_prompt_tokens = 16;
+  for (const std::string& f : w->stream_output(0, rest))
+    EXPECT_EQ(f.find("message_start"), std::string::npos) << "message_start twice: " << f;
+  const std::vector<std::string> end = w->stream_end();
+  ASSERT_EQ(end[0].rfind("event: message_delta\n", 0), 0u) << end[0];
+  const OJson delta = *parse_json_ordered(end[0].substr(end[0].find("data: ") + 6));
+  EXPECT_EQ(delta["usage"], message["usage"]);
+
+  // Through the server (the scripted model has no prefix cache): the prompt is all input tokens,
+  // count_tokens's number, streamed or not.
+  InProcess s;
+  auto c = s.client();
+  const std::string body =
+      R"({"model":"scripted","max_tokens":8,"messages":[{"role":"user","content":"hi"}])";
+  auto count = c.Post("/v1/messages/count_tokens", body + "}", "application/json");
+  auto whole = c.Post("/v1/messages", body + "}", "application/json");
+  auto streamed = c.Post("/v1/messages", body + R"(,"stream":true})", "application/json");
+  ASSERT_TRUE(count && whole && streamed);
+  const OJson usage = (*parse_json_ordered(whole->body))["usage"];
+  EXPECT_EQ(usage["input_tokens"], (*parse_json_ordered(count->body))["input_tokens"]);
+  EXPECT_EQ(usage["cache_read_input_tokens"], 0);
+  EXPECT_EQ(usage["cache_creation_input_tokens"], 0);
+  EXPECT_EQ(usage["output_tokens"], 8);
+  std::string sse = streamed->body;
+  const std::string ping = "event: ping\ndata: {\"type\":\"ping\"}\n\n";
+  while (sse.rfind(ping, 0) == 0) sse.erase(0, ping.size());  // heartbeats of a slow machine
+  ASSERT_EQ(sse.rfind("event: message_start\n", 0), 0u) << sse.substr(0, 200);
+  const std::size_t at = sse.find("event: message_delta\n");
+  ASSERT_NE(at, std::string::npos) << sse;
+  const std::size_t data = sse.find("data: ", at) + 6;
+  const OJson final_delta = *parse_json_ordered(sse.substr(data, sse.find('\n', data) - data));
+  EXPECT_EQ(final_delta["usage"], usage);
+}
+
 TEST(Anthropic, ScriptedToolCallsAndReasoningThroughTheAnthropicClient) {
   InProcess s;
   expect_node_client_passes(s.port, "scripted", "tools", "anthropic_client_test.mjs");

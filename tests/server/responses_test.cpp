@@ -6,6 +6,8 @@
 // real binary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/rng.h"
 #include "io/test_util.h"
 #include "server/anthropic_api.h"
@@ -259,6 +261,61 @@ TEST(Responses, StreamedEventsRebuildTheResponseInEveryChunking) {
     ASSERT_EQ(texts[1], "Let me check.");
     ASSERT_EQ(texts[2], output[2]["arguments"].get<std::string>());
   }
+}
+
+// reasoning_tokens counts the sampled token ids through the `</think>` token (with tools: through
+// the `｜DSML｜` token of a tool call opened inside the reasoning), whatever the text says: a
+// reasoning that spells "</think>" in plain characters does not end the count.
+TEST(Responses, ReasoningTokensAreCountedFromTheTokenIds) {
+  const auto tok = tiny_tokenizer();
+  auto api = openai_responses_api();
+  const int32_t think_end = tok->token_id("</think>"), dsml = tok->token_id("｜DSML｜");
+  ASSERT_GE(think_end, 0);
+  ASSERT_GE(dsml, 0);
+  // The reasoning tokens of `text` generated as `ids` (sent in `chunk`-token outputs).
+  auto reasoning_tokens = [&](const GenerationJob& job, const std::string& text,
+                              const std::vector<int32_t>& ids, std::size_t chunk) {
+    auto w = api->writer(job, *tok, "x", 0);
+    for (std::size_t at = 0; at < ids.size(); at += chunk) {
+      RequestOutput o;
+      for (std::size_t k = at; k < std::min(ids.size(), at + chunk); ++k)
+        o.tokens.push_back(OutputToken{ids[k]});
+      if (at == 0) o.text = text;
+      w->add(0, o);
+    }
+    RequestOutput end = whole_output("");
+    end.completion_tokens = int64_t(ids.size());
+    w->add(0, end);
+    return (*parse_json_ordered(w->body()))["usage"]["output_tokens_details"]["reasoning_tokens"]
+        .get<int64_t>();
+  };
+  GenerationJob job = reasoning_tools_job();
+  job.extract_tools = false;
+  const std::string text = "I should call the tool.</think>Let me check.";
+  const std::vector<int32_t> ids = tok->encode(text);
+  const auto end_at = std::find(ids.begin(), ids.end(), think_end);
+  ASSERT_NE(end_at, ids.end());
+  const int64_t through_end = (end_at - ids.begin()) + 1;
+  ASSERT_LT(through_end, int64_t(ids.size()));
+  for (std::size_t chunk : {1u, 3u, 100u})
+    EXPECT_EQ(reasoning_tokens(job, text, ids, chunk), through_end) << "chunk " << chunk;
+  // "</think>" spelled in plain characters: still reasoning to the end of these tokens.
+  std::vector<int32_t> spelled;
+  for (char ch : std::string("I said </think> then")) {
+    const std::vector<int32_t> one = tok->encode(std::string(1, ch));
+    spelled.insert(spelled.end(), one.begin(), one.end());
+  }
+  ASSERT_EQ(std::find(spelled.begin(), spelled.end(), think_end), spelled.end());
+  EXPECT_EQ(reasoning_tokens(job, "I said", spelled, 2), int64_t(spelled.size()));
+  // With tools, a tool call opened inside the reasoning ends it at its DSML token.
+  job.extract_tools = true;
+  const std::string call = "Checking<｜DSML｜ calls>";
+  const std::vector<int32_t> call_ids = tok->encode(call);
+  const auto dsml_at = std::find(call_ids.begin(), call_ids.end(), dsml);
+  ASSERT_NE(dsml_at, call_ids.end());
+  EXPECT_EQ(reasoning_tokens(job, call, call_ids, 1), (dsml_at - call_ids.begin()) + 1);
+  job.extract_tools = false;  // without tools a DSML token is reasoning like any other
+  EXPECT_EQ(reasoning_tokens(job, call, call_ids, 1), int64_t(call_ids.size()));
 }
 
 TEST(Responses, ScriptedToolCallsAndReasoningThroughTheOpenAiClient) {

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -37,6 +38,17 @@ namespace dsv41::server_testing {
 
 using namespace std::chrono_literals;
 
+// Faults a test injects into a ScriptBackend while the server runs.
+struct ScriptFaults {
+  // >= 0: a step holding a sequence's (fail_after + 1)-th slice fails (the prompt is one slice,
+  // each decode one more), as a model whose forward broke.
+  std::atomic<int> fail_after{-1};
+  // With a failed step, the model also reports itself unhealthy from then on (a rank of a split
+  // model that died: every later step would fail too).
+  std::atomic<bool> die_on_failure{false};
+  std::atomic<bool> dead{false};
+};
+
 // Answers every request with the tokens of `script` (then EOS), counted from the last
 // <｜Assistant｜> token of the sequence; before any cue it follows a fixed chain.
 class ScriptBackend final : public testing::ScriptedRunner {
@@ -45,22 +57,39 @@ class ScriptBackend final : public testing::ScriptedRunner {
   // one waits (up to 60 s), so a test can look at a half-streamed answer without racing the
   // model (the browser test's Stop).
   ScriptBackend(const Tokenizer& tok, std::vector<int32_t> script, int sleep_ms,
-                std::string hold_file = {})
+                std::string hold_file = {}, std::shared_ptr<ScriptFaults> faults = nullptr)
       : vocab_(tok.vocab_size()),
         cue_(tok.token_id("<｜Assistant｜>")),
         eos_(tok.token_id("<｜end▁of▁sentence｜>")),
         script_(std::move(script)),
         sleep_ms_(sleep_ms),
-        hold_file_(std::move(hold_file)) {}
+        hold_file_(std::move(hold_file)),
+        faults_(faults ? std::move(faults) : std::make_shared<ScriptFaults>()) {}
   int32_t vocab_size() const override { return vocab_; }
   int64_t max_context() const override { return 2048; }
-  void reset(SeqId s) override { since_cue_[s] = -1; }
-  void release(SeqId s) override { since_cue_.erase(s); }
+  Status health() const override {
+    return faults_->dead.load()
+               ? Status::error("scripted runner: a rank stopped answering", ErrorKind::kUnavailable)
+               : Status::ok();
+  }
+  void reset(SeqId s) override {
+    since_cue_[s] = -1;
+    slices_[s] = 0;
+  }
+  void release(SeqId s) override {
+    since_cue_.erase(s);
+    slices_.erase(s);
+  }
   void on_step() override {
     if (sleep_ms_) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
   }
   Status forward(SeqId s, int64_t, const std::vector<int32_t>& tokens,
                  std::vector<float>& logits) override {
+    const int fail_after = faults_->fail_after.load();
+    if (fail_after >= 0 && slices_[s]++ >= fail_after) {
+      if (faults_->die_on_failure.load()) faults_->dead = true;
+      return Status::error("scripted runner: the step failed (injected)");
+    }
     int64_t& since_cue = since_cue_[s];
     for (int32_t t : tokens) since_cue = t == cue_ ? 0 : (since_cue >= 0 ? since_cue + 1 : -1);
     // The token after the cue is the thinking marker of the prompt; the script starts after it.
@@ -82,7 +111,9 @@ class ScriptBackend final : public testing::ScriptedRunner {
   std::vector<int32_t> script_;
   int sleep_ms_;
   std::string hold_file_;
+  std::shared_ptr<ScriptFaults> faults_;
   std::map<SeqId, int64_t> since_cue_;
+  std::map<SeqId, int> slices_;
 };
 
 inline const char* kScriptText =
@@ -98,13 +129,15 @@ struct InProcess {
   std::unique_ptr<HttpServer> server;
   std::thread thread;
   int port = 0;
+  std::shared_ptr<ScriptFaults> faults = std::make_shared<ScriptFaults>();  // scripted backend's
 
   explicit InProcess(int sleep_ms = 0, std::size_t max_body = 64 << 10, EngineOptions eo = {},
                      std::string hold_file = {}) {
     auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
     EXPECT_TRUE(tok.is_ok());
     auto script = (*tok)->encode(kScriptText);
-    auto backend = std::make_unique<ScriptBackend>(**tok, script, sleep_ms, std::move(hold_file));
+    auto backend =
+        std::make_unique<ScriptBackend>(**tok, script, sleep_ms, std::move(hold_file), faults);
     auto e = Engine::create(std::move(backend), std::move(*tok), eo);
     EXPECT_TRUE(e.is_ok());
     engine = std::move(*e);

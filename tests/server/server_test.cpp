@@ -915,6 +915,9 @@ TEST(Server, ClientDisconnectMidStreamCancelsTheRequest) {
 
 TEST(Server, ClientGivingUpOnANonStreamedAnswerCancelsIt) {
   InProcess s(/*sleep_ms=*/20);
+  // The server accepts connections (its first ones can wait while it starts its threads): the
+  // 0.3 s below are the request's, not the start's.
+  ASSERT_EQ(s.client().Get("/health")->status, 200);
   {
     httplib::Client c("127.0.0.1", s.port);
     c.set_read_timeout(0, 300000);  // gives up after 0.3 s
@@ -928,6 +931,84 @@ TEST(Server, ClientGivingUpOnANonStreamedAnswerCancelsIt) {
   // chat prompt): the request must have been cancelled within a few steps.
   EXPECT_TRUE(engine_goes_idle(*s.engine));
   EXPECT_LT(s.engine->stats().generated_tokens_total, 500);
+  // The request did reach the engine and was cancelled there (499), not refused or never read.
+  auto c = s.client();
+  std::string metrics;
+  for (int i = 0; i < 3000 && metrics.find("status=\"499\"") == std::string::npos; ++i) {
+    if (i) std::this_thread::sleep_for(10ms);
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    metrics = m->body;
+  }
+  EXPECT_NE(metrics.find("endpoint=\"/v1/chat/completions\",status=\"499\""), std::string::npos)
+      << metrics;
+}
+
+// A non-streamed request whose engine step fails gets a real 5xx with the API's error JSON as the
+// whole body, for every API: the status is decided when the outcome is known, not sent early with
+// keep-alive bytes (the step fails about 0.9 s in, after the 0.5 s at which those used to commit
+// a 200). A model that died (a rank of a split model) makes it a 503. Streams keep their in-band
+// error event. The `openai` client raises InternalServerError, not a JSON parse error.
+TEST(Server, EngineFailureIsA5xxWithTheApisErrorJson) {
+  InProcess s(/*sleep_ms=*/100);
+  s.faults->fail_after = 8;  // the prompt's slice and 7 decodes run; the 9th slice fails
+  auto c = s.client();
+  const std::string chat_body =
+      R"({"model":"scripted","messages":[{"role":"user","content":"x"}],"max_tokens":50)";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/v1/completions",
+       R"({"model":"scripted","prompt":"hi","max_tokens":50,"ignore_eos":true})"},
+      {"/v1/chat/completions", chat_body + "}"},
+      {"/v1/responses", R"({"model":"scripted","input":"x","max_output_tokens":50})"},
+      {"/v1/messages", chat_body + "}"}};
+  auto expect_failure = [&](const std::string& path, const std::string& body, int status,
+                            const std::string& openai_type, const std::string& anthropic_type) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c.Post(path, body, "application/json");
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, status) << path << " -> " << r->body;
+    EXPECT_EQ(r->get_header_value("Content-Type"), "application/json") << path;
+    ASSERT_FALSE(r->body.empty()) << path;
+    EXPECT_EQ(r->body.front(), '{') << path << ": the body is the error JSON alone";
+    auto j = parse_json_ordered(r->body);
+    ASSERT_TRUE(j.is_ok()) << path << " -> " << r->body;
+    const bool anthropic = path == "/v1/messages";
+    if (anthropic) {
+      EXPECT_EQ((*j)["type"], "error") << r->body;
+      EXPECT_EQ((*j)["error"]["type"], anthropic_type) << r->body;
+    } else {
+      EXPECT_TRUE(is_error_json(r->body)) << path << " -> " << r->body;
+      EXPECT_EQ((*j)["error"]["type"], openai_type) << r->body;
+    }
+    const std::string message = (*j)["error"]["message"].get<std::string>();
+    EXPECT_EQ(message.rfind("engine error: ", 0), 0u) << message;
+    EXPECT_NE(message.find("injected"), std::string::npos) << message;
+    if (status == 500)  // the failure came mid-generation, not at submission
+      EXPECT_GT(std::chrono::steady_clock::now() - t0, 600ms) << path;
+  };
+  for (const auto& [path, body] : cases)
+    expect_failure(path, body, 500, "internal_error", "api_error");
+  // The failures are counted as 500s (not 200s) for each endpoint.
+  const std::string metrics = c.Get("/metrics")->body;
+  for (const auto& [path, body] : cases)
+    EXPECT_NE(metrics.find("endpoint=\"" + path + "\",status=\"500\""), std::string::npos)
+        << path << "\n"
+        << metrics;
+  // Streamed: the status went out with the first bytes; the failure is an error event.
+  auto streamed =
+      c.Post("/v1/chat/completions", chat_body + R"(,"stream":true})", "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  EXPECT_NE(streamed->body.find("data: {\"error\":"), std::string::npos) << streamed->body;
+  EXPECT_NE(streamed->body.find("engine error: "), std::string::npos) << streamed->body;
+  expect_node_client_passes(s.port, "scripted", "engine-failure", "openai_client_test.mjs");
+  // A model that stops answering for good: 503, and the requests after it are refused at once.
+  s.faults->die_on_failure = true;
+  expect_failure("/v1/messages", chat_body + "}", 503, "", "overloaded_error");
+  auto after = c.Post("/v1/chat/completions", chat_body + "}", "application/json");
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 503) << after->body;
+  EXPECT_EQ(c.Get("/health")->status, 503);
 }
 
 // ---- the real binary -----------------------------------------------------------------------
