@@ -126,6 +126,11 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
             engine.batch_tokens);
   histogram(out, "dsv41_engine_batch_sequences", "Sequences in one engine step.",
             engine.batch_sequences);
+  value(out, "dsv41_max_queue", "gauge",
+        "Requests that may wait beyond the free running seats (--max-queue); more get 429.",
+        engine.max_queue);
+  value(out, "dsv41_max_num_seqs", "gauge", "Requests running in the same steps at most.",
+        engine.max_num_seqs);
   return out;
 }
 

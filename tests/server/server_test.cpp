@@ -612,6 +612,46 @@ TEST(Server, FullQueueIs429WithRetryAfter) {
   EXPECT_TRUE(engine_goes_idle(*s.engine));
 }
 
+// --max-queue 0: nothing waits. An idle server takes a request; with --max-num-seqs running, the
+// next one is answered 429 with Retry-After at once. /metrics exports the limits.
+TEST(Server, MaxQueueZeroRefusesBeyondTheRunningSeats) {
+  EngineOptions eo;
+  eo.max_num_seqs = 1;
+  eo.max_queue = 0;
+  InProcess s(/*sleep_ms=*/20, 64 << 10, eo);
+  auto c = s.client();
+  auto idle = c.Post("/v1/completions", R"({"model":"scripted","prompt":"hi","max_tokens":2})",
+                     "application/json");
+  ASSERT_TRUE(idle);
+  EXPECT_EQ(idle->status, 200) << idle->body;
+  ASSERT_TRUE(engine_goes_idle(*s.engine));
+  const std::string body =
+      R"({"model":"scripted","prompt":"hi","max_tokens":1000,"ignore_eos":true,"stream":true})";
+  std::atomic<bool> checked{false};
+  std::thread running([&] {  // streams until the check below is done, then hangs up (cancels)
+    auto rc = s.client();
+    post_streaming(rc, "/v1/completions", body, [&](const char*, std::size_t) { return !checked; });
+  });
+  for (int i = 0; i < 3000 && s.engine->stats().running != 1; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(s.engine->stats().running, 1);
+  auto r = c.Post("/v1/completions", body, "application/json");
+  checked = true;
+  running.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429) << r->body;
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  auto j = *parse_json_ordered(r->body);
+  EXPECT_EQ(j["error"]["type"], "rate_limit_exceeded");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("--max-queue 0"), std::string::npos)
+      << r->body;
+  ASSERT_TRUE(engine_goes_idle(*s.engine));
+  const std::string m = c.Get("/metrics")->body;
+  for (const char* line : {"dsv41_max_queue 0\n", "dsv41_max_num_seqs 1\n",
+                           "dsv41_requests_total{endpoint=\"/v1/completions\",status=\"429\"} 1\n"})
+    EXPECT_NE(m.find(line), std::string::npos) << line << m;
+}
+
 // Load: 1,000 requests from 32 concurrent clients over loopback (streamed and not, completions and
 // chat), every one answered 200 with its tokens; the metrics agree; nothing left running. (Seen
 // failing: httplib's listen backlog of 5 dropped some of 32 simultaneous first connections.)
