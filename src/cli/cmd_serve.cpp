@@ -23,6 +23,9 @@ namespace dsv41::cli {
 namespace {
 // How long /health says 503 before serve exits after the model's ranks failed.
 constexpr double kRankFailureGraceSeconds = 2.0;
+// --max-queue's ceiling: the HTTP server starts one thread per request it may hold (running plus
+// waiting) up front, so the queue bounds the threads at start-up.
+constexpr int kMaxQueueLimit = 16384;
 }  // namespace
 
 void add_serve(CLI::App& app, Runner* run) {
@@ -84,9 +87,10 @@ void add_serve(CLI::App& app, Runner* run) {
   sub->add_option("--max-queue", a->max_queue,
                   "Requests that may wait for a running seat (beyond --max-num-seqs running); "
                   "more are answered 429 with Retry-After (0: none wait, 429 as soon as "
-                  "--max-num-seqs are running)")
+                  "--max-num-seqs are running; at most 16384: every waiting request holds one of "
+                  "the server's threads, all started at once)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(CLI::Range(0, kMaxQueueLimit));
   add_path_options(sub, &a->paths);
   sub->callback([a, run] {
     *run = [a] {
