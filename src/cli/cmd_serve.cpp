@@ -23,6 +23,9 @@ namespace dsv41::cli {
 namespace {
 // How long /health says 503 before serve exits after the model's ranks failed.
 constexpr double kRankFailureGraceSeconds = 2.0;
+// --max-queue's ceiling: the HTTP server starts one thread per request it may hold (running plus
+// waiting) up front, so the queue bounds the threads at start-up.
+constexpr int kMaxQueueLimit = 16384;
 }  // namespace
 
 void add_serve(CLI::App& app, Runner* run) {
@@ -34,6 +37,7 @@ void add_serve(CLI::App& app, Runner* run) {
     uint64_t seed = 0;
     int64_t max_num_batched_tokens = EngineOptions{}.max_num_batched_tokens;
     int max_num_seqs = EngineOptions{}.max_num_seqs;
+    int max_queue = EngineOptions{}.max_queue;
     PathArgs paths;
   };
   auto a = std::make_shared<Args>();
@@ -80,6 +84,13 @@ void add_serve(CLI::App& app, Runner* run) {
                   "Requests running in the same steps at most (the reference path: 1)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  sub->add_option("--max-queue", a->max_queue,
+                  "Requests that may wait for a running seat (beyond --max-num-seqs running); "
+                  "more are answered 429 with Retry-After (0: none wait, 429 as soon as "
+                  "--max-num-seqs are running; at most 16384: every waiting request holds one of "
+                  "the server's threads, all started at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, kMaxQueueLimit));
   add_path_options(sub, &a->paths);
   sub->callback([a, run] {
     *run = [a] {
@@ -117,6 +128,7 @@ void add_serve(CLI::App& app, Runner* run) {
       eo.max_context = a->max_context;
       eo.max_num_batched_tokens = a->max_num_batched_tokens;
       eo.max_num_seqs = a->max_num_seqs;
+      eo.max_queue = a->max_queue;
       auto engine = Engine::load(eo);
       if (!engine) {
         log::error("serve: --model: {}", engine.status().message());

@@ -20,8 +20,9 @@ class Histogram {
     ++count_;
     sum_ += v;
   }
-  // Appends the _bucket/_sum/_count lines for `name`.
-  void render(const std::string& name, std::string& out) const;
+  // Appends the _bucket/_sum/_count lines for `name`; `labels` (`k="v",...`, already escaped)
+  // go on every line, before `le`.
+  void render(const std::string& name, std::string& out, const std::string& labels = {}) const;
   uint64_t count() const { return count_; }
 
   // Bounds in seconds for latencies, and powers of two for sizes.

@@ -176,9 +176,11 @@ Status Engine::health() const {
 Result<std::vector<RequestHandle>> Engine::submit(GenerationRequest request, int n) {
   if (Status h = backend_->health(); !h) return h;
   if (n < 1) return Status::error(fmt::format("n: must be at least 1 (got {})", n));
-  if (n > options_.max_queue)
-    return Status::error(fmt::format("n: {} samples exceed the server's queue of {} requests", n,
-                                     options_.max_queue));
+  if (n > max_requests())
+    return Status::error(fmt::format(
+        "n: {} samples exceed the {} requests the server holds at once (--max-num-seqs {} running "
+        "plus --max-queue {} waiting)",
+        n, max_requests(), limits_.max_seqs, options_.max_queue));
   if (request.prompt.empty()) return Status::error("prompt: must contain at least one token");
   for (std::size_t i = 0; i < request.prompt.size(); ++i) {
     if (request.prompt[i] < 0 || request.prompt[i] >= vocab_size_)
@@ -208,9 +210,15 @@ Result<std::vector<RequestHandle>> Engine::submit(GenerationRequest request, int
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return Status::error("engine: shutting down", ErrorKind::kUnavailable);
+    // Free running seats are not queue: a submission may wait only until the scheduler admits it
+    // there, so max_queue 0 still takes requests until max_num_seqs run (vLLM's meaning of a
+    // waiting queue).
     const int64_t waiting = static_cast<int64_t>(queue_.size()) + waiting_.load();
-    if (waiting + n > options_.max_queue)
-      return Status::error(fmt::format("engine: queue full ({} requests waiting)", waiting),
+    const int64_t free_seats = std::max<int64_t>(0, limits_.max_seqs - running_.load());
+    if (waiting + n > options_.max_queue + free_seats)
+      return Status::error(fmt::format("engine: queue full ({} requests waiting, {} running; "
+                                       "--max-queue {})",
+                                       waiting, running_.load(), options_.max_queue),
                            ErrorKind::kCapacity);
     // Ids are taken under the lock so that the samples' ids are consecutive and in queue order.
     const uint64_t first = next_id_.fetch_add(uint64_t(n));
@@ -236,6 +244,8 @@ EngineStats Engine::stats() const {
   }
   s.queued += waiting_.load();
   s.running = running_.load();
+  s.max_queue = options_.max_queue;
+  s.max_num_seqs = limits_.max_seqs;
   s.prompt_tokens_total = prompt_tokens_total_.load();
   s.generated_tokens_total = generated_tokens_total_.load();
   s.kv_foreign_reads = backend_->foreign_reads();

@@ -95,7 +95,10 @@ struct EngineOptions {
   std::string path = "fast";
   FastRunnerOptions fast;
   uint64_t seed = 0;        // seeds requests that carry no seed of their own
-  int max_queue = 256;      // submissions waiting beyond this are refused
+  // Submissions waiting beyond the free running seats (max_num_seqs minus running) that are
+  // refused (kCapacity; the server's 429). 0: none wait, a request beyond max_num_seqs running is
+  // refused at once.
+  int max_queue = 256;
   int64_t max_context = 0;  // 0: the model's limit
   // Per step: tokens of all slices together (decodes first, then prompt chunks), and sequences.
   // The reference path runs one sequence at a time whatever max_num_seqs says (it replays a
@@ -123,6 +126,9 @@ struct EngineOptions {
 struct EngineStats {
   int64_t queued = 0;   // submitted, not yet running (including preempted ones)
   int64_t running = 0;  // sequences the scheduler runs
+  // The limits those are held to: max_queue waiting beyond the free seats of max_num_seqs running
+  // (the effective one: the reference path runs 1).
+  int64_t max_queue = 0, max_num_seqs = 0;
   int64_t prompt_tokens_total = 0;
   int64_t generated_tokens_total = 0;
   int64_t kv_foreign_reads = 0;  // the model's isolation counter (must stay 0)

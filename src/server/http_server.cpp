@@ -142,7 +142,7 @@ struct HttpServer::Impl {
   ServerOptions opt;
   ServedModel model;
   httplib::Server svr;
-  Metrics metrics;
+  Metrics metrics{opt.model_name};  // (opt is initialised before it)
   std::atomic<bool> draining{false};
   std::atomic<int64_t> in_flight{0};
   int bound_port = -1;
@@ -513,6 +513,9 @@ void HttpServer::Impl::release(StreamState& st, const std::string& endpoint, int
     if (!st.failed) log::info("serve: client went away; request cancelled");
   }
   in_flight.fetch_sub(1);
+  // Every choice ends here once: finished as the engine said, or cancelled with its client.
+  for (const auto& c : st.choices)
+    metrics.sequence_finished(c.finished ? c.reason : FinishReason::kCancelled);
   const double secs = std::chrono::duration<double>(Clock::now() - st.t0).count();
   metrics.generation_done(endpoint, status, secs);
   log::info("access: POST {} {} prompt_tokens={} completion_tokens={} {:.3f}s", endpoint, status,

@@ -6,6 +6,43 @@
 #include "engine/engine.h"
 
 namespace dsv41 {
+namespace {
+
+// vLLM's histogram buckets (vllm/v1/metrics/loggers.py): time to first token, inter-token latency
+// (and its older name, time per output token), end-to-end request latency.
+const std::vector<double> kVllmTtftBuckets = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                              0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                              20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kVllmItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                             0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                             7.5,  10.0,  20.0, 40.0,  80.0};
+const std::vector<double> kVllmE2eBuckets = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                             5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                             60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+// vLLM's finished_reason label values, indexed as Metrics::vllm_finished_.
+constexpr const char* kVllmFinishReasons[4] = {"stop", "length", "abort", "error"};
+
+// A Prometheus label value: backslash, double quote and newline escaped (text format 0.0.4).
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+Metrics::Metrics(std::string model_name)
+    : vllm_labels_(fmt::format("model_name=\"{}\",engine=\"0\"", label_value(model_name))),
+      vllm_ttft_(kVllmTtftBuckets),
+      vllm_itl_(kVllmItlBuckets),
+      vllm_e2e_(kVllmE2eBuckets) {}
 
 void Metrics::request_done(const std::string& endpoint, int status) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -16,16 +53,31 @@ void Metrics::generation_done(const std::string& endpoint, int status, double se
   std::lock_guard<std::mutex> lock(mu_);
   ++requests_[{endpoint, status}];
   duration_.observe(seconds);
+  vllm_e2e_.observe(seconds);
 }
 
 void Metrics::first_token(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ttft_.observe(seconds);
+  vllm_ttft_.observe(seconds);
 }
 
 void Metrics::inter_token(double seconds, int64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int64_t i = 0; i < n; ++i) itl_.observe(seconds / double(n));
+  for (int64_t i = 0; i < n; ++i) {
+    itl_.observe(seconds / double(n));
+    vllm_itl_.observe(seconds / double(n));
+  }
+}
+
+void Metrics::sequence_finished(FinishReason reason) {
+  // vLLM counts a request whose client went away as "abort", a failed one as "error".
+  const int i = reason == FinishReason::kLength      ? 1
+                : reason == FinishReason::kCancelled ? 2
+                : reason == FinishReason::kError     ? 3
+                                                     : 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ++vllm_finished_[i];
 }
 
 void Metrics::tokens(int64_t prompt, int64_t generated) {
@@ -126,7 +178,60 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
             engine.batch_tokens);
   histogram(out, "dsv41_engine_batch_sequences", "Sequences in one engine step.",
             engine.batch_sequences);
+  value(out, "dsv41_max_queue", "gauge",
+        "Requests that may wait beyond the free running seats (--max-queue); more get 429.",
+        engine.max_queue);
+  value(out, "dsv41_max_num_seqs", "gauge", "Requests running in the same steps at most.",
+        engine.max_num_seqs);
+  render_vllm(out, engine);
   return out;
+}
+
+// vLLM's families for what both servers measure, from the same counters as the dsv41_ ones.
+void Metrics::render_vllm(std::string& out, const EngineStats& engine) const {
+  auto one = [&](const char* name, const char* type, const char* help, auto v) {
+    header(out, name, type, help);
+    out += fmt::format("{}{{{}}} {}\n", name, vllm_labels_, v);
+  };
+  one("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+      engine.running);
+  one("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+      engine.queued);
+  const double kv = engine.kv_blocks_total > 0
+                        ? double(engine.kv_blocks_used) / double(engine.kv_blocks_total)
+                        : 0.0;
+  one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", kv);
+  one("vllm:gpu_cache_usage_perc", "gauge",
+      "KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc "
+      "instead.",
+      kv);
+  one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+      engine.prompt_tokens_total);
+  one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+      engine.generated_tokens_total);
+  one("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+      engine.preemptions_total);
+  one("vllm:prefix_cache_queries_total", "counter",
+      "Prefix cache queries, in terms of number of queried tokens.", engine.prefix_query_tokens);
+  one("vllm:prefix_cache_hits_total", "counter",
+      "Prefix cache hits, in terms of number of cached tokens.", engine.prefix_hit_tokens);
+  header(out, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
+  for (int i = 0; i < 4; ++i)
+    out += fmt::format("vllm:request_success_total{{{},finished_reason=\"{}\"}} {}\n", vllm_labels_,
+                       kVllmFinishReasons[i], vllm_finished_[i]);
+  auto hist = [&](const char* name, const char* help, const Histogram& h) {
+    header(out, name, "histogram", help);
+    h.render(name, out, vllm_labels_);
+  };
+  hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+       vllm_ttft_);
+  hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+       vllm_itl_);
+  // vLLM still exports the older name beside it, with the same observations.
+  hist("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+       vllm_itl_);
+  hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+       vllm_e2e_);
 }
 
 }  // namespace dsv41

@@ -4,6 +4,7 @@
 #include "server/openai_api.h"
 #include "server/request_fields.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -162,34 +163,60 @@ std::optional<ApiError> parse_completion_request(const OJson& body, const Served
   if (auto e = parse_common(body, model, vocab, job)) return e;
   job.chat = false;
   Fields f(body);
-  if (auto e = parse_max_tokens(f, "max_tokens", 16, job)) return e;
+  bool echo = false;
+  if (!f.boolean("echo", echo)) return f.err;
+  job.echo_prompt = echo;
+  // max_tokens 0 asks for the prompt's logprobs alone (lm-eval's loglikelihood requests); vLLM
+  // allows it with echo only.
+  if (const OJson* mt = f.get("max_tokens"); mt && mt->is_number_integer() && *mt == 0) {
+    if (!echo)
+      return bad("max_tokens",
+                 "0 is only allowed with echo=true (scoring the prompt without generating)");
+    job.score_only = true;
+    job.request.sampling.max_tokens = 1;
+    job.max_tokens_param = "max_tokens";
+  } else if (auto e = parse_max_tokens(f, "max_tokens", 16, job)) {
+    return e;
+  }
   int64_t logprobs = -1;
   if (!f.integer("logprobs", 0, kMaxTopLogprobs, logprobs)) return f.err;
   job.request.sampling.logprobs = static_cast<int>(logprobs);
   job.want_logprobs = logprobs >= 0;
-  bool echo = false;
-  if (!f.boolean("echo", echo)) return f.err;
-  if (echo) return bad("echo", "echo=true is not supported");
+  // Echoed logprobs cover the prompt: its logprobs are asked of the engine (vLLM: prompt_logprobs
+  // defaults to logprobs with echo), top `logprobs` of them shown.
+  if (echo && logprobs >= 0 && job.request.sampling.prompt_logprobs < 0)
+    job.request.sampling.prompt_logprobs = static_cast<int>(logprobs);
   if (const OJson* sfx = f.get("suffix");
       sfx && !(sfx->is_string() && sfx->get<std::string>().empty()))
     return bad("suffix", "suffix is not supported");
   const OJson* p = f.get("prompt");
   if (!p) return bad("prompt", "required field missing");
   std::optional<ApiError> err;
+  bool ids = false;  // the prompt came as token ids: echo returns them decoded
   if (p->is_string()) {
-    job.request.prompt = tok.encode(p->get<std::string>());
+    job.prompt_text = p->get<std::string>();
   } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
     if (!token_ids(*p, vocab, "prompt", job.request.prompt, err)) return err;
+    ids = true;
   } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    job.request.prompt = tok.encode((*p)[0].get<std::string>());
+    job.prompt_text = (*p)[0].get<std::string>();
   } else if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) {
     if (!token_ids((*p)[0], vocab, "prompt", job.request.prompt, err)) return err;
+    ids = true;
   } else if (p->is_array() && p->size() > 1) {
     return bad("prompt", "batched prompts are not supported; send one prompt per request");
   } else {
     return bad("prompt",
                "must be a string, an array of token ids, or a one-element array of either");
   }
+  if (!ids) {
+    job.request.prompt = tok.encode(job.prompt_text);
+  } else if (echo) {
+    auto text = tok.decode(job.request.prompt);  // ids are in range: cannot fail
+    if (!text) return bad("prompt", text.status().message());
+    job.prompt_text = std::move(*text);
+  }
+  if (!echo) job.prompt_text.clear();
   return check_prompt_length(job, model, "prompt");
 }
 
@@ -256,7 +283,36 @@ ResponseBuilder::ResponseBuilder(const GenerationJob& job, const Tokenizer& tok,
       index_(index),
       parser_(job.thinking, job.extract_tools) {}
 
-OJson ResponseBuilder::logprobs_json(const std::vector<OutputToken>& tokens) {
+// Completions with echo: the prompt's entries of the legacy arrays (vLLM's): the first prompt
+// token has no logprob (null, and null top_logprobs); each later one its logprob and a map of the
+// `logprobs` most likely tokens plus itself. Offsets advance by token bytes, as for generated
+// tokens.
+void ResponseBuilder::prompt_logprob_entries(OJson& toks, OJson& tlp, OJson& top, OJson& off) {
+  const std::vector<int32_t>& prompt = job_.request.prompt;
+  const auto shown = static_cast<std::size_t>(std::max(0, job_.request.sampling.logprobs));
+  for (std::size_t i = 0; i < prompt.size(); ++i) {
+    const std::string bytes = tok_.token_bytes(prompt[i]);
+    toks.push_back(utf8_lossy(bytes));
+    off.push_back(text_offset_);
+    text_offset_ += static_cast<int64_t>(bytes.size());
+    // Entry i - 1 is position i's (position 0 has none); one missing (a request cancelled
+    // mid-prompt) reads as null.
+    if (i == 0 || i - 1 >= prompt_lp_.size()) {
+      tlp.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
+    const PromptLogprob& p = prompt_lp_[i - 1];
+    tlp.push_back(p.logprob);
+    OJson m = OJson::object();
+    for (std::size_t k = 0; k < std::min(shown, p.top.size()); ++k)
+      m[utf8_lossy(tok_.token_bytes(p.top[k].token))] = p.top[k].logprob;
+    m[utf8_lossy(bytes)] = p.logprob;
+    top.push_back(std::move(m));
+  }
+}
+
+OJson ResponseBuilder::logprobs_json(const std::vector<OutputToken>& tokens, bool with_prompt) {
   auto bytes_of = [&](int32_t id) {
     std::string b = tok_.token_bytes(id);
     OJson arr = OJson::array();
@@ -289,6 +345,7 @@ OJson ResponseBuilder::logprobs_json(const std::vector<OutputToken>& tokens) {
   }
   OJson lp = OJson::object();
   OJson toks = OJson::array(), tlp = OJson::array(), top = OJson::array(), off = OJson::array();
+  if (with_prompt) prompt_logprob_entries(toks, tlp, top, off);
   for (const auto& t : tokens) {
     toks.push_back(utf8_lossy(tok_.token_bytes(t.token)));
     tlp.push_back(t.logprob);
@@ -337,13 +394,14 @@ OJson ResponseBuilder::usage_json(int64_t completion_tokens) const {
 }
 
 std::string ResponseBuilder::finish_reason() const {
-  if (reason_ == FinishReason::kLength) return "length";
+  if (reason_ == FinishReason::kLength || job_.score_only) return "length";
   if (!calls_.empty() || tool_calls_sent_ > 0) return "tool_calls";
   return "stop";
 }
 
 void ResponseBuilder::absorb(const RequestOutput& out, std::vector<AssistantEvent>& events) {
-  completion_tokens_ += static_cast<int64_t>(out.tokens.size());
+  prompt_lp_.insert(prompt_lp_.end(), out.prompt_logprobs.begin(), out.prompt_logprobs.end());
+  if (!job_.score_only) completion_tokens_ += static_cast<int64_t>(out.tokens.size());
   if (job_.chat) {
     parser_.feed(out.text, events);
     if (out.finished) parser_.finish(events);
@@ -352,7 +410,7 @@ void ResponseBuilder::absorb(const RequestOutput& out, std::vector<AssistantEven
     finished_ = true;
     reason_ = out.reason;
     prompt_tokens_ = out.prompt_tokens;
-    completion_tokens_ = out.completion_tokens;
+    completion_tokens_ = job_.score_only ? 0 : out.completion_tokens;
   }
 }
 
@@ -378,7 +436,20 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
   std::vector<AssistantEvent> events;
   absorb(out, events);
   std::vector<std::string> chunks;
-  OJson lp = job_.want_logprobs && !out.tokens.empty() ? logprobs_json(out.tokens) : OJson(nullptr);
+  // Completions with echo: the prompt (and its logprobs) go out with the first output that has
+  // tokens or ends the request, as vLLM sends them; score_only drops the sampled token.
+  const std::vector<OutputToken> none;
+  const std::vector<OutputToken>& tokens = job_.score_only ? none : out.tokens;
+  std::string text = job_.score_only ? std::string() : out.text;
+  const bool ended_ok =
+      out.finished && out.reason != FinishReason::kError && out.reason != FinishReason::kCancelled;
+  const bool echo_now = job_.echo_prompt && !echoed_ && (!out.tokens.empty() || ended_ok);
+  if (echo_now) {
+    echoed_ = true;
+    text = job_.prompt_text + text;
+  }
+  OJson lp = job_.want_logprobs && (!tokens.empty() || echo_now) ? logprobs_json(tokens, echo_now)
+                                                                 : OJson(nullptr);
   auto make = [&](OJson payload, const OJson& finish) {
     OJson choice = OJson::object();
     choice["index"] = index_;
@@ -417,13 +488,10 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
       make(std::move(d), nullptr);
     }
     if (!lp.is_null()) make(OJson::object(), nullptr);
-  } else if (!out.text.empty() || !lp.is_null()) {
-    make(out.text, nullptr);
+  } else if (!text.empty() || !lp.is_null()) {
+    make(text, nullptr);
   }
-  if (out.finished && out.reason != FinishReason::kError &&
-      out.reason != FinishReason::kCancelled) {
-    make(job_.chat ? OJson::object() : OJson(""), finish_reason());
-  }
+  if (ended_ok) make(job_.chat ? OJson::object() : OJson(""), finish_reason());
   return chunks;
 }
 
@@ -446,9 +514,8 @@ std::string ResponseBuilder::call_id(int i) const {
 void ResponseBuilder::add(const RequestOutput& out) {
   std::vector<AssistantEvent> events;
   absorb(out, events);
-  tokens_.insert(tokens_.end(), out.tokens.begin(), out.tokens.end());
-  prompt_lp_.insert(prompt_lp_.end(), out.prompt_logprobs.begin(), out.prompt_logprobs.end());
-  if (!job_.chat) text_ += out.text;
+  if (!job_.score_only) tokens_.insert(tokens_.end(), out.tokens.begin(), out.tokens.end());
+  if (!job_.chat && !job_.score_only) text_ += out.text;
   for (auto& e : events) {
     if (e.kind == AssistantEvent::Kind::kReasoning) reasoning_ += e.text;
     if (e.kind == AssistantEvent::Kind::kContent) text_ += e.text;
@@ -478,9 +545,10 @@ OJson ResponseBuilder::choice_json() {
     }
     choice["message"] = std::move(msg);
   } else {
-    choice["text"] = text_;
+    choice["text"] = job_.echo_prompt ? job_.prompt_text + text_ : text_;
   }
-  choice["logprobs"] = job_.want_logprobs ? logprobs_json(tokens_) : OJson(nullptr);
+  choice["logprobs"] =
+      job_.want_logprobs ? logprobs_json(tokens_, job_.echo_prompt) : OJson(nullptr);
   choice["finish_reason"] = finish_reason();
   if (!job_.chat && job_.request.sampling.prompt_logprobs >= 0)
     choice["prompt_logprobs"] = prompt_logprobs_json();

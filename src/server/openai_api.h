@@ -44,6 +44,14 @@ struct GenerationJob {
   std::string max_tokens_param;  // the field that set max_tokens; empty: the default applies
   GenerationRequest request;     // prompt ids + sampling
   OJson echo;  // request fields an API repeats in its response (Responses: instructions, tools...)
+  // Completions' echo=true (vLLM's rules): the returned text starts with the prompt (`prompt_text`:
+  // the prompt string, or token ids decoded) and with logprobs, the logprobs cover the prompt
+  // tokens first. score_only: max_tokens 0 (scoring a text): the engine runs max_tokens 1 for the
+  // prompt's logprobs and the token it samples is dropped (finish_reason "length", 0 completion
+  // tokens).
+  bool echo_prompt = false;
+  bool score_only = false;
+  std::string prompt_text;
 };
 
 // Parse and validate; on success fills `job` (prompt tokenized with the engine's tokenizer).
@@ -77,7 +85,9 @@ class ResponseBuilder {
   int64_t completion_tokens() const { return completion_tokens_; }
 
  private:
-  OJson logprobs_json(const std::vector<OutputToken>& tokens);
+  // with_prompt (completions with echo): the prompt's entries first.
+  OJson logprobs_json(const std::vector<OutputToken>& tokens, bool with_prompt = false);
+  void prompt_logprob_entries(OJson& toks, OJson& tlp, OJson& top, OJson& off);
   OJson prompt_logprobs_json() const;
   friend std::string build_response(const std::vector<ResponseBuilder*>& choices);
   OJson choice_json();
@@ -104,6 +114,7 @@ class ResponseBuilder {
   FinishReason reason_ = FinishReason::kNone;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   int tool_calls_sent_ = 0;
+  bool echoed_ = false;  // stream with echo: the prompt went out (with the first output)
 };
 
 // GET /v1/models: the list {"object": "list", "data": [model]}; GET /v1/models/{id}: the model

@@ -29,7 +29,8 @@ class OpenAiWriter final : public ResponseWriter {
     std::vector<std::string> frames;
     for (const std::string& chunk : choices_[choice]->stream_chunks(out))
       frames.push_back(frame(chunk));
-    completion_tokens_ += out.finished ? out.completion_tokens : 0;
+    // The choice's own count: a score-only echo (max_tokens 0) returns no completion tokens.
+    completion_tokens_ += out.finished ? choices_[choice]->completion_tokens() : 0;
     return frames;
   }
   std::vector<std::string> stream_end() override {

@@ -638,6 +638,17 @@ TEST(Cli, ServeRefusesAPortOutOfRange) {
   }
 }
 
+// A negative waiting-queue limit (or one beyond the threads the server would start for it) is a
+// usage error naming the flag, refused before any model is read (the model path does not exist: a
+// serve that got past the flag would fail naming --model).
+TEST(Cli, ServeRefusesANegativeMaxQueue) {
+  for (const char* n : {"-1", "-20", "x", "16385"}) {
+    CliRun r = run(std::string("serve --model /nonexistent/ck --port 0 --max-queue ") + n, "", 20);
+    EXPECT_EQ(r.code, 1) << n << ": " << r.err;
+    EXPECT_NE(r.err.find("--max-queue"), std::string::npos) << n << ": " << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace dsv41
 

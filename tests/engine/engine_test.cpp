@@ -626,11 +626,13 @@ TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsOwnRequest) {
   // Decode-only steps: 11 per 12-token request after its prompt's step (3 alone, then 2 together).
   EXPECT_EQ(ps.decode_steps_tokens, 3 * 11 + 2 * 11);
   EXPECT_GT(ps.decode_steps_seconds, 0);
-  // Limits: n is at least 1 and all samples fit the queue at once, or none is queued.
+  // Limits: n is at least 1 and all samples fit the engine at once (the free running seats plus
+  // the queue of 8: 64 + 8 here), or none is queued.
   auto zero = plain->submit(g, 0);
   ASSERT_FALSE(zero.is_ok());
   EXPECT_EQ(zero.status().message().rfind("n:", 0), 0u) << zero.status().message();
-  auto many = plain->submit(g, 9);
+  ASSERT_EQ(plain->max_requests(), 64 + 8);
+  auto many = plain->submit(g, 64 + 8 + 1);
   ASSERT_FALSE(many.is_ok());
   EXPECT_EQ(many.status().message().rfind("n:", 0), 0u) << many.status().message();
   EXPECT_EQ(settled(*plain).queued, 0);

@@ -1,7 +1,8 @@
 // A ModelRunner test double (model/seam.h) for scripted models: any number of open sequences, any
 // number of slices per step (the engine batches them). A subclass says what the logits after a
 // slice's tokens are (forward, per sequence) and may keep per-sequence state (reset on open,
-// released on free). Counts steps and the largest batch, so tests can see batching happen.
+// released on free); rows before a slice's last (prompt_logprobs) come from forward token by
+// token. Counts steps and the largest batch, so tests can see batching happen.
 #pragma once
 
 #include <algorithm>
@@ -42,8 +43,22 @@ class ScriptedRunner : public ModelRunner {
     for (std::size_t i = 0; i < b.slices.size(); ++i) {
       const SeqSlice& sl = b.slices[i];
       if (!sl.logits_rows.empty() &&
-          sl.logits_rows != std::vector<int32_t>{int32_t(sl.tokens.size()) - 1})
-        return Status::error("scripted runner: only the last row's logits");
+          sl.logits_rows != std::vector<int32_t>{int32_t(sl.tokens.size()) - 1}) {
+        // Rows before the last (prompt_logprobs): the slice one token at a time, which a scripted
+        // model's forward (its state advanced token by token) answers as it answers the whole.
+        std::vector<float>& rows = out->slices[i].logits;
+        std::size_t next = 0;
+        for (std::size_t t = 0; t < sl.tokens.size(); ++t) {
+          std::vector<float> logits;
+          DSV41_RETURN_IF_ERROR(forward(sl.seq, sl.first_pos + int64_t(t), {sl.tokens[t]}, logits));
+          if (next < sl.logits_rows.size() && sl.logits_rows[next] == int32_t(t)) {
+            rows.insert(rows.end(), logits.begin(), logits.end());
+            ++next;
+          }
+        }
+        lens_[sl.seq] += int64_t(sl.tokens.size());
+        continue;
+      }
       std::vector<float> logits;
       DSV41_RETURN_IF_ERROR(forward(sl.seq, sl.first_pos, sl.tokens, logits));
       if (!sl.logits_rows.empty()) out->slices[i].logits = std::move(logits);

@@ -1,6 +1,6 @@
 // Drives a running `dsv41 serve` with the official `openai` npm client. Usage:
 //   node openai_client_test.mjs BASE_URL MODEL MODE
-// MODE "basic": completions and chat, streamed and not, logprobs, usage, a tools round trip (tool
+// MODE "basic": completions (echo too) and chat, streamed and not, logprobs, usage, a tools round trip (tool
 //   declarations + an assistant tool call + a tool result in, a valid answer out), models.retrieve,
 //   token-id prompts, typed errors.
 // MODE "tools": the server runs a scripted model that answers with reasoning and a DSML tool call;
@@ -57,6 +57,36 @@ async function basic() {
   }
   check(streamed === c.choices[0].text, 'streamed completion equals the non-streamed one');
   check(finish === c.choices[0].finish_reason, 'streamed completion finish_reason');
+
+  // echo (vLLM's rules): the prompt before the completion, the logprobs covering the prompt first
+  // (the first prompt token's null); max_tokens 0 scores the prompt alone (lm-eval's requests).
+  // (greedy: an echo computes the prompt on the full stack, decoder replay aside)
+  const g = await client.completions.create({ model, prompt: 'hello world', max_tokens: 6, logprobs: 2, temperature: 0 });
+  const e = await client.completions.create({ model, prompt: 'hello world', max_tokens: 6, logprobs: 2, temperature: 0, echo: true });
+  check(e.choices[0].text === 'hello world' + g.choices[0].text, 'echo: the prompt, then the completion');
+  const elp = e.choices[0].logprobs;
+  const np = e.usage.prompt_tokens;
+  check(elp.tokens.length === np + e.usage.completion_tokens &&
+        ['token_logprobs', 'top_logprobs', 'text_offset'].every((k) => elp[k].length === elp.tokens.length),
+        'echo: logprobs arrays aligned over prompt and completion');
+  check(elp.token_logprobs[0] === null && elp.top_logprobs[0] === null &&
+        elp.token_logprobs.slice(1).every((x) => typeof x === 'number' && x <= 0),
+        'echo: only the first prompt token has no logprob');
+  check(elp.tokens.slice(0, np).join('') === 'hello world' && elp.text_offset[np] === 'hello world'.length,
+        'echo: prompt tokens and offsets index the returned text');
+  check(elp.tokens.slice(np).join('') === g.choices[0].logprobs.tokens.join(''), 'echo: the completion part as without echo');
+  const score = await client.completions.create({ model, prompt: 'hello world', max_tokens: 0, logprobs: 1, echo: true });
+  const slp = score.choices[0].logprobs;
+  check(score.choices[0].text === 'hello world' && score.usage.completion_tokens === 0 &&
+        slp.tokens.length === np && score.choices[0].finish_reason === 'length',
+        'echo with max_tokens 0 scores the prompt alone');
+  check(slp.token_logprobs.every((x, i) => (x === null) === (i === 0) &&
+        (i === 0 || Math.abs(x - elp.token_logprobs[i]) < 1e-4)),
+        'echo with max_tokens 0: the same prompt logprobs');
+  let echoed = '';
+  const es = await client.completions.create({ model, prompt: 'hello world', max_tokens: 6, temperature: 0, echo: true, stream: true });
+  for await (const chunk of es) echoed += chunk.choices[0]?.text ?? '';
+  check(echoed === e.choices[0].text, 'echo streamed: the prompt first, then the completion');
 
   const messages = [{ role: 'user', content: 'Say something.' }];
   const chat = await client.chat.completions.create({

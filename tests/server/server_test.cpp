@@ -18,6 +18,9 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -102,7 +105,8 @@ std::vector<Bad> malformed_corpus() {
            "\"logprobs\":21",
            "\"logprobs\":-1",
            "\"logprobs\":true",
-           "\"echo\":true",
+           "\"echo\":\"yes\"",
+           "\"echo\":false,\"max_tokens\":0",
            "\"suffix\":\"x\"",
            "\"stop\":5",
            "\"stop\":[1]",
@@ -610,6 +614,170 @@ TEST(Server, FullQueueIs429WithRetryAfter) {
   a.join();
   b.join();
   EXPECT_TRUE(engine_goes_idle(*s.engine));
+}
+
+// --max-queue 0: nothing waits. An idle server takes a request; with --max-num-seqs running, the
+// next one is answered 429 with Retry-After at once. /metrics exports the limits.
+TEST(Server, MaxQueueZeroRefusesBeyondTheRunningSeats) {
+  EngineOptions eo;
+  eo.max_num_seqs = 1;
+  eo.max_queue = 0;
+  InProcess s(/*sleep_ms=*/20, 64 << 10, eo);
+  auto c = s.client();
+  auto idle = c.Post("/v1/completions", R"({"model":"scripted","prompt":"hi","max_tokens":2})",
+                     "application/json");
+  ASSERT_TRUE(idle);
+  EXPECT_EQ(idle->status, 200) << idle->body;
+  ASSERT_TRUE(engine_goes_idle(*s.engine));
+  const std::string body =
+      R"({"model":"scripted","prompt":"hi","max_tokens":1000,"ignore_eos":true,"stream":true})";
+  std::atomic<bool> checked{false};
+  std::thread running([&] {  // streams until the check below is done, then hangs up (cancels)
+    auto rc = s.client();
+    post_streaming(rc, "/v1/completions", body, [&](const char*, std::size_t) { return !checked; });
+  });
+  for (int i = 0; i < 3000 && s.engine->stats().running != 1; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(s.engine->stats().running, 1);
+  auto r = c.Post("/v1/completions", body, "application/json");
+  checked = true;
+  running.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429) << r->body;
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  auto j = *parse_json_ordered(r->body);
+  EXPECT_EQ(j["error"]["type"], "rate_limit_exceeded");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("--max-queue 0"), std::string::npos)
+      << r->body;
+  ASSERT_TRUE(engine_goes_idle(*s.engine));
+  const std::string m = c.Get("/metrics")->body;
+  for (const char* line : {"dsv41_max_queue 0\n", "dsv41_max_num_seqs 1\n",
+                           "dsv41_requests_total{endpoint=\"/v1/completions\",status=\"429\"} 1\n"})
+    EXPECT_NE(m.find(line), std::string::npos) << line << m;
+}
+
+// Prometheus text format 0.0.4 as scrapers read it: every sample's family declared once by HELP
+// and TYPE before its samples, names [a-zA-Z_:][a-zA-Z0-9_:]*, counters ending in _total,
+// histogram samples _bucket (cumulative, +Inf = _count), _sum and _count. Returns every sample's
+// value by its name and labels as written.
+std::map<std::string, double> parse_prometheus(const std::string& text) {
+  static const std::regex name_re("[a-zA-Z_:][a-zA-Z0-9_:]*");
+  static const std::regex sample_re(
+      R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? (\S+))");
+  std::map<std::string, double> samples;
+  std::map<std::string, std::string> type_of;
+  std::set<std::string> helped;
+  std::string family, type;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# HELP ", 0) == 0) {
+      const std::string name = line.substr(7, line.find(' ', 7) - 7);
+      EXPECT_TRUE(std::regex_match(name, name_re)) << line;
+      EXPECT_TRUE(helped.insert(name).second) << "HELP twice: " << line;
+      continue;
+    }
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream t(line.substr(7));
+      t >> family >> type;
+      EXPECT_TRUE(helped.count(family)) << "TYPE without HELP: " << line;
+      EXPECT_TRUE(type_of.emplace(family, type).second) << "TYPE twice: " << line;
+      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram") << line;
+      if (type == "counter") EXPECT_EQ(family.substr(family.size() - 6), "_total") << line;
+      continue;
+    }
+    std::smatch sm;
+    EXPECT_TRUE(std::regex_match(line, sm, sample_re)) << "not a sample: " << line;
+    if (sm.empty()) continue;
+    const std::string name = sm[1];
+    bool ours = name == family;
+    if (type == "histogram")
+      for (const char* suffix : {"_bucket", "_sum", "_count"})
+        ours = ours || name == family + suffix;
+    EXPECT_TRUE(ours) << "a sample outside its family " << family << ": " << line;
+    const std::string key = line.substr(0, line.rfind(' '));
+    EXPECT_EQ(samples.count(key), 0u) << "sample twice: " << line;
+    samples[key] = std::stod(sm[5]);
+  }
+  return samples;
+}
+
+// vLLM's metric names beside ours (dashboards and alerts written for vLLM read this server):
+// every family present, labelled with the served model's name, its values those of the dsv41_
+// families after requests that ended by length, by stop and by a client hanging up.
+TEST(Server, MetricsExportVllmNamesConsistentWithOurs) {
+  InProcess s(/*sleep_ms=*/5);
+  auto c = s.client();
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.Post("/v1/completions",
+                    R"({"model":"scripted","prompt":"hi","max_tokens":4,"ignore_eos":true})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  auto chat = c.Post("/v1/chat/completions",
+                     R"({"model":"scripted","messages":[{"role":"user","content":"x"}]})",
+                     "application/json");
+  ASSERT_TRUE(chat);
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  {
+    auto hc = s.client();
+    int frames = 0;
+    post_streaming(hc, "/v1/completions",
+                   R"({"model":"scripted","prompt":"hi","max_tokens":1000,"ignore_eos":true,)"
+                   R"("stream":true})",
+                   [&](const char*, std::size_t) { return ++frames < 3; });
+  }
+  std::map<std::string, double> m;
+  for (int i = 0; i < 3000; ++i) {  // the hung-up request is counted when the server notices
+    m = parse_prometheus(c.Get("/metrics")->body);
+    if (m["dsv41_request_duration_seconds_count"] == 4 && s.engine->stats().running == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  m = parse_prometheus(c.Get("/metrics")->body);
+  const std::string l = R"({model_name="scripted",engine="0"})";
+  auto v = [&](const std::string& key) {
+    EXPECT_TRUE(m.count(key)) << key;
+    return m[key];
+  };
+  EXPECT_EQ(v("vllm:num_requests_running" + l), v("dsv41_running_requests"));
+  EXPECT_EQ(v("vllm:num_requests_waiting" + l), v("dsv41_queue_length"));
+  EXPECT_EQ(v("vllm:kv_cache_usage_perc" + l), 0);  // the scripted model has no bounded pool
+  EXPECT_EQ(v("vllm:gpu_cache_usage_perc" + l), 0);
+  EXPECT_EQ(v("vllm:prompt_tokens_total" + l), v("dsv41_engine_prompt_tokens_total"));
+  EXPECT_GT(v("vllm:generation_tokens_total" + l), 10);
+  EXPECT_EQ(v("vllm:generation_tokens_total" + l), v("dsv41_engine_generated_tokens_total"));
+  EXPECT_EQ(v("vllm:num_preemptions_total" + l), v("dsv41_num_preemptions_total"));
+  EXPECT_EQ(v("vllm:prefix_cache_queries_total" + l), v("dsv41_prefix_cache_query_tokens_total"));
+  EXPECT_EQ(v("vllm:prefix_cache_hits_total" + l), v("dsv41_prefix_cache_hit_tokens_total"));
+  const std::string success = R"(vllm:request_success_total{model_name="scripted",engine="0",)";
+  EXPECT_EQ(v(success + R"(finished_reason="length"})"), 2);
+  EXPECT_EQ(v(success + R"(finished_reason="stop"})"), 1);
+  EXPECT_EQ(v(success + R"(finished_reason="abort"})"), 1);
+  EXPECT_EQ(v(success + R"(finished_reason="error"})"), 0);
+  const std::pair<const char*, const char*> hists[] = {
+      {"vllm:time_to_first_token_seconds", "dsv41_time_to_first_token_seconds"},
+      {"vllm:inter_token_latency_seconds", "dsv41_inter_token_latency_seconds"},
+      {"vllm:time_per_output_token_seconds", "dsv41_inter_token_latency_seconds"},
+      {"vllm:e2e_request_latency_seconds", "dsv41_request_duration_seconds"}};
+  for (const auto& [vllm, ours] : hists) {
+    const std::string name = vllm;
+    EXPECT_GT(v(name + "_count" + l), 0) << name;
+    EXPECT_EQ(v(name + "_count" + l), v(std::string(ours) + "_count")) << name;
+    EXPECT_NEAR(v(name + "_sum" + l), v(std::string(ours) + "_sum"), 1e-9) << name;
+    EXPECT_EQ(v(name + R"(_bucket{model_name="scripted",engine="0",le="+Inf"})"),
+              v(name + "_count" + l))
+        << name;
+  }
+  EXPECT_EQ(v("vllm:e2e_request_latency_seconds_count" + l), 4);
+  // vLLM's buckets: the first and last bounds of each.
+  for (const char* bucket :
+       {R"(vllm:time_to_first_token_seconds_bucket{model_name="scripted",engine="0",le="0.001"})",
+        R"(vllm:time_to_first_token_seconds_bucket{model_name="scripted",engine="0",le="2560"})",
+        R"(vllm:inter_token_latency_seconds_bucket{model_name="scripted",engine="0",le="0.01"})",
+        R"(vllm:inter_token_latency_seconds_bucket{model_name="scripted",engine="0",le="80"})",
+        R"(vllm:e2e_request_latency_seconds_bucket{model_name="scripted",engine="0",le="0.3"})",
+        R"(vllm:e2e_request_latency_seconds_bucket{model_name="scripted",engine="0",le="7680"})"})
+    EXPECT_TRUE(m.count(bucket)) << bucket;
 }
 
 // Load: 1,000 requests from 32 concurrent clients over loopback (streamed and not, completions and
