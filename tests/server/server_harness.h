@@ -183,6 +183,19 @@ inline bool post_streaming(httplib::Client& c, const std::string& path, const st
 
 // Waits up to 30 s (a starved CI machine; an idle engine returns at once) for the engine to have
 // nothing running or queued.
+// /metrics polled until its text holds `needle` (for up to 30 s; what it last read either way):
+// the engine records some outcomes after the response has gone out.
+inline std::string metrics_once_they_hold(httplib::Client& c, const std::string& needle) {
+  std::string metrics;
+  for (int i = 0; i < 3000 && metrics.find(needle) == std::string::npos; ++i) {
+    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    auto m = c.Get("/metrics");
+    if (!m) return metrics;
+    metrics = m->body;
+  }
+  return metrics;
+}
+
 inline bool engine_goes_idle(const Engine& e) {
   for (int i = 0; i < 1500; ++i) {
     const EngineStats st = e.stats();

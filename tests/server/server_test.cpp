@@ -1070,13 +1070,7 @@ TEST(Server, ClientDisconnectMidStreamCancelsTheRequest) {
   EXPECT_TRUE(engine_goes_idle(*s.engine));
   EXPECT_LT(s.engine->stats().generated_tokens_total, 500);
   // The engine cancels before the handler records the response: poll for the metric.
-  std::string metrics;
-  for (int i = 0; i < 3000 && metrics.find("status=\"499\"") == std::string::npos; ++i) {
-    if (i) std::this_thread::sleep_for(10ms);
-    auto m = c.Get("/metrics");
-    ASSERT_TRUE(m);
-    metrics = m->body;
-  }
+  const std::string metrics = metrics_once_they_hold(c, "status=\"499\"");
   EXPECT_NE(metrics.find("status=\"499\""), std::string::npos) << metrics;
   EXPECT_EQ(c.Get("/health")->status, 200);
 }
@@ -1101,13 +1095,7 @@ TEST(Server, ClientGivingUpOnANonStreamedAnswerCancelsIt) {
   EXPECT_LT(s.engine->stats().generated_tokens_total, 500);
   // The request did reach the engine and was cancelled there (499), not refused or never read.
   auto c = s.client();
-  std::string metrics;
-  for (int i = 0; i < 3000 && metrics.find("status=\"499\"") == std::string::npos; ++i) {
-    if (i) std::this_thread::sleep_for(10ms);
-    auto m = c.Get("/metrics");
-    ASSERT_TRUE(m);
-    metrics = m->body;
-  }
+  const std::string metrics = metrics_once_they_hold(c, "status=\"499\"");
   EXPECT_NE(metrics.find("endpoint=\"/v1/chat/completions\",status=\"499\""), std::string::npos)
       << metrics;
 }
