@@ -312,6 +312,10 @@ constexpr int64_t kAqXBlockWords = 256 * 1024;  // a token block's activations: 
 // blocks of 1,024 words (256: 235-246, 512: 255-271).
 constexpr int64_t kAqGroupRows = 32;
 constexpr int64_t kAqKBlockWords = 1024;
+// Up to this many tokens, and for rows of up to 2,048 words, the FP8 path decodes 4 rows and runs
+// them over all tokens and the whole K at once, while they are in L1 (the order before the
+// blocking: as fast at 16 tokens, [1024, 5120], and 3-7% faster at k = 1280, one Zen 5 core).
+constexpr int64_t kAqPanelOuterMaxTokens = 16;
 
 // A thread's panel (`words` words, 64-byte aligned): grown once per thread and
 // width (no allocation in steady state); a raw array, not a std::vector, so no shared template
@@ -342,6 +346,48 @@ inline void aq_panel_rows(const uint16_t* panel, int64_t st, int64_t nrows, cons
                                     ldy);
   for (; r < nrows; ++r, ++slot)
     aq_panel_tile<1, NT>(panel + r * st, st, xp, st, c0, c1, spill + slot * kSlot, y + r, ldy);
+}
+
+// The panel's R rows x NT tokens over the whole K: the same dot sequence as aq_direct_tile.
+template <int R, int NT>
+inline void aq_panel_tile_whole(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t xst,
+                                float* y, int64_t ldy) {
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < st; c += 32) {
+    __m512i xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_si512(xp + t * xst + c);
+    for (int r = 0; r < R; ++r) {
+      const __m512i wv = _mm512_load_si512(panel + r * st + c);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(wv), as_bh(xv[t]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
+}
+
+// R decoded rows over all nt tokens and the whole K (few tokens: kAqPanelOuterMaxTokens).
+template <int R>
+inline void aq_panel_tokens(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t nt,
+                            float* y, int64_t ldy) {
+  int64_t t = 0;
+  for (; t + kAqPanelTokens <= nt; t += kAqPanelTokens)
+    aq_panel_tile_whole<R, kAqPanelTokens>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+  switch (nt - t) {
+    case 5:
+      return aq_panel_tile_whole<R, 5>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    case 4:
+      return aq_panel_tile_whole<R, 4>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    case 3:
+      return aq_panel_tile_whole<R, 3>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    case 2:
+      return aq_panel_tile_whole<R, 2>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    case 1:
+      return aq_panel_tile_whole<R, 1>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+    default:
+      return;
+  }
 }
 
 // The decoded group (nrows <= kAqGroupRows rows) for the nt tokens at xp: token tiles, K blocks,
@@ -420,6 +466,17 @@ inline void aq_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out
       const int64_t o0 = g * 32, nrows = std::min<int64_t>(out, o0 + 32) - o0;
       const uint8_t* srow = scale + g * sin;
       int64_t r = 0;
+      if (nt <= kAqPanelOuterMaxTokens || st <= 2 * kAqKBlockWords) {  // panels used in L1
+        for (; r + kAqPanelRows <= nrows; r += kAqPanelRows) {
+          aq_decode_panel<kAqPanelRows>(dec, w + (o0 + r) * in, in, srow, panel);
+          aq_panel_tokens<kAqPanelRows>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
+        }
+        for (; r < nrows; ++r) {
+          aq_decode_panel<1>(dec, w + (o0 + r) * in, in, srow, panel);
+          aq_panel_tokens<1>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
+        }
+        continue;
+      }
       for (; r + kAqPanelRows <= nrows; r += kAqPanelRows)
         aq_decode_panel<kAqPanelRows>(dec, w + (o0 + r) * in, in, srow, panel + r * st);
       for (; r < nrows; ++r) aq_decode_panel<1>(dec, w + (o0 + r) * in, in, srow, panel + r * st);
