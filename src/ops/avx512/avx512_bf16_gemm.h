@@ -630,6 +630,45 @@ constexpr int64_t aq4_panel_words(int64_t rows, int64_t st) {
   return rows * st + rows * (st / 128) * 32;
 }
 
+// The panel's R rows x NT tokens over the whole K (few tokens: kAqPanelOuterMaxTokens).
+template <int R, int NT>
+inline void aq4_panel_tile_whole(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t xst,
+                                 float* y, int64_t ldy) {
+  const float* sp = reinterpret_cast<const float*>(panel + R * st);
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < st; c += 128) {
+    __m512 tmp[R][NT];
+    for (int z = 0; z < 4; ++z) {
+      __m512i xv[NT];
+      for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
+      for (int r = 0; r < R; ++r) {
+        const __m512i wv = _mm512_load_si512(panel + r * st + c + 32 * z);
+        for (int t = 0; t < NT; ++t)
+          tmp[r][t] =
+              _mm512_dpbf16_ps(z == 0 ? _mm512_setzero_ps() : tmp[r][t], as_bh(wv), as_bh(xv[t]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 sc = _mm512_load_ps(sp + (r * (st / 128) + c / 128) * 16);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(tmp[r][t], sc, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
+}
+
+template <int R>
+inline void aq4_panel_tokens(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t nt,
+                             float* y, int64_t ldy) {
+  int64_t t = 0;
+  for (; t + kAq4PanelTokens <= nt; t += kAq4PanelTokens)
+    aq4_panel_tile_whole<R, kAq4PanelTokens>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+  if (nt - t == 2) aq4_panel_tile_whole<R, 2>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+  if (nt - t == 1) aq4_panel_tile_whole<R, 1>(panel, st, xp + t * st, st, y + t * ldy, ldy);
+}
+
 // A decoded group of nrows rows (4-row panels, then single-row ones, back to back) for the NT
 // tokens at xp over the words [c0, c1), as aq_panel_rows.
 template <int NT>
@@ -720,6 +759,18 @@ inline void aq_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t o
       const int64_t nrows = std::min(kAqGroupRows, out - o0);
       uint16_t* p = panel;
       int64_t r = 0;
+      if (nt <= kAqPanelOuterMaxTokens) {  // each 4-row panel used while it is in L1
+        for (; r + kAq4PanelRows <= nrows; r += kAq4PanelRows) {
+          aq4_decode_panel<kAq4PanelRows>(dec, w + (o0 + r) * rb, scale + (o0 + r) * nblocks, in,
+                                          panel);
+          aq4_panel_tokens<kAq4PanelRows>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
+        }
+        for (; r < nrows; ++r) {
+          aq4_decode_panel<1>(dec, w + (o0 + r) * rb, scale + (o0 + r) * nblocks, in, panel);
+          aq4_panel_tokens<1>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
+        }
+        continue;
+      }
       for (; r + kAq4PanelRows <= nrows; r += kAq4PanelRows) {
         aq4_decode_panel<kAq4PanelRows>(dec, w + (o0 + r) * rb, scale + (o0 + r) * nblocks, in, p);
         p += aq4_panel_words(kAq4PanelRows, st);
