@@ -348,7 +348,9 @@ inline void aq_panel_rows(const uint16_t* panel, int64_t st, int64_t nrows, cons
     aq_panel_tile<1, NT>(panel + r * st, st, xp, st, c0, c1, spill + slot * kSlot, y + r, ldy);
 }
 
-// The panel's R rows x NT tokens over the whole K: the same dot sequence as aq_direct_tile.
+// The panel's R rows x NT tokens over the whole K: the same dot sequence as aq_direct_tile. Kept
+// apart from the K-blocked aq_panel_tile below: called with the whole K, that one ran 25% slower
+// at 16 tokens ([1024, 5120], one Zen 5 core; GCC's code for the spill branches, not studied).
 template <int R, int NT>
 inline void aq_panel_tile_whole(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t xst,
                                 float* y, int64_t ldy) {
@@ -630,7 +632,8 @@ constexpr int64_t aq4_panel_words(int64_t rows, int64_t st) {
   return rows * st + rows * (st / 128) * 32;
 }
 
-// The panel's R rows x NT tokens over the whole K (few tokens: kAqPanelOuterMaxTokens).
+// The panel's R rows x NT tokens over the whole K (few tokens: kAqPanelOuterMaxTokens); apart
+// from the K-blocked aq4_panel_tile for the reason given at aq_panel_tile_whole.
 template <int R, int NT>
 inline void aq4_panel_tile_whole(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t xst,
                                  float* y, int64_t ldy) {
