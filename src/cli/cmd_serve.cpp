@@ -39,6 +39,8 @@ void add_serve(CLI::App& app, Runner* run) {
     int max_num_seqs = EngineOptions{}.max_num_seqs;
     int max_queue = EngineOptions{}.max_queue;
     PathArgs paths;
+    std::vector<std::string> names;  // --served-model-name
+    std::string default_kwargs;      // --default-chat-template-kwargs (JSON)
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
@@ -57,14 +59,24 @@ void add_serve(CLI::App& app, Runner* run) {
   sub->add_option("--port", a->server.port, "Port to listen on (0: any free port)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  sub->add_option(
-      "--served-model-name", a->server.model_name,
-      "Model name clients must send (default: the checkpoint directory's name; dsv41-demo)");
+  sub->add_option("--served-model-name", a->names,
+                  "Model names clients may send, one or several (responses report the first; "
+                  "default: the checkpoint directory's name; dsv41-demo)");
+  sub->add_option("--default-chat-template-kwargs", a->default_kwargs,
+                  "JSON object every chat request's chat_template_kwargs start from (its own keys "
+                  "win), e.g. '{\"thinking\": false}' for clients that cannot send them");
   sub->add_option("--default-max-tokens", a->server.default_max_tokens,
                   "max_tokens for chat requests that do not set it (0: the rest of the context, "
                   "as vLLM)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 30));
+  sub->add_option("--reasoning-budget", a->server.reasoning_budget,
+                  "Reasoning tokens a request may generate at most before the engine ends the "
+                  "reasoning itself (</think>) and the answer follows; a request's "
+                  "thinking_token_budget (Messages: thinking.budget_tokens) may only lower it "
+                  "(-1: no cap)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1 << 30));
   sub->add_option("--max-context", a->max_context, "Context limit in tokens (0: the model's)")
       ->capture_default_str();
   sub->add_option("--max-body-mb", a->max_body_mb, "Largest accepted request body")
@@ -114,8 +126,21 @@ void add_serve(CLI::App& app, Runner* run) {
         dir = *d;
         log::info("serve: no --model given: serving the demo model in {}", dir);
       }
-      if (a->server.model_name == ServerOptions{}.model_name)
+      if (!a->names.empty()) {
+        a->server.model_name = a->names.front();
+        a->server.model_aliases.assign(a->names.begin() + 1, a->names.end());
+      } else {
         a->server.model_name = demo ? "dsv41-demo" : std::filesystem::path(dir).filename().string();
+      }
+      if (!a->default_kwargs.empty()) {
+        auto kw = parse_json_ordered(a->default_kwargs);
+        if (!kw || !kw->is_object()) {
+          log::error("serve: --default-chat-template-kwargs: not a JSON object: {}",
+                     kw ? a->default_kwargs : kw.status().message());
+          return kExitUsage;
+        }
+        a->server.default_chat_template_kwargs = std::move(*kw);
+      }
       a->server.max_body_bytes = a->max_body_mb << 20;
       log::info("serve: loading {} ...", dir);
       const auto t0 = std::chrono::steady_clock::now();

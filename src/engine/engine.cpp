@@ -135,6 +135,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<ModelRunner> back
   e->max_context_ = backend->max_context();
   if (options.max_context > 0) e->max_context_ = std::min(e->max_context_, options.max_context);
   e->eos_id_ = tokenizer->token_id(tokens::kEos);
+  e->think_end_id_ = tokenizer->token_id(tokens::kThinkEnd);
   e->backend_ = std::move(backend);
   e->tokenizer_ = std::move(tokenizer);
   e->options_ = options;
@@ -195,6 +196,11 @@ Result<std::vector<RequestHandle>> Engine::submit(GenerationRequest request, int
                     "must stay free for the answer)",
                     prompt_len, max_context_));
   DSV41_RETURN_IF_ERROR(validate_sampling(request.sampling, vocab_size_));
+  if (request.sampling.thinking_token_budget >= 0 &&
+      (think_end_id_ < 0 || think_end_id_ >= vocab_size_))
+    return Status::error(
+        "thinking_token_budget: this model's tokenizer has no </think> token to end the reasoning "
+        "with");
   // What no state of the pool could hold is refused now rather than left waiting forever.
   if (const int64_t total = kv_total_.load(); total > 0) {
     const int64_t longest =
@@ -315,7 +321,10 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     a->sched.known = a->prompt_len;
     a->sampler = std::make_unique<Sampler>(req.sampling,
                                            options_.seed ^ (a->ch->id() * 0x9E3779B97F4A7C15ull));
-    a->decoder = std::make_unique<StreamDecoder>(*tokenizer_, req.sampling.stop, true);
+    a->sampler->set_context(req.prompt, req.sampling.ignore_eos ? -1 : eos_id_, think_end_id_);
+    a->decoder = std::make_unique<StreamDecoder>(*tokenizer_, req.sampling.stop,
+                                                 req.sampling.skip_special_tokens);
+    a->decoder->set_include_stop(req.sampling.include_stop_str_in_output);
     if (options_.speculative) {
       a->prior_slot = acceptance_slot_.load();
       a->spec = std::make_unique<SpecTracker>(backend_->draft_block_size(),

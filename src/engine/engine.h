@@ -94,7 +94,7 @@ struct EngineOptions {
   std::string model_dir;  // path "fast": a converted checkpoint; "reference": the official layout
   std::string path = "fast";
   FastRunnerOptions fast;
-  uint64_t seed = 0;        // seeds requests that carry no seed of their own
+  uint64_t seed = 0;  // seeds requests that carry no seed of their own
   // Submissions waiting beyond the free running seats (max_num_seqs minus running) that are
   // refused (kCapacity; the server's 429). 0: none wait, a request beyond max_num_seqs running is
   // refused at once.
@@ -236,6 +236,7 @@ class Engine {
   int32_t vocab_size_ = 0;
   int64_t max_context_ = 0;
   int32_t eos_id_ = -1;
+  int32_t think_end_id_ = -1;  // the reasoning's end (thinking_token_budget)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -42,6 +42,22 @@ Status validate_sampling(const SamplingParams& p, int32_t vocab_size) {
         fmt::format("prompt_logprobs: {} is outside [0, {}]", p.prompt_logprobs, kMaxTopLogprobs));
   if (p.max_tokens < 1)
     return Status::error(fmt::format("max_tokens: {} must be at least 1", p.max_tokens));
+  if (!(p.repetition_penalty > 0) || !std::isfinite(p.repetition_penalty))
+    return Status::error(
+        fmt::format("repetition_penalty: {} must be a positive number", p.repetition_penalty));
+  if (p.min_tokens < 0 || p.min_tokens > p.max_tokens)
+    return Status::error(
+        fmt::format("min_tokens: {} is outside [0, max_tokens = {}]", p.min_tokens, p.max_tokens));
+  if (p.thinking_token_budget < -1)
+    return Status::error(
+        fmt::format("thinking_token_budget: {} must be at least 0", p.thinking_token_budget));
+  for (const auto& w : p.bad_words_ids) {
+    if (w.empty()) return Status::error("bad_words: a bad word must not be empty");
+    for (int32_t id : w)
+      if (id < 0 || id >= vocab_size)
+        return Status::error(fmt::format("bad_words: token id {} is outside the vocabulary [0, {})",
+                                         id, vocab_size));
+  }
   for (int32_t id : p.stop_token_ids)
     if (id < 0 || id >= vocab_size)
       return Status::error(
@@ -56,11 +72,56 @@ Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
 
 void Sampler::accept(int32_t token) {
   ++counts_[token];
+  if (token == reasoning_end_ && reasoning_end_at_ < 0 && p_.thinking_token_budget >= 0)
+    reasoning_end_at_ = int64_t(generated_.size());
+  generated_.push_back(token);
 }
 
 void Sampler::unaccept(int32_t token) {
   auto it = counts_.find(token);
   if (it != counts_.end() && --it->second == 0) counts_.erase(it);
+  if (!generated_.empty() && generated_.back() == token) generated_.pop_back();
+  if (reasoning_end_at_ >= int64_t(generated_.size())) reasoning_end_at_ = -1;
+}
+
+void Sampler::set_context(const std::vector<int32_t>& prompt, int32_t eos, int32_t reasoning_end) {
+  eos_ = eos;
+  reasoning_end_ = reasoning_end;
+  prompt_ids_.clear();
+  if (p_.repetition_penalty != 1.0) {
+    prompt_ids_ = prompt;
+    std::sort(prompt_ids_.begin(), prompt_ids_.end());
+    prompt_ids_.erase(std::unique(prompt_ids_.begin(), prompt_ids_.end()), prompt_ids_.end());
+  }
+}
+
+int64_t Sampler::reasoning_tokens() const {
+  if (p_.thinking_token_budget < 0) return 0;
+  return reasoning_end_at_ >= 0 ? reasoning_end_at_ + 1 : int64_t(generated_.size());
+}
+
+bool Sampler::process_extras(std::vector<float>& logits, ProcessedDistribution* d) {
+  // The reasoning cap first: when it is reached nothing else can be drawn.
+  if (p_.thinking_token_budget >= 0 && reasoning_end_ >= 0 && reasoning_end_at_ < 0 &&
+      int64_t(generated_.size()) + 1 >= std::max(1, p_.thinking_token_budget)) {
+    d->ids.assign(1, reasoning_end_);
+    d->probs.assign(1, 1.0);
+    d->greedy = true;
+    return true;
+  }
+  const float ninf = -std::numeric_limits<float>::infinity();
+  if (int64_t(generated_.size()) < p_.min_tokens) {
+    if (eos_ >= 0) logits[static_cast<std::size_t>(eos_)] = ninf;
+    for (int32_t id : p_.stop_token_ids) logits[static_cast<std::size_t>(id)] = ninf;
+  }
+  for (const auto& w : p_.bad_words_ids) {
+    const std::size_t head = w.size() - 1;  // tokens that must end the output already
+    if (head > generated_.size()) continue;
+    if (std::equal(w.begin(), w.begin() + std::ptrdiff_t(head),
+                   generated_.end() - std::ptrdiff_t(head)))
+      logits[static_cast<std::size_t>(w.back())] = ninf;
+  }
+  return false;
 }
 
 double ProcessedDistribution::probability(int32_t token) const {
@@ -80,10 +141,22 @@ void Sampler::process(std::vector<float>& logits, ProcessedDistribution* d) {
   // Temperatures below vLLM's sampling epsilon are greedy (1 / T would overflow the float scale).
   d->greedy = p_.temperature < kGreedyBelowTemperature;
   for (const auto& [id, bias] : p_.logit_bias) logits[static_cast<std::size_t>(id)] += bias;
+  // vLLM's order: the repetition penalty, then presence and frequency.
+  if (p_.repetition_penalty != 1.0) {
+    const auto rp = static_cast<float>(p_.repetition_penalty);
+    auto penalise = [&](int32_t id) {
+      float& l = logits[static_cast<std::size_t>(id)];
+      l = l > 0 ? l / rp : l * rp;
+    };
+    for (int32_t id : prompt_ids_) penalise(id);
+    for (const auto& [id, n] : counts_)
+      if (!std::binary_search(prompt_ids_.begin(), prompt_ids_.end(), id)) penalise(id);
+  }
   for (const auto& [id, n] : counts_) {
     float& l = logits[static_cast<std::size_t>(id)];
     l -= static_cast<float>(p_.presence_penalty + p_.frequency_penalty * n);
   }
+  if (process_extras(logits, d)) return;
   if (d->greedy) {  // the first maximum
     std::size_t best = 0;
     for (std::size_t i = 1; i < logits.size(); ++i)

@@ -39,6 +39,21 @@ struct SamplingParams {
   std::vector<std::string> stop;        // stop strings (matched on decoded text)
   std::vector<int32_t> stop_token_ids;  // in addition to EOS
   bool ignore_eos = false;
+  // vLLM's repetition_penalty (> 0; 1: off): the logit of every token seen in the prompt or the
+  // output is divided by it when positive, multiplied by it otherwise.
+  double repetition_penalty = 1.0;
+  // EOS and stop_token_ids cannot be drawn before this many tokens were generated (vLLM's).
+  int min_tokens = 0;
+  // vLLM's bad_words, tokenized: a sequence's last token cannot be drawn when the output ends with
+  // the rest of it (a one-token sequence: never).
+  std::vector<std::vector<int32_t>> bad_words_ids;
+  // A cap on the reasoning (-1: none). With a value >= 0 the generation starts inside the
+  // reasoning (the prompt opened it) and, once budget - 1 tokens of it were generated, the
+  // reasoning's end token (Sampler::set_context) is the only one that can be drawn: the reasoning,
+  // its end token included, holds at most max(budget, 1) tokens.
+  int thinking_token_budget = -1;
+  bool skip_special_tokens = true;          // special tokens are left out of the text
+  bool include_stop_str_in_output = false;  // a matched stop string ends the text (not cut)
 };
 
 // Checks ranges against the vocabulary; the message names the parameter.
@@ -77,14 +92,28 @@ class Sampler {
   // Records a generated token (for the penalties), or takes one back (a rejected draft).
   void accept(int32_t token);
   void unaccept(int32_t token);
+  // What the request's prompt-dependent processing needs: the prompt (repetition_penalty), the
+  // end-of-sequence token (min_tokens; -1: none) and the reasoning's end token
+  // (thinking_token_budget; -1: none).
+  void set_context(const std::vector<int32_t>& prompt, int32_t eos, int32_t reasoning_end);
+  // Tokens generated so far inside the reasoning, its end token included (thinking_token_budget).
+  int64_t reasoning_tokens() const;
 
  private:
   void process_top_k(const std::vector<float>& logits, std::size_t k, ProcessedDistribution* d);
   void nucleus(const std::vector<double>& prob, ProcessedDistribution* d);
 
+  // The masks of vLLM's min_tokens and bad_words, and the reasoning cap; true when the cap decided
+  // the token (`d` holds it).
+  bool process_extras(std::vector<float>& logits, ProcessedDistribution* d);
+
   const SamplingParams& p_;
   Rng rng_;
   std::unordered_map<int32_t, int32_t> counts_;
+  std::vector<int32_t> generated_;   // accepted tokens in order (bad_words, the reasoning cap)
+  std::vector<int32_t> prompt_ids_;  // distinct prompt tokens (repetition_penalty)
+  int32_t eos_ = -1, reasoning_end_ = -1;
+  int64_t reasoning_end_at_ = -1;  // index in generated_ of the accepted end token (-1: none yet)
   std::vector<std::pair<float, int32_t>> cand_;  // scratch (sorted candidates)
   std::vector<double> prob_;                     // scratch (their probabilities)
   std::vector<int32_t> ids_;                     // scratch (top-p selection)

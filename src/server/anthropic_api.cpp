@@ -67,6 +67,25 @@ std::optional<ApiError> text_of(const OJson& v, const std::string& param, std::s
   return join_text_parts(v, param, kRules, out);
 }
 
+// Claude Code sends a first system block "x-anthropic-billing-header: ..." whose value changes on
+// every request; encoded, it would make every prompt differ from its first block on and no prefix
+// cache hit would survive. Such blocks are left out of the prompt (docs/server.md).
+constexpr std::string_view kBillingHeader = "x-anthropic-billing-header";
+
+OJson without_billing_header(const OJson& system) {
+  if (!system.is_array()) return system;
+  OJson kept = OJson::array();
+  for (const OJson& b : system) {
+    const auto type = b.is_object() ? b.find("type") : b.end();
+    const auto text = b.is_object() ? b.find("text") : b.end();
+    const bool billing = type != b.end() && *type == "text" && text != b.end() &&
+                         text->is_string() &&
+                         text->get_ref<const std::string&>().rfind(kBillingHeader, 0) == 0;
+    if (!billing) kept.push_back(b);
+  }
+  return kept;
+}
+
 // One Anthropic message -> ChatMessages: a user message's tool_result blocks become tool messages
 // (the encoder merges them into the user turn), its text blocks one user message; an assistant
 // message's thinking / text / tool_use blocks one assistant message.
@@ -192,33 +211,47 @@ std::optional<ApiError> convert_tools(const OJson& v, std::vector<OJson>& out) {
   return std::nullopt;
 }
 
-// thinking: {"type": "enabled", "budget_tokens": N} -> thinking mode with the reasoning effort of
-// the budget (docs/server.md): <= 4,096 "low" (25), <= 16,384 "high" (50), <= 32,768 "xhigh" (75),
-// more "max" (100); {"type": "adaptive"}: thinking at the default effort; {"type": "disabled"} or
-// absent: chat mode (Anthropic's default).
-std::optional<ApiError> convert_thinking(const OJson& v, int64_t max_tokens, bool count_only,
-                                         ChatOptions& opt) {
-  opt.thinking = false;
-  if (v.is_null()) return std::nullopt;
-  if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
-    return bad("thinking", "must be an object with a type ('enabled', 'disabled' or 'adaptive')");
-  const std::string type = v["type"].get<std::string>();
-  if (type == "disabled") return std::nullopt;
-  if (type == "adaptive") {
-    opt.thinking = true;
-    return std::nullopt;
-  }
-  if (type != "enabled")
-    return bad("thinking.type", "must be 'enabled', 'disabled' or 'adaptive', got '" + type + "'");
-  const OJson* b = v.contains("budget_tokens") ? &v["budget_tokens"] : nullptr;
-  if (!b || !b->is_number_integer()) return bad("thinking.budget_tokens", "required integer");
-  const int64_t budget = b->get<int64_t>();
-  if (budget < 1024) return bad("thinking.budget_tokens", "must be at least 1024");
-  if (!count_only && budget >= max_tokens)
-    return bad("thinking.budget_tokens",
-               fmt::format("must be less than max_tokens ({} >= {})", budget, max_tokens));
+// thinking, as DeepSeek's Anthropic format reads it (docs/chat.md "Thinking and effort"): absent,
+// {"type": "enabled"} or {"type": "adaptive"} -> thinking mode at the default effort (high);
+// {"type": "disabled"} -> chat mode; {"type": "enabled", "budget_tokens": N} (N >= 1024, below
+// max_tokens) caps the reasoning at N tokens (`budget`) and picks the effort of the budget:
+// <= 4,096 low, <= 32,768 high, more max. output_config.effort (any name of the effort table, or
+// 1-100) overrides the effort.
+std::optional<ApiError> convert_thinking(const OJson& body, int64_t max_tokens, bool count_only,
+                                         ChatOptions& opt, int64_t& budget) {
   opt.thinking = true;
-  opt.reasoning_effort = budget <= 4096 ? 25 : budget <= 16384 ? 50 : budget <= 32768 ? 75 : 100;
+  budget = -1;
+  const auto th = body.find("thinking");
+  if (th != body.end() && !th->is_null()) {
+    const OJson& v = *th;
+    if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+      return bad("thinking", "must be an object with a type ('enabled', 'disabled' or 'adaptive')");
+    const std::string type = v["type"].get<std::string>();
+    if (type != "enabled" && type != "disabled" && type != "adaptive")
+      return bad("thinking.type",
+                 "must be 'enabled', 'disabled' or 'adaptive', got '" + type + "'");
+    opt.thinking = type != "disabled";
+    const auto b = v.find("budget_tokens");
+    if (type == "enabled" && b != v.end() && !b->is_null()) {
+      if (!b->is_number_integer()) return bad("thinking.budget_tokens", "must be an integer");
+      budget = b->get<int64_t>();
+      if (budget < 1024) return bad("thinking.budget_tokens", "must be at least 1024");
+      if (!count_only && budget >= max_tokens)
+        return bad("thinking.budget_tokens",
+                   fmt::format("must be less than max_tokens ({} >= {})", budget, max_tokens));
+      opt.reasoning_effort = budget <= 4096 ? 25 : budget <= 32768 ? 50 : 100;
+    }
+  }
+  const auto oc = body.find("output_config");
+  if (oc != body.end() && !oc->is_null()) {
+    if (!oc->is_object()) return bad("output_config", "must be an object");
+    const auto e = oc->find("effort");
+    if (e != oc->end() && !e->is_null()) {
+      auto effort = parse_reasoning_effort(*e, "output_config.effort");
+      if (!effort) return bad_from("output_config.effort", effort.status().message());
+      opt.reasoning_effort = *effort;
+    }
+  }
   return std::nullopt;
 }
 
@@ -250,15 +283,18 @@ std::optional<ApiError> parse_sampling(Fields& f, const OJson& body, SamplingPar
 
 std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tokens,
                                               bool count_only, ChatRequest& chat,
-                                              bool& extract_tools) {
+                                              bool& extract_tools, int64_t* budget,
+                                              bool* single_call) {
   Fields f(body);
   std::vector<ChatMessage>& msgs = chat.messages;
   ChatOptions& opt = chat.options;
-  if (const OJson* sys = f.get("system")) {
+  const OJson* sys = f.get("system");
+  const OJson system = sys ? without_billing_header(*sys) : OJson();
+  if (sys && !(sys->is_array() && !sys->empty() && system.empty())) {  // not billing blocks only
     ChatMessage s;
     s.role = "system";
     std::string text;
-    if (auto e = text_of(*sys, "system", text)) return e;
+    if (auto e = text_of(system, "system", text)) return e;
     s.content = std::move(text);
     msgs.push_back(std::move(s));
   }
@@ -277,14 +313,20 @@ std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tok
     if (!tc->is_object() || !tc->contains("type") || !(*tc)["type"].is_string())
       return bad("tool_choice", "must be an object with a type");
     tool_choice = (*tc)["type"].get<std::string>();
+    const auto one = tc->find("disable_parallel_tool_use");
+    if (one != tc->end() && !one->is_null()) {
+      if (!one->is_boolean())
+        return bad("tool_choice.disable_parallel_tool_use", "must be a boolean");
+      if (single_call) *single_call = one->get<bool>();
+    }
     if (tool_choice != "auto" && tool_choice != "none")
       return bad("tool_choice.type",
                  "only 'auto' and 'none' are supported (V4.1 has no forced tool call), got '" +
                      tool_choice + "'");
   }
-  if (auto e = convert_thinking(body.contains("thinking") ? body["thinking"] : OJson(nullptr),
-                                max_tokens, count_only, opt))
-    return e;
+  int64_t asked = -1;
+  if (auto e = convert_thinking(body, max_tokens, count_only, opt, asked)) return e;
+  if (budget) *budget = asked;
   if (msgs.empty()) return bad("messages", "no message with content");  // guard: cannot happen
   // A final assistant message is a prefill the answer continues (Anthropic's rule).
   opt.continue_final_message = msgs.back().role == "assistant";
@@ -300,7 +342,7 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
   const OJson* m = f.get("model");
   if (!m) return bad("model", "required field missing");
   if (!m->is_string()) return bad("model", "must be a string");
-  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
+  if (!model.serves(m->get<std::string>())) return model_not_found(m->get<std::string>(), model);
   job.model = model.name;
   job.chat = true;
   int64_t max_tokens = 0;
@@ -315,16 +357,17 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
 
   ChatRequest chat;
   bool extract_tools = false;
-  if (auto e = messages_conversation(body, max_tokens, count_only, chat, extract_tools)) return e;
+  int64_t budget = -1;
+  if (auto e = messages_conversation(body, max_tokens, count_only, chat, extract_tools, &budget,
+                                     &job.single_tool_call))
+    return e;
   const std::vector<ChatMessage>& msgs = chat.messages;
   const ChatOptions& opt = chat.options;
-  const ChatMessage& last = msgs.back();
   auto prompt = encode_chat(msgs, opt);
   if (!prompt) return bad("messages", prompt.status().message());
   // Generation starts inside the reasoning in thinking mode, unless a prefill already closed it.
-  job.thinking = opt.thinking && (!opt.continue_final_message ||
-                                  (last.reasoning && !last.reasoning->empty() &&
-                                   last.content.value_or("").empty() && last.tool_calls.empty()));
+  job.thinking = generation_starts_in_reasoning(msgs, opt);
+  apply_reasoning_budget(model, budget, job);
   job.extract_tools = extract_tools;
   job.request.prompt = tok.encode(*prompt);
   // count_tokens answers for any length: a prompt over the context is what a client asks it about.
@@ -343,7 +386,9 @@ std::string event(const char* name, const OJson& data) {
 class MessagesWriter final : public ResponseWriter, BlockListener {
  public:
   MessagesWriter(const GenerationJob& job, const std::string& id)
-      : job_(job), id_("msg_" + id), parser_(job.thinking, job.extract_tools) {}
+      : job_(job), id_("msg_" + id), parser_(job.thinking, job.extract_tools) {
+    grouper_.set_single_call(job.single_tool_call);
+  }
 
   // message_start waits for the engine's first output: its usage splits the prompt into computed
   // and cached tokens, which the engine knows once the request is admitted (until then only pings

@@ -19,10 +19,12 @@ std::string anthropic_error_body(const ApiError& e);
 
 // The conversation of a Messages body as the chat encoder takes it (system, messages, tools
 // attached; options: thinking and effort, continue_final_message for a final assistant prefill);
-// what parse_messages_request encodes. `max_tokens` bounds thinking.budget_tokens.
+// what parse_messages_request encodes. `max_tokens` bounds thinking.budget_tokens, which `budget`
+// receives (-1: none); `single_call`: tool_choice.disable_parallel_tool_use.
 std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tokens,
                                               bool count_only, ChatRequest& chat,
-                                              bool& extract_tools);
+                                              bool& extract_tools, int64_t* budget = nullptr,
+                                              bool* single_call = nullptr);
 
 // Parses a Messages request into `job` (chat prompt tokenized); `count_only`: the count_tokens
 // body (no max_tokens, nothing generated, any length: the context limit is not checked).

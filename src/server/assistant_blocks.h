@@ -30,9 +30,13 @@ class BlockListener {
 class BlockGrouper {
  public:
   // `listener` may be null (whole-response writers).
+  // parallel_tool_calls false (Anthropic: disable_parallel_tool_use): calls after the first are
+  // dropped.
+  void set_single_call(bool on) { single_call_ = on; }
   void feed(std::vector<AssistantEvent>& events, BlockListener* listener) {
     for (AssistantEvent& e : events) {
       if (e.kind == AssistantEvent::Kind::kToolCall) {
+        if (single_call_ && tool_calls() >= 1) continue;
         close(listener);
         AssistantBlock b;
         b.kind = AssistantBlock::Kind::kToolCall;
@@ -77,6 +81,7 @@ class BlockGrouper {
   }
   std::vector<AssistantBlock> blocks_;
   bool open_ = false;  // the last block still grows
+  bool single_call_ = false;
 };
 
 }  // namespace dsv41

@@ -155,6 +155,9 @@ struct HttpServer::Impl {
     model.name = opt.model_name;
     model.max_context = engine.max_context();
     model.default_max_tokens = opt.default_max_tokens;
+    model.reasoning_budget = opt.reasoning_budget;
+    model.aliases = opt.model_aliases;
+    model.default_chat_template_kwargs = opt.default_chat_template_kwargs;
     nonce = std::random_device{}();
     started = static_cast<int64_t>(std::time(nullptr));
     routes();
@@ -301,6 +304,8 @@ void HttpServer::Impl::routes() {
     for (const GenerationApi* api :
          {completions_api.get(), chat_api.get(), messages_api.get(), responses_api.get()})
       generation = generation || req.path == api->endpoint();
+    generation =
+        generation || req.path == "/beta/completions" || req.path == "/beta/chat/completions";
     if (generation && (res.status == 200 || res.has_header("X-Request-Id"))) return;
     // An open dashboard scrapes /metrics every second and the page loads its files: at debug.
     const bool polled =
@@ -377,7 +382,7 @@ void HttpServer::Impl::routes() {
   });
   on("GET", "/v1/models/(.+)", "/v1/models/{id}",
      [this](const httplib::Request& req, httplib::Response& res) {
-       if (req.matches[1] != model.name) {
+       if (!model.serves(req.matches[1])) {
          send_error(res, model_not_found(req.matches[1], model));
          metrics.request_done("/v1/models/{id}", 404);
          return;
@@ -419,6 +424,15 @@ void HttpServer::Impl::routes() {
        generation(req, res, *completions_api);
      });
   on("POST", "/v1/chat/completions", "/v1/chat/completions",
+     [this](const httplib::Request& req, httplib::Response& res) {
+       generation(req, res, *chat_api);
+     });
+  // DeepSeek's beta paths (chat prefix completion, FIM completion) are the same endpoints here.
+  on("POST", "/beta/completions", "/v1/completions",
+     [this](const httplib::Request& req, httplib::Response& res) {
+       generation(req, res, *completions_api);
+     });
+  on("POST", "/beta/chat/completions", "/v1/chat/completions",
      [this](const httplib::Request& req, httplib::Response& res) {
        generation(req, res, *chat_api);
      });
@@ -693,7 +707,7 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
   if (auto e = parse_body(req, body)) return fail(*e);
   std::string text;
   if (body.contains("messages")) {
-    auto chat = parse_chat_request(body);
+    auto chat = parse_chat_request(with_default_kwargs(body, model));
     if (!chat) {
       const std::string& m = chat.status().message();
       return fail(make_error(400, m, "invalid_request_error", m.substr(0, m.find(": "))));

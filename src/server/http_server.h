@@ -9,8 +9,11 @@
 #include <memory>
 #include <string>
 
+#include <vector>
+
 #include "core/status.h"
 #include "engine/engine.h"
+#include "text/json_ordered.h"
 
 namespace dsv41 {
 
@@ -19,6 +22,10 @@ struct ServerOptions {
   int port = 8000;  // 0: any free port (see HttpServer::port())
   std::string model_name = "dsv41";
   int default_max_tokens = 0;  // chat requests without max_tokens (0: the rest of the context)
+  int reasoning_budget = -1;   // --reasoning-budget: every request's reasoning cap (-1: none)
+  std::vector<std::string> model_aliases;  // --served-model-name's names after the first
+  // --default-chat-template-kwargs (an object): what chat requests' chat_template_kwargs start from
+  OJson default_chat_template_kwargs = OJson::object();
   std::size_t max_body_bytes = 8u << 20;
   int shutdown_timeout_s = 30;  // how long SIGTERM waits for in-flight requests
   // HTTP worker threads; each open generation request holds one (httplib is thread-per-request).

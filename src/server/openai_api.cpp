@@ -12,6 +12,7 @@
 
 #include "text/byte_level.h"
 #include "text/chat.h"
+#include "text/special_tokens.h"
 
 namespace dsv41 {
 namespace {
@@ -39,14 +40,117 @@ bool token_ids(const OJson& v, int32_t vocab, const std::string& param, std::vec
   return true;
 }
 
+// Fields that vLLM's or DeepSeek's API documents and this server does not implement: a request
+// that sets one to anything but its no-op value (`noop`, JSON text; null: any value) is refused
+// naming it, never silently ignored (docs/server.md lists what each API accepts).
+struct RefusedField {
+  const char* name;
+  const char* noop;
+  const char* why;
+};
+constexpr RefusedField kRefusedFields[] = {
+    {"use_beam_search", "false", "beam search is not implemented"},
+    {"length_penalty", "1", "beam search is not implemented"},
+    {"allowed_token_ids", nullptr, "not implemented (logit_bias can restrict tokens)"},
+    {"guided_json", nullptr, "guided decoding is not implemented"},
+    {"guided_regex", nullptr, "guided decoding is not implemented"},
+    {"guided_choice", nullptr, "guided decoding is not implemented"},
+    {"guided_grammar", nullptr, "guided decoding is not implemented"},
+    {"guided_decoding_backend", nullptr, "guided decoding is not implemented"},
+    {"guided_whitespace_pattern", nullptr, "guided decoding is not implemented"},
+    {"structured_outputs", nullptr, "structured outputs are not implemented"},
+    {"logits_processors", nullptr, "custom logits processors are not supported"},
+    {"prompt_embeds", nullptr, "prompts are text or token ids"},
+    {"spaces_between_special_tokens", "true", "special tokens are decoded as they are"},
+    {"return_tokens_as_token_ids", "false", "not implemented (return_token_ids gives the ids)"},
+    {"priority", "0", "requests are served in arrival order"},
+    {"kv_transfer_params", nullptr, "disaggregated serving is not implemented"},
+    {"vllm_xargs", nullptr, "not supported"},
+    {"mm_processor_kwargs", nullptr, "this server runs the text model"},
+};
+constexpr RefusedField kRefusedChatFields[] = {
+    {"chat_template", nullptr, "the V4.1 chat encoding is built in"},
+    {"documents", nullptr, "not supported by the V4.1 chat encoding"},
+    {"echo", "false", "not implemented for chat (completions have echo)"},
+};
+
+bool is_noop(const OJson& v, const char* noop) {
+  if (!noop) return false;
+  const OJson want = OJson::parse(noop);
+  if (v.is_number() && want.is_number()) return v.get<double>() == want.get<double>();
+  return v == want;
+}
+
+std::optional<ApiError> refuse_unsupported(const OJson& body, bool chat) {
+  auto check = [&](const RefusedField& r) -> std::optional<ApiError> {
+    const auto it = body.find(r.name);
+    if (it == body.end() || it->is_null() || is_noop(*it, r.noop)) return std::nullopt;
+    return bad(r.name, fmt::format("is not supported by this server: {}", r.why));
+  };
+  for (const RefusedField& r : kRefusedFields)
+    if (auto e = check(r)) return e;
+  if (chat)
+    for (const RefusedField& r : kRefusedChatFields)
+      if (auto e = check(r)) return e;
+  return std::nullopt;
+}
+
+// vLLM's output and sampling fields beyond OpenAI's (both endpoints): repetition_penalty,
+// min_tokens, bad_words (tokenized as they are and after a space, as vLLM does),
+// include_stop_str_in_output, skip_special_tokens, return_token_ids.
+std::optional<ApiError> parse_vllm_fields(Fields& f, const Tokenizer& tok, GenerationJob& job) {
+  SamplingParams& s = job.request.sampling;
+  if (const OJson* rp = f.get("repetition_penalty")) {
+    if (!rp->is_number() || !(rp->get<double>() > 0) || !(rp->get<double>() <= 100))
+      return bad("repetition_penalty", "must be a number in (0, 100] (1: off)");
+    s.repetition_penalty = rp->get<double>();
+  }
+  int64_t min_tokens = 0;
+  if (!f.integer("min_tokens", 0, std::numeric_limits<int32_t>::max(), min_tokens)) return f.err;
+  s.min_tokens = static_cast<int>(min_tokens);
+  if (const OJson* bw = f.get("bad_words")) {
+    if (!bw->is_array()) return bad("bad_words", "must be an array of strings");
+    for (const OJson& w : *bw) {
+      if (!w.is_string() || w.get<std::string>().empty())
+        return bad("bad_words", "must hold non-empty strings");
+      for (const std::string& form : {w.get<std::string>(), " " + w.get<std::string>()}) {
+        std::vector<int32_t> ids = tok.encode(form);
+        if (!ids.empty() &&
+            std::find(s.bad_words_ids.begin(), s.bad_words_ids.end(), ids) == s.bad_words_ids.end())
+          s.bad_words_ids.push_back(std::move(ids));
+      }
+    }
+  }
+  if (!f.boolean("include_stop_str_in_output", s.include_stop_str_in_output)) return f.err;
+  if (!f.boolean("skip_special_tokens", s.skip_special_tokens)) return f.err;
+  if (!f.boolean("return_token_ids", job.return_token_ids)) return f.err;
+  return std::nullopt;
+}
+
+// vLLM's truncate_prompt_tokens: the prompt's last N tokens are kept (-1: as many as the context
+// leaves room for); after tokenization, before the context check.
+std::optional<ApiError> truncate_prompt(Fields& f, const ServedModel& model, GenerationJob& job) {
+  const OJson* t = f.get("truncate_prompt_tokens");
+  if (!t) return std::nullopt;
+  int64_t keep = 0;
+  if (!f.integer("truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max(), keep))
+    return f.err;
+  if (keep == 0) return bad("truncate_prompt_tokens", "must be -1 or at least 1");
+  if (keep < 0) keep = model.max_context - 1;
+  std::vector<int32_t>& p = job.request.prompt;
+  if (int64_t(p.size()) > keep) p.erase(p.begin(), p.end() - keep);
+  return std::nullopt;
+}
+
 // Fields shared by both endpoints: model, n, stream, sampling, stops.
-std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model, int32_t vocab,
-                                     GenerationJob& job) {
+std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model,
+                                     const Tokenizer& tok, GenerationJob& job) {
+  const int32_t vocab = tok.vocab_size();
   if (!body.is_object()) return bad("", "the request body must be a JSON object");
   auto m = body.find("model");
   if (m == body.end() || m->is_null()) return bad("model", "required field missing");
   if (!m->is_string()) return bad("model", "must be a string");
-  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
+  if (!model.serves(m->get<std::string>())) return model_not_found(m->get<std::string>(), model);
   job.model = model.name;
   Fields f(body);
   SamplingParams& s = job.request.sampling;
@@ -71,7 +175,15 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
     Fields sf(*so);
     if (!sf.boolean("include_usage", job.include_usage))
       return bad("stream_options.include_usage", "must be a boolean");
+    bool continuous = false;  // vLLM's: usage in every chunk
+    if (!sf.boolean("continuous_usage_stats", continuous))
+      return bad("stream_options.continuous_usage_stats", "must be a boolean");
+    if (continuous)
+      return bad("stream_options.continuous_usage_stats",
+                 "is not supported (include_usage sends the usage after the last choice)");
   }
+  if (auto e = refuse_unsupported(body, job.chat)) return e;
+  if (auto e = parse_vllm_fields(f, tok, job)) return e;
   if (!f.number("temperature", 0, 2, false, s.temperature)) return f.err;
   if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
   if (!f.integer("top_k", -1, std::numeric_limits<int32_t>::max(), top_k)) return f.err;
@@ -128,6 +240,10 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
     if (!token_ids(*ids, vocab, "stop_token_ids", s.stop_token_ids, err)) return err;
   }
   if (const OJson* u = f.get("user"); u && !u->is_string()) return bad("user", "must be a string");
+  if (const OJson* rf = f.get("response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
+      return bad("response_format", "only {\"type\": \"text\"} is supported");
+  }
   return std::nullopt;
 }
 
@@ -157,11 +273,56 @@ std::string error_body(const ApiError& e) {
   return dump_safe(body);
 }
 
+namespace {
+
+// DeepSeek's fill-in-the-middle prompt (prefix-suffix-middle order, as DeepSeek's models were
+// trained on it): BOS, <｜fim▁begin｜>, the text before the hole, <｜fim▁hole｜>, the text after
+// it, <｜fim▁end｜>; the model writes the middle. A tokenizer without the three tokens cannot.
+std::optional<ApiError> fim_prompt(const Tokenizer& tok, const std::string& prefix,
+                                   const std::string& suffix, std::vector<int32_t>& out) {
+  int32_t ids[4];
+  const char* names[4] = {tokens::kBos, tokens::kFimBegin, tokens::kFimHole, tokens::kFimEnd};
+  for (int i = 0; i < 4; ++i) {
+    ids[i] = tok.token_id(names[i]);
+    if (ids[i] < 0)
+      return bad("suffix", fmt::format("fill-in-the-middle needs the token {}, which this model's "
+                                       "tokenizer does not have",
+                                       names[i]));
+  }
+  out = {ids[0], ids[1]};
+  const auto pre = tok.encode(prefix), suf = tok.encode(suffix);
+  out.insert(out.end(), pre.begin(), pre.end());
+  out.push_back(ids[2]);
+  out.insert(out.end(), suf.begin(), suf.end());
+  out.push_back(ids[3]);
+  return std::nullopt;
+}
+
+}  // namespace
+
+OJson with_default_kwargs(const OJson& body, const ServedModel& model) {
+  if (model.default_chat_template_kwargs.empty() || !body.is_object()) return body;
+  const auto own = body.find("chat_template_kwargs");
+  if (own != body.end() && !own->is_null() && !own->is_object()) return body;
+  OJson merged = body;
+  OJson kwargs = model.default_chat_template_kwargs;
+  if (own != body.end() && !own->is_null())
+    for (const auto& [k, v] : own->items()) kwargs[k] = v;
+  merged["chat_template_kwargs"] = std::move(kwargs);
+  return merged;
+}
+
+void apply_reasoning_budget(const ServedModel& model, int64_t asked, GenerationJob& job) {
+  int64_t cap = model.reasoning_budget;
+  if (asked >= 0) cap = cap < 0 ? asked : std::min(cap, asked);
+  job.request.sampling.thinking_token_budget = job.thinking && cap >= 0 ? int(cap) : -1;
+}
+
 std::optional<ApiError> parse_completion_request(const OJson& body, const ServedModel& model,
                                                  const Tokenizer& tok, GenerationJob& job) {
   const int32_t vocab = tok.vocab_size();
-  if (auto e = parse_common(body, model, vocab, job)) return e;
   job.chat = false;
+  if (auto e = parse_common(body, model, tok, job)) return e;
   Fields f(body);
   bool echo = false;
   if (!f.boolean("echo", echo)) return f.err;
@@ -186,9 +347,12 @@ std::optional<ApiError> parse_completion_request(const OJson& body, const Served
   // defaults to logprobs with echo), top `logprobs` of them shown.
   if (echo && logprobs >= 0 && job.request.sampling.prompt_logprobs < 0)
     job.request.sampling.prompt_logprobs = static_cast<int>(logprobs);
-  if (const OJson* sfx = f.get("suffix");
-      sfx && !(sfx->is_string() && sfx->get<std::string>().empty()))
-    return bad("suffix", "suffix is not supported");
+  // DeepSeek's FIM completion: the text after the hole (an empty suffix is a plain completion).
+  std::string suffix;
+  if (const OJson* sfx = f.get("suffix")) {
+    if (!sfx->is_string()) return bad("suffix", "must be a string");
+    suffix = sfx->get<std::string>();
+  }
   const OJson* p = f.get("prompt");
   if (!p) return bad("prompt", "required field missing");
   std::optional<ApiError> err;
@@ -209,7 +373,12 @@ std::optional<ApiError> parse_completion_request(const OJson& body, const Served
     return bad("prompt",
                "must be a string, an array of token ids, or a one-element array of either");
   }
-  if (!ids) {
+  if (!suffix.empty()) {
+    if (ids)
+      return bad("suffix", "fill-in-the-middle needs a string prompt (the text before the hole)");
+    if (echo) return bad("echo", "is not supported with suffix (fill-in-the-middle)");
+    if (auto e = fim_prompt(tok, job.prompt_text, suffix, job.request.prompt)) return e;
+  } else if (!ids) {
     job.request.prompt = tok.encode(job.prompt_text);
   } else if (echo) {
     auto text = tok.decode(job.request.prompt);  // ids are in range: cannot fail
@@ -217,13 +386,14 @@ std::optional<ApiError> parse_completion_request(const OJson& body, const Served
     job.prompt_text = std::move(*text);
   }
   if (!echo) job.prompt_text.clear();
+  if (auto e = truncate_prompt(f, model, job)) return e;
   return check_prompt_length(job, model, "prompt");
 }
 
 std::optional<ApiError> parse_chat_completion_request(const OJson& body, const ServedModel& model,
                                                       const Tokenizer& tok, GenerationJob& job) {
-  if (auto e = parse_common(body, model, tok.vocab_size(), job)) return e;
   job.chat = true;
+  if (auto e = parse_common(body, model, tok, job)) return e;
   Fields f(body);
   // Absent: vLLM's default, the rest of the context (the engine stops there), unless the server
   // was given --default-max-tokens.
@@ -240,19 +410,19 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
     return bad("top_logprobs", "requires logprobs to be true");
   job.want_logprobs = logprobs;
   job.request.sampling.logprobs = logprobs ? static_cast<int>(top) : -1;
-  if (const OJson* rf = f.get("response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
-      return bad("response_format", "only {\"type\": \"text\"} is supported");
-  }
   bool parallel = true;
   if (!f.boolean("parallel_tool_calls", parallel)) return f.err;
+  job.single_tool_call = !parallel;
+  int64_t budget = -1;  // vLLM's thinking_token_budget
+  if (!f.integer("thinking_token_budget", 0, std::numeric_limits<int32_t>::max(), budget))
+    return f.err;
   std::string tool_choice = "auto";
   if (const OJson* tc = f.get("tool_choice")) {
     if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
       return bad("tool_choice", "only \"auto\" and \"none\" are supported");
     tool_choice = tc->get<std::string>();
   }
-  auto req = parse_chat_request(body);
+  auto req = parse_chat_request(with_default_kwargs(body, model));
   if (!req) {
     const std::string& msg = req.status().message();
     const std::size_t colon = msg.find(": ");
@@ -263,11 +433,15 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   }
   auto prompt = encode_chat(req->messages, req->options);
   if (!prompt) return bad("messages", prompt.status().message());
-  job.thinking = req->options.thinking;
+  // A continued final message (prefix: true, continue_final_message) may have closed the
+  // reasoning already.
+  job.thinking = generation_starts_in_reasoning(req->messages, req->options);
+  apply_reasoning_budget(model, budget, job);
   bool has_tools = false;
   for (const auto& m : req->messages) has_tools |= !m.tools.empty();
   job.extract_tools = has_tools && tool_choice != "none";
   job.request.prompt = tok.encode(*prompt);
+  if (auto e = truncate_prompt(f, model, job)) return e;
   return check_prompt_length(job, model, "messages");
 }
 
@@ -281,7 +455,8 @@ ResponseBuilder::ResponseBuilder(const GenerationJob& job, const Tokenizer& tok,
       id_(std::move(id)),
       created_(created),
       index_(index),
-      parser_(job.thinking, job.extract_tools) {}
+      parser_(job.thinking, job.extract_tools),
+      reasoning_(tok, job.thinking, job.extract_tools) {}
 
 // Completions with echo: the prompt's entries of the legacy arrays (vLLM's): the first prompt
 // token has no logprob (null, and null top_logprobs); each later one its logprob and a map of the
@@ -385,11 +560,18 @@ OJson ResponseBuilder::prompt_logprobs_json() const {
   return list;
 }
 
-OJson ResponseBuilder::usage_json(int64_t completion_tokens) const {
+// OpenAI's usage with its details (cached prompt tokens: those the request's first admission took
+// from the prefix cache; reasoning tokens: told by the token ids) and DeepSeek's split of the
+// prompt into cache hits and misses.
+OJson ResponseBuilder::usage_json(int64_t completion_tokens, int64_t reasoning_tokens) const {
   OJson u = OJson::object();
   u["prompt_tokens"] = prompt_tokens_;
   u["completion_tokens"] = completion_tokens;
   u["total_tokens"] = prompt_tokens_ + completion_tokens;
+  u["prompt_tokens_details"] = {{"cached_tokens", cached_tokens_}};
+  u["completion_tokens_details"] = {{"reasoning_tokens", reasoning_tokens}};
+  u["prompt_cache_hit_tokens"] = cached_tokens_;
+  u["prompt_cache_miss_tokens"] = prompt_tokens_ - cached_tokens_;
   return u;
 }
 
@@ -402,6 +584,7 @@ std::string ResponseBuilder::finish_reason() const {
 void ResponseBuilder::absorb(const RequestOutput& out, std::vector<AssistantEvent>& events) {
   prompt_lp_.insert(prompt_lp_.end(), out.prompt_logprobs.begin(), out.prompt_logprobs.end());
   if (!job_.score_only) completion_tokens_ += static_cast<int64_t>(out.tokens.size());
+  if (job_.chat) reasoning_.feed(out.tokens);
   if (job_.chat) {
     parser_.feed(out.text, events);
     if (out.finished) parser_.finish(events);
@@ -410,7 +593,15 @@ void ResponseBuilder::absorb(const RequestOutput& out, std::vector<AssistantEven
     finished_ = true;
     reason_ = out.reason;
     prompt_tokens_ = out.prompt_tokens;
+    cached_tokens_ = std::min(out.cached_prompt_tokens, out.prompt_tokens);
     completion_tokens_ = job_.score_only ? 0 : out.completion_tokens;
+  }
+  // parallel_tool_calls: false: the calls after the first are dropped.
+  if (job_.single_tool_call) {
+    int calls = tool_calls_sent_ + int(calls_.size());
+    std::erase_if(events, [&](const AssistantEvent& e) {
+      return e.kind == AssistantEvent::Kind::kToolCall && calls++ >= 1;
+    });
   }
 }
 
@@ -450,6 +641,13 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
   }
   OJson lp = job_.want_logprobs && (!tokens.empty() || echo_now) ? logprobs_json(tokens, echo_now)
                                                                  : OJson(nullptr);
+  // return_token_ids: this output's ids ride on its first chunk (the prompt's on the first of
+  // all), as logprobs do.
+  OJson ids = nullptr;
+  if (job_.return_token_ids && (!tokens.empty() || !ids_sent_)) {
+    ids = OJson::array();
+    for (const OutputToken& t : tokens) ids.push_back(t.token);
+  }
   auto make = [&](OJson payload, const OJson& finish) {
     OJson choice = OJson::object();
     choice["index"] = index_;
@@ -461,6 +659,12 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
     choice["logprobs"] = lp;
     lp = nullptr;  // logprobs ride on the first chunk of this output only
     choice["finish_reason"] = finish;
+    if (job_.return_token_ids) {
+      choice["token_ids"] = ids.is_null() ? OJson::array() : ids;
+      if (!ids_sent_) choice["prompt_token_ids"] = job_.request.prompt;
+      ids_sent_ = true;
+      ids = nullptr;
+    }
     OJson c = OJson::object();
     c["id"] = id_;
     c["object"] = job_.chat ? "chat.completion.chunk" : "text_completion";
@@ -487,22 +691,23 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
       }
       make(std::move(d), nullptr);
     }
-    if (!lp.is_null()) make(OJson::object(), nullptr);
-  } else if (!text.empty() || !lp.is_null()) {
+    if (!lp.is_null() || !ids.is_null()) make(OJson::object(), nullptr);
+  } else if (!text.empty() || !lp.is_null() || !ids.is_null()) {
     make(text, nullptr);
   }
   if (ended_ok) make(job_.chat ? OJson::object() : OJson(""), finish_reason());
   return chunks;
 }
 
-std::string ResponseBuilder::stream_usage_chunk(int64_t completion_tokens) const {
+std::string ResponseBuilder::stream_usage_chunk(int64_t completion_tokens,
+                                                int64_t reasoning_tokens) const {
   OJson u = OJson::object();
   u["id"] = id_;
   u["object"] = job_.chat ? "chat.completion.chunk" : "text_completion";
   u["created"] = created_;
   u["model"] = job_.model;
   u["choices"] = OJson::array();
-  u["usage"] = usage_json(completion_tokens);
+  u["usage"] = usage_json(completion_tokens, reasoning_tokens);
   return dump_safe(u);
 }
 
@@ -515,9 +720,11 @@ void ResponseBuilder::add(const RequestOutput& out) {
   std::vector<AssistantEvent> events;
   absorb(out, events);
   if (!job_.score_only) tokens_.insert(tokens_.end(), out.tokens.begin(), out.tokens.end());
+  if (!job_.score_only)
+    for (const OutputToken& t : out.tokens) token_ids_.push_back(t.token);
   if (!job_.chat && !job_.score_only) text_ += out.text;
   for (auto& e : events) {
-    if (e.kind == AssistantEvent::Kind::kReasoning) reasoning_ += e.text;
+    if (e.kind == AssistantEvent::Kind::kReasoning) reasoning_text_ += e.text;
     if (e.kind == AssistantEvent::Kind::kContent) text_ += e.text;
     if (e.kind == AssistantEvent::Kind::kToolCall) calls_.push_back(std::move(e.call));
   }
@@ -531,7 +738,7 @@ OJson ResponseBuilder::choice_json() {
     OJson msg = OJson::object();
     msg["role"] = "assistant";
     msg["content"] = text_.empty() && !calls_.empty() ? OJson(nullptr) : OJson(text_);
-    msg["reasoning_content"] = job_.thinking ? OJson(reasoning_) : OJson(nullptr);
+    msg["reasoning_content"] = job_.thinking ? OJson(reasoning_text_) : OJson(nullptr);
     if (!calls_.empty()) {
       OJson calls = OJson::array();
       for (std::size_t i = 0; i < calls_.size(); ++i) {
@@ -552,6 +759,10 @@ OJson ResponseBuilder::choice_json() {
   choice["finish_reason"] = finish_reason();
   if (!job_.chat && job_.request.sampling.prompt_logprobs >= 0)
     choice["prompt_logprobs"] = prompt_logprobs_json();
+  if (job_.return_token_ids) {  // vLLM's places: the prompt's ids per choice for completions
+    if (!job_.chat) choice["prompt_token_ids"] = job_.request.prompt;
+    choice["token_ids"] = token_ids_;
+  }
   return choice;
 }
 
@@ -567,13 +778,16 @@ std::string build_response(const std::vector<ResponseBuilder*>& choices) {
   r["created"] = first.created_;
   r["model"] = first.job_.model;
   OJson list = OJson::array();
-  int64_t completion = 0;
+  int64_t completion = 0, reasoning = 0;
   for (ResponseBuilder* b : choices) {
     list.push_back(b->choice_json());
     completion += b->completion_tokens();
+    reasoning += b->reasoning_tokens();
   }
   r["choices"] = std::move(list);
-  r["usage"] = first.usage_json(completion);  // the prompt counted once, as OpenAI does
+  r["usage"] = first.usage_json(completion, reasoning);  // the prompt counted once, as OpenAI does
+  if (first.job_.chat && first.job_.return_token_ids)
+    r["prompt_token_ids"] = first.job_.request.prompt;  // vLLM: top level for chat
   if (first.job_.chat && first.job_.request.sampling.prompt_logprobs >= 0)
     r["prompt_logprobs"] = choices.front()->prompt_logprobs_json();  // vLLM: top level for chat
   return dump_safe(r);

@@ -4,12 +4,14 @@
 // bytes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/reasoning_count.h"
 #include "text/dsml_parser.h"
 #include "text/json_ordered.h"
 
@@ -30,7 +32,23 @@ struct ServedModel {
   int64_t max_context = 0;
   int default_max_tokens = 0;  // chat requests without max_tokens (0: the rest of the context,
                                // as vLLM; completions: OpenAI's 16)
+  // --reasoning-budget: the cap on every request's reasoning tokens (-1: none); a request's own
+  // budget may only lower it.
+  int reasoning_budget = -1;
+  // --served-model-name's further names: requests may name any of them (`name`, the first, is
+  // what responses report).
+  std::vector<std::string> aliases;
+  // --default-chat-template-kwargs: chat_template_kwargs every chat request starts from (its own
+  // keys win).
+  OJson default_chat_template_kwargs = OJson::object();
+  bool serves(const std::string& asked) const {
+    return asked == name || std::find(aliases.begin(), aliases.end(), asked) != aliases.end();
+  }
 };
+
+// A chat body with --default-chat-template-kwargs under its own chat_template_kwargs (the body
+// itself when there are none, or its kwargs are not an object: the parser refuses those).
+OJson with_default_kwargs(const OJson& body, const ServedModel& model);
 
 struct GenerationJob {
   bool chat = false;
@@ -52,7 +70,16 @@ struct GenerationJob {
   bool echo_prompt = false;
   bool score_only = false;
   std::string prompt_text;
+  // vLLM's return_token_ids: the prompt's and each choice's generated token ids in the response.
+  bool return_token_ids = false;
+  // parallel_tool_calls: false (Anthropic: disable_parallel_tool_use): at most one tool call is
+  // returned; later ones are dropped.
+  bool single_tool_call = false;
 };
+
+// The reasoning cap of a request (every API): its own budget (`asked`, -1: none) lowered to the
+// server's --reasoning-budget; set only when the generation starts inside the reasoning.
+void apply_reasoning_budget(const ServedModel& model, int64_t asked, GenerationJob& job);
 
 // Parse and validate; on success fills `job` (prompt tokenized with the engine's tokenizer).
 std::optional<ApiError> parse_completion_request(const OJson& body, const ServedModel& model,
@@ -77,12 +104,13 @@ class ResponseBuilder {
   std::string stream_preamble() const;
   // Stream with include_usage: the last chunk (no choices), after every choice finished;
   // `completion_tokens` of all choices together.
-  std::string stream_usage_chunk(int64_t completion_tokens) const;
+  std::string stream_usage_chunk(int64_t completion_tokens, int64_t reasoning_tokens) const;
   // Non-stream: feed every output, then build() once (it consumes the logprob text offsets).
   void add(const RequestOutput& out);
   std::string build();  // this choice alone (n = 1)
   bool finished() const { return finished_; }
   int64_t completion_tokens() const { return completion_tokens_; }
+  int64_t reasoning_tokens() const { return reasoning_.count(); }
 
  private:
   // with_prompt (completions with echo): the prompt's entries first.
@@ -91,7 +119,8 @@ class ResponseBuilder {
   OJson prompt_logprobs_json() const;
   friend std::string build_response(const std::vector<ResponseBuilder*>& choices);
   OJson choice_json();
-  OJson usage_json(int64_t completion_tokens) const;
+  // The prompt once, `completion_tokens` and `reasoning_tokens` of every choice; the cache split.
+  OJson usage_json(int64_t completion_tokens, int64_t reasoning_tokens) const;
   std::string call_id(int i) const;
   std::string finish_reason() const;
   void absorb(const RequestOutput& out, std::vector<AssistantEvent>& events);
@@ -103,7 +132,7 @@ class ResponseBuilder {
   int index_;
   AssistantStreamParser parser_;
   // Accumulated (non-stream) state.
-  std::string text_, reasoning_;
+  std::string text_, reasoning_text_;
   std::vector<DsmlToolCall> calls_;
   OJson logprobs_ = OJson::array();  // chat: content entries; completions: built at the end
   std::vector<OutputToken> tokens_;
@@ -112,9 +141,12 @@ class ResponseBuilder {
   std::vector<int64_t> offsets_;
   bool finished_ = false;
   FinishReason reason_ = FinishReason::kNone;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
+  ReasoningCounter reasoning_;
+  std::vector<int32_t> token_ids_;  // return_token_ids: every generated id (non-stream)
   int tool_calls_sent_ = 0;
-  bool echoed_ = false;  // stream with echo: the prompt went out (with the first output)
+  bool echoed_ = false;    // stream with echo: the prompt went out (with the first output)
+  bool ids_sent_ = false;  // stream with return_token_ids: the first chunk went out
 };
 
 // GET /v1/models: the list {"object": "list", "data": [model]}; GET /v1/models/{id}: the model

@@ -31,12 +31,14 @@ class OpenAiWriter final : public ResponseWriter {
       frames.push_back(frame(chunk));
     // The choice's own count: a score-only echo (max_tokens 0) returns no completion tokens.
     completion_tokens_ += out.finished ? choices_[choice]->completion_tokens() : 0;
+    reasoning_tokens_ += out.finished ? choices_[choice]->reasoning_tokens() : 0;
     return frames;
   }
   std::vector<std::string> stream_end() override {
     std::vector<std::string> frames;
     if (job_.include_usage)
-      frames.push_back(frame(choices_.front()->stream_usage_chunk(completion_tokens_)));
+      frames.push_back(
+          frame(choices_.front()->stream_usage_chunk(completion_tokens_, reasoning_tokens_)));
     frames.push_back(frame("[DONE]"));
     return frames;
   }
@@ -54,7 +56,7 @@ class OpenAiWriter final : public ResponseWriter {
  private:
   const GenerationJob& job_;
   std::vector<std::unique_ptr<ResponseBuilder>> choices_;
-  int64_t completion_tokens_ = 0;
+  int64_t completion_tokens_ = 0, reasoning_tokens_ = 0;
 };
 
 class OpenAiApi final : public GenerationApi {

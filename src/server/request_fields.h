@@ -29,6 +29,13 @@ inline ApiError bad(std::string param, std::string message, std::string code = {
   return e;
 }
 
+// A 400 from a text-layer error whose message already starts with the parameter.
+inline ApiError bad_from(std::string param, const std::string& message) {
+  ApiError e = bad(std::move(param), "");
+  e.message = message;
+  return e;
+}
+
 // Typed access to optional body fields; null counts as absent.
 class Fields {
  public:

@@ -9,6 +9,7 @@
 
 #include "server/assistant_blocks.h"
 #include "server/generation_protocol.h"
+#include "server/reasoning_count.h"
 #include "server/request_fields.h"
 #include "text/chat.h"
 #include "text/special_tokens.h"
@@ -166,32 +167,25 @@ std::optional<ApiError> convert_responses_tools(const OJson& v, std::vector<OJso
   return std::nullopt;
 }
 
-// reasoning.effort: none -> chat mode; minimal and low -> 25 (V4.1 "low"); medium (OpenAI's
-// default) -> 50 (V4.1 "high", its reference default); high -> 75 ("xhigh"); xhigh -> 100 ("max").
+// reasoning.effort: none -> chat mode; any other name of the effort table (text/chat.h, the same
+// for every API: minimal, low -> low; medium, high, xhigh -> high; max, ultra -> max) or 1-100 ->
+// thinking at that effort. Default, as DeepSeek's: thinking at high.
 std::optional<ApiError> convert_reasoning(const OJson* r, ChatOptions& opt, OJson& echo) {
   opt.thinking = true;
   opt.reasoning_effort = 50;
-  echo = {{"effort", "medium"}, {"summary", nullptr}};
+  echo = {{"effort", "high"}, {"summary", nullptr}};
   if (!r) return std::nullopt;
   if (!r->is_object()) return bad("reasoning", "must be an object");
   const auto e = r->find("effort");
   if (e == r->end() || e->is_null()) return std::nullopt;
-  const std::string effort = e->is_string() ? e->get<std::string>() : std::string();
-  if (effort == "none") {
+  if (e->is_string() && *e == "none") {
     opt.thinking = false;
-  } else if (effort == "minimal" || effort == "low") {
-    opt.reasoning_effort = 25;
-  } else if (effort == "medium") {
-    opt.reasoning_effort = 50;
-  } else if (effort == "high") {
-    opt.reasoning_effort = 75;
-  } else if (effort == "xhigh") {
-    opt.reasoning_effort = 100;
   } else {
-    return bad("reasoning.effort",
-               "must be none, minimal, low, medium, high or xhigh, got " + e->dump());
+    auto effort = parse_reasoning_effort(*e, "reasoning.effort");
+    if (!effort) return bad_from("reasoning.effort", effort.status().message());
+    opt.reasoning_effort = *effort;
   }
-  echo["effort"] = effort;
+  echo["effort"] = *e;
   return std::nullopt;
 }
 
@@ -275,7 +269,7 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   const OJson* m = f.get("model");
   if (!m) return bad("model", "required field missing");
   if (!m->is_string()) return bad("model", "must be a string");
-  if (m->get<std::string>() != model.name) return model_not_found(m->get<std::string>(), model);
+  if (!model.serves(m->get<std::string>())) return model_not_found(m->get<std::string>(), model);
   job.model = model.name;
   job.chat = true;
   if (auto e = check_stateless(f)) return e;
@@ -291,6 +285,7 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   if (f.get("max_output_tokens")) job.max_tokens_param = "max_output_tokens";
   bool parallel = true;
   if (!f.boolean("parallel_tool_calls", parallel)) return f.err;
+  job.single_tool_call = !parallel;
 
   ChatRequest chat;
   bool extract_tools = false;
@@ -303,6 +298,7 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   auto prompt = encode_chat(msgs, opt);
   if (!prompt) return bad("input", prompt.status().message());
   job.thinking = opt.thinking;
+  apply_reasoning_budget(model, -1, job);  // the server's cap (Responses has no budget field)
   job.extract_tools = extract_tools;
   job.request.prompt = tok.encode(*prompt);
   const OJson* ins = f.get("instructions");
@@ -330,11 +326,12 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
   ResponsesWriter(const GenerationJob& job, const Tokenizer& tok, const std::string& id,
                   int64_t created)
       : job_(job),
-        think_end_(tok.token_id(tokens::kThinkEnd)),
-        dsml_(tok.token_id(tokens::kDsml)),
+        reasoning_(tok, job.thinking, job.extract_tools),
         id_(id),
         created_(created),
-        parser_(job.thinking, job.extract_tools) {}
+        parser_(job.thinking, job.extract_tools) {
+    grouper_.set_single_call(job.single_tool_call);
+  }
 
   std::vector<std::string> stream_begin() override {
     OJson r = response_json("in_progress");
@@ -424,7 +421,7 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
     std::vector<AssistantEvent> events;
     parser_.feed(out.text, events);
     if (out.finished) parser_.finish(events);
-    count_reasoning_tokens(out);
+    reasoning_.feed(out.tokens);
     grouper_.feed(events, listener);
     if (out.finished) {
       reason_ = out.reason;
@@ -435,17 +432,6 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
       if (reason_ == FinishReason::kLength && grouper_.is_open())
         incomplete_item_ = int64_t(grouper_.blocks().size()) - 1;
       grouper_.close(listener);
-    }
-  }
-  // Reasoning tokens: those generated until the reasoning ended, told by the token ids the engine
-  // sampled, with no decoding: through the `</think>` token (V4.1 ends its reasoning with that one
-  // token; text that merely spells it out does not count), or with tools through the `｜DSML｜`
-  // token of a tool-call tag opened inside the reasoning (the parser ends the reasoning there too).
-  void count_reasoning_tokens(const RequestOutput& out) {
-    for (const OutputToken& t : out.tokens) {
-      if (!in_reasoning_) return;
-      ++reasoning_tokens_;
-      if (t.token == think_end_ || (job_.extract_tools && t.token == dsml_)) in_reasoning_ = false;
     }
   }
   std::string final_item_status(std::size_t i) const {
@@ -514,13 +500,13 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
                      : OJson{{"input_tokens", prompt_tokens_},
                              {"input_tokens_details", {{"cached_tokens", cached_tokens_}}},
                              {"output_tokens", completion_tokens_},
-                             {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens_}}},
+                             {"output_tokens_details", {{"reasoning_tokens", reasoning_.count()}}},
                              {"total_tokens", prompt_tokens_ + completion_tokens_}};
     return r;
   }
 
   const GenerationJob& job_;
-  int32_t think_end_, dsml_;  // token ids (-1: the tokenizer has none)
+  ReasoningCounter reasoning_;  // usage's reasoning_tokens, from the token ids
   std::string id_;
   int64_t created_;
   AssistantStreamParser parser_;
@@ -529,8 +515,7 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
   int64_t sequence_ = 0;
   FinishReason reason_ = FinishReason::kNone;
   int64_t incomplete_item_ = -1;
-  bool in_reasoning_ = job_.thinking;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0, reasoning_tokens_ = 0;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
 };
 
 class ResponsesApi final : public GenerationApi {

@@ -29,6 +29,7 @@ struct ChatMessage {
   std::vector<ChatToolCall> tool_calls;  // assistant
   std::string tool_call_id;              // tool
   std::vector<OJson> tools;              // function objects declared in a system/developer message
+  bool prefix = false;  // assistant: DeepSeek's chat prefix completion (continued, not answered)
 };
 
 struct ChatOptions {
@@ -46,18 +47,37 @@ struct ChatRequest {
 };
 
 // Reads the chat part of an OpenAI request body: messages, tools, chat_template_kwargs
-// {thinking|enable_thinking, reasoning_effort, drop_thinking}, top-level reasoning_effort
-// (overrides), add_generation_prompt, continue_final_message. Errors name the parameter
-// ("messages[2].content").
+// {thinking|enable_thinking, reasoning_effort, drop_thinking}, DeepSeek's top-level
+// thinking {"type": "enabled"|"disabled"} (overrides the kwargs), top-level reasoning_effort
+// (overrides), add_generation_prompt, continue_final_message (also set by a final assistant
+// message with DeepSeek's `prefix: true`). Errors name the parameter ("messages[2].content").
 Result<ChatRequest> parse_chat_request(const OJson& body);
 
 // Declares function tools (OpenAI function objects {name, description, parameters}) in the first
 // system message, creating an empty one at the front when there is none (how the encoder wants
 // them). Nothing happens for an empty list.
 void attach_tools(std::vector<ChatMessage>& messages, std::vector<OJson> tools);
-// Maps an effort given as a name (low 25, high 50, xhigh 75, max 100) or an integer 1..100.
-// "none" is handled by the caller (it switches thinking off). Errors name `param`.
+// One effort name of DeepSeek's API, the level it folds to and the template's number for it.
+struct EffortName {
+  const char* name;
+  const char* level;  // low | high | max
+  int value;          // Reasoning Effort N of the prompt
+};
+// Every name every API accepts (minimal, low -> low 25; medium, high, xhigh -> high 50; max,
+// ultra -> max 100): the one table docs/chat.md gives.
+const std::vector<EffortName>& effort_names();
+// Maps an effort given as a name of effort_names() or an integer 1..100. "none" is handled by the
+// caller (it switches thinking off). Errors name `param`.
 Result<int> parse_reasoning_effort(const OJson& value, const std::string& param);
+// DeepSeek's thinking switch {"type": "enabled"|"disabled"} (`param` names it in errors): sets
+// `thinking`; null leaves it as it is.
+Status parse_thinking_switch(const OJson& value, const std::string& param, bool& thinking);
+
+// Whether generation starts inside the reasoning: thinking mode, unless the final assistant
+// message being continued (continue_final_message, prefix) has already closed it (it has content or
+// tool calls, or no reasoning).
+bool generation_starts_in_reasoning(const std::vector<ChatMessage>& messages,
+                                    const ChatOptions& options);
 
 // The prompt text. Errors (e.g. continue_final_message without a final assistant message, an empty
 // developer message) name the parameter.

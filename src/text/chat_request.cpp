@@ -131,6 +131,12 @@ Result<ChatMessage> parse_message(const OJson& m, const std::string& param) {
       msg.tool_calls = std::move(*calls);
     }
   }
+  if (auto pf = m.find("prefix"); pf != m.end() && !pf->is_null()) {
+    if (!pf->is_boolean()) return type_error(param + ".prefix", "a boolean", *pf);
+    if (pf->get<bool>() && msg.role != "assistant")
+      return Status::error(param + ".prefix: only an assistant message can be a prefix");
+    msg.prefix = pf->get<bool>();
+  }
   if (msg.role == "tool") {
     if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
       if (!id->is_string()) return type_error(param + ".tool_call_id", "a string", *id);
@@ -186,20 +192,49 @@ Status apply_effort(const OJson& v, const std::string& param, ChatOptions& opt) 
 
 }  // namespace
 
+// DeepSeek's API folds its effort names onto the model's three levels (low, high, max); the
+// numbers are the V4.1 encoder's (docs/chat.md "Thinking and effort": spec §11 and its Q10).
+const std::vector<EffortName>& effort_names() {
+  static const std::vector<EffortName> kNames = {
+      {"minimal", "low", 25}, {"low", "low", 25},  {"medium", "high", 50}, {"high", "high", 50},
+      {"xhigh", "high", 50},  {"max", "max", 100}, {"ultra", "max", 100}};
+  return kNames;
+}
+
 Result<int> parse_reasoning_effort(const OJson& v, const std::string& param) {
   if (v.is_string()) {
     const std::string& s = v.get_ref<const std::string&>();
-    if (s == "low") return 25;
-    if (s == "high") return 50;
-    if (s == "xhigh") return 75;
-    if (s == "max") return 100;
+    for (const EffortName& e : effort_names())
+      if (s == e.name) return e.value;
   } else if (v.is_number_integer()) {
     auto n = v.get<std::int64_t>();
     if (n >= 1 && n <= 100) return static_cast<int>(n);
   }
-  return Status::error(fmt::format(
-      "{}: must be 'none', 'low', 'high', 'xhigh', 'max' or an integer within [1, 100], got {}",
-      param, v.dump()));
+  return Status::error(
+      fmt::format("{}: must be 'none', 'minimal', 'low', 'medium', 'high', 'xhigh', 'max', 'ultra' "
+                  "or an integer within [1, 100], got {}",
+                  param, v.dump()));
+}
+
+Status parse_thinking_switch(const OJson& v, const std::string& param, bool& thinking) {
+  if (v.is_null()) return Status::ok();
+  auto type = v.is_object() ? v.find("type") : v.end();
+  if (!v.is_object() || type == v.end() || !type->is_string())
+    return Status::error(param + ": must be an object {\"type\": \"enabled\"|\"disabled\"}");
+  if (*type != "enabled" && *type != "disabled")
+    return Status::error(
+        fmt::format("{}.type: must be 'enabled' or 'disabled', got {}", param, type->dump()));
+  thinking = *type == "enabled";
+  return Status::ok();
+}
+
+bool generation_starts_in_reasoning(const std::vector<ChatMessage>& messages,
+                                    const ChatOptions& options) {
+  if (!options.thinking) return false;
+  if (!options.continue_final_message || messages.empty()) return true;
+  const ChatMessage& last = messages.back();
+  return last.reasoning && !last.reasoning->empty() && last.content.value_or("").empty() &&
+         last.tool_calls.empty();
 }
 
 void attach_tools(std::vector<ChatMessage>& messages, std::vector<OJson> tools) {
@@ -227,6 +262,10 @@ Result<ChatRequest> parse_chat_request(const OJson& body) {
   for (std::size_t i = 0; i < msgs->size(); ++i) {
     auto m = parse_message((*msgs)[i], fmt::format("messages[{}]", i));
     if (!m) return m.status();
+    // DeepSeek's chat prefix completion: only the last message is continued.
+    if (m->prefix && i + 1 != msgs->size())
+      return Status::error(fmt::format(
+          "messages[{}].prefix: only the last message can be a prefix (it is continued)", i));
     req.messages.push_back(std::move(*m));
   }
   std::vector<OJson> tools;
@@ -252,7 +291,10 @@ Result<ChatRequest> parse_chat_request(const OJson& body) {
     if (auto e = k->find("reasoning_effort"); e != k->end())
       DSV41_RETURN_IF_ERROR(apply_effort(*e, pre + "reasoning_effort", opt));
   }
-  // The top-level OpenAI parameter overrides the template kwarg.
+  // DeepSeek's switch overrides the template kwargs, and the top-level OpenAI effort overrides the
+  // template's (its "none" still switches thinking off).
+  if (auto t = body.find("thinking"); t != body.end())
+    DSV41_RETURN_IF_ERROR(parse_thinking_switch(*t, "thinking", opt.thinking));
   if (auto e = body.find("reasoning_effort"); e != body.end())
     DSV41_RETURN_IF_ERROR(apply_effort(*e, "reasoning_effort", opt));
   auto agp = get_bool(body, "add_generation_prompt", "", true);
@@ -260,7 +302,7 @@ Result<ChatRequest> parse_chat_request(const OJson& body) {
   opt.add_generation_prompt = *agp;
   auto cont = get_bool(body, "continue_final_message", "", false);
   if (!cont) return cont.status();
-  opt.continue_final_message = *cont;
+  opt.continue_final_message = *cont || req.messages.back().prefix;
   return req;
 }
 

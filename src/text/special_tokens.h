@@ -21,5 +21,9 @@ inline constexpr const char* kDomain = "<｜domain｜>";
 inline constexpr const char* kTitle = "<｜title｜>";
 inline constexpr const char* kReadUrl = "<｜read_url｜>";
 inline constexpr const char* kImage = "<｜deepseek_image｜>";
+// Fill-in-the-middle (DeepSeek-V3's ids 128800-128802; the derived V4.1 table keeps them).
+inline constexpr const char* kFimHole = "<｜fim▁hole｜>";
+inline constexpr const char* kFimBegin = "<｜fim▁begin｜>";
+inline constexpr const char* kFimEnd = "<｜fim▁end｜>";
 
 }  // namespace dsv41::tokens

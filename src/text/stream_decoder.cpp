@@ -60,7 +60,7 @@ StreamDecoder::Step StreamDecoder::emit(bool final) {
     if (p != std::string::npos && p < best) best = p, step.stop = s;
   }
   if (best != std::string::npos) {
-    step.text = text_.substr(0, best);
+    step.text = text_.substr(0, best + (include_stop_ ? step.stop.size() : 0));
     step.stopped = stopped_ = true;
     text_.clear();
     bytes_.clear();

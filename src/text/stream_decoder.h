@@ -20,9 +20,12 @@ class StreamDecoder {
 
   struct Step {
     std::string text;      // newly emittable text (possibly empty)
-    bool stopped = false;  // a stop string matched: `text` ends right before it; stop pushing
+    bool stopped = false;  // a stop string matched: `text` ends right before it (or with it, see
+                           // set_include_stop); stop pushing
     std::string stop;      // the stop string that matched
   };
+  // A matched stop string ends the text instead of being cut (vLLM's include_stop_str_in_output).
+  void set_include_stop(bool on) { include_stop_ = on; }
   Step push(int32_t id);  // id must be a valid token id
   Step finish();          // end of stream: flush held text; an incomplete UTF-8 tail becomes U+FFFD
 
@@ -34,6 +37,7 @@ class StreamDecoder {
   std::string bytes_;  // raw bytes not yet decoded (an incomplete UTF-8 tail at most)
   std::string text_;   // decoded text not yet emitted (held back for stop-string matching)
   bool stopped_ = false;
+  bool include_stop_ = false;
 };
 
 }  // namespace dsv41

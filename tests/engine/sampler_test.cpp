@@ -253,6 +253,100 @@ TEST(Sampler, LogitBiasAndPenalties) {
   EXPECT_EQ(q.sample(f), 2);
 }
 
+// vLLM's repetition_penalty: every token of the prompt or the output has its logit divided by
+// the penalty when positive, multiplied by it otherwise; tokens never seen keep theirs.
+TEST(Sampler, RepetitionPenaltyCoversPromptAndOutput) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.repetition_penalty = 1.5;
+  Sampler s(sp, 0);
+  s.set_context({0, 5}, -1, -1);  // id 0 (2.0) and id 5 (-1.0) in the prompt
+  auto a = kLogits;
+  EXPECT_EQ(s.sample(a), 1);  // 2.0 / 1.5 = 1.33 < 1.5
+  EXPECT_FLOAT_EQ(a[0], 2.0f / 1.5f);
+  EXPECT_FLOAT_EQ(a[5], -1.0f * 1.5f);
+  EXPECT_FLOAT_EQ(a[2], 1.0f);
+  s.accept(1);  // 1.5 / 1.5 = 1.0 ties id 2 (1.0) below id 0's 1.33
+  auto b = kLogits;
+  EXPECT_EQ(s.sample(b), 0);
+  SamplingParams off = sp;
+  off.repetition_penalty = 1.0;  // off: the plain argmax
+  Sampler o(off, 0);
+  o.set_context({0, 5}, -1, -1);
+  auto c = kLogits;
+  EXPECT_EQ(o.sample(c), 0);
+}
+
+// min_tokens masks EOS and the stop token ids until that many tokens were accepted; bad_words
+// forbids a one-token word always and a longer word's last token after the rest of it.
+TEST(Sampler, MinTokensAndBadWordsMaskTokens) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.min_tokens = 2;
+  sp.stop_token_ids = {1};
+  Sampler s(sp, 0);
+  s.set_context({}, /*eos=*/0, -1);
+  auto a = kLogits;
+  EXPECT_EQ(s.sample(a), 2);  // EOS (0) and the stop token (1) are masked
+  s.accept(2);
+  auto b = kLogits;
+  EXPECT_EQ(s.sample(b), 2);
+  s.accept(2);
+  auto c = kLogits;
+  EXPECT_EQ(s.sample(c), 0);  // two tokens generated: EOS may come
+  SamplingParams bw;
+  bw.temperature = 0;
+  bw.bad_words_ids = {{0}, {3, 1}};
+  Sampler w(bw, 0);
+  auto d = kLogits;
+  EXPECT_EQ(w.sample(d), 1);  // 0 is banned
+  w.accept(3);
+  auto e = kLogits;
+  EXPECT_EQ(w.sample(e), 2);  // after 3, the word's 1 is banned too
+  w.accept(2);
+  auto f = kLogits;
+  EXPECT_EQ(w.sample(f), 1);  // no longer after 3
+}
+
+// The reasoning cap: once budget - 1 tokens were accepted in the reasoning, the end token is the
+// only one drawn (even sampled, where it would be unlikely); after it, sampling is as before.
+TEST(Sampler, ReasoningBudgetForcesTheEndToken) {
+  for (double temperature : {0.0, 1.0}) {
+    SamplingParams sp;
+    sp.temperature = temperature;
+    sp.seed = 3;
+    sp.thinking_token_budget = 3;
+    sp.logit_bias = {{6, -100.f}};  // the end token (6) is never drawn by itself
+    Sampler s(sp, 0);
+    s.set_context({}, -1, /*reasoning_end=*/6);
+    for (int i = 0; i < 2; ++i) {
+      auto l = kLogits;
+      const int32_t t = s.sample(l);
+      EXPECT_NE(t, 6);
+      s.accept(t);
+      EXPECT_EQ(s.reasoning_tokens(), i + 1);
+    }
+    auto l = kLogits;
+    EXPECT_EQ(s.sample(l), 6) << temperature;
+    s.accept(6);
+    EXPECT_EQ(s.reasoning_tokens(), 3);
+    for (int i = 0; i < 20; ++i) {
+      auto m = kLogits;
+      const int32_t t = s.sample(m);
+      EXPECT_NE(t, 6);
+      s.accept(t);
+    }
+    EXPECT_EQ(s.reasoning_tokens(), 3);
+  }
+  SamplingParams zero;
+  zero.temperature = 0;
+  zero.thinking_token_budget = 0;  // at once
+  Sampler z(zero, 0);
+  z.set_context({}, -1, 7);
+  auto l = kLogits;
+  EXPECT_EQ(z.sample(l), 7);
+}
+
 TEST(Sampler, SeedReproducesAndDiffers) {
   SamplingParams sp;
   sp.seed = 42;
@@ -306,6 +400,15 @@ TEST(Sampler, ValidationNamesTheParameter) {
   EXPECT_EQ(err([](SamplingParams& s) { s.max_tokens = 0; }).rfind("max_tokens", 0), 0u);
   EXPECT_EQ(err([](SamplingParams& s) { s.stop_token_ids = {-1}; }).rfind("stop_token_ids", 0), 0u);
   EXPECT_EQ(err([](SamplingParams& s) { s.stop = {""}; }).rfind("stop", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.repetition_penalty = 0; }).rfind("repetition_penalty", 0),
+            0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.min_tokens = 17; }).rfind("min_tokens", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.bad_words_ids = {{100}}; }).rfind("bad_words", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) { s.bad_words_ids = {{}}; }).rfind("bad_words", 0), 0u);
+  EXPECT_EQ(err([](SamplingParams& s) {
+              s.thinking_token_budget = -2;
+            }).rfind("thinking_token_budget", 0),
+            0u);
 }
 
 }  // namespace

@@ -575,6 +575,41 @@ TEST_F(OracleRuns, SeededSamplingWithPenaltiesGivesThePlainTokens) {
   EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens);
 }
 
+// vLLM's repetition_penalty and the reasoning cap are part of the processing a verify step applies
+// to every row (penalties are where speculation silently drops them elsewhere): greedy and seeded
+// output equal the plain runs'. A bias makes token 500 the argmax everywhere, so without the
+// penalty greedy repeats it and with it the token comes once (the penalty is applied at all);
+// the cap puts </think> at the budget's place.
+TEST_F(OracleRuns, RepetitionPenaltyAndReasoningBudgetGiveThePlainTokens) {
+  auto tok = Tokenizer::load(*conv_ + "/tokenizer.json");
+  ASSERT_TRUE(tok.is_ok());
+  const int32_t think_end = (*tok)->token_id("</think>");
+  ASSERT_GE(think_end, 0);
+  for (double temperature : {0.0, 0.9}) {
+    auto reqs = requests(temperature);
+    reqs[0].sampling.logit_bias = {{500, 30.f}};
+    auto plain = Engine::load(options());
+    ASSERT_TRUE(plain.is_ok());
+    const Out unpenalised = produce(**plain, reqs[0]);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].sampling.repetition_penalty = i == 0 ? 100.0 : 1.3;
+      if (i == 1) reqs[i].sampling.thinking_token_budget = 6;
+    }
+    const Out penalised = produce(**plain, reqs[0]);
+    auto count = [](const Out& o) {
+      return std::count_if(o.tokens.begin(), o.tokens.end(),
+                           [](const auto& t) { return t.first == 500; });
+    };
+    if (temperature == 0) EXPECT_EQ(count(unpenalised), 24);
+    EXPECT_EQ(count(penalised), 1);
+    const Out capped = produce(**plain, reqs[1]);
+    ASSERT_GE(capped.tokens.size(), 6u);
+    EXPECT_EQ(capped.tokens[5].first, think_end);
+    const EngineStats s = compare(reqs);
+    EXPECT_GT(s.spec_accepted_tokens, 0);
+  }
+}
+
 TEST_F(OracleRuns, AStopTokenInsideAnAcceptedChainEndsThere) {
   auto reqs = requests(0);
   // Each request stops at the token its free run gives 10th.

@@ -28,16 +28,18 @@ const tools = [{
 
 async function basic() {
   const messages = [{ role: 'user', content: 'Say something.' }];
-  const m = await client.messages.create({ model, max_tokens: 8, temperature: 0, messages });
+  // Thinking is on by default, as in DeepSeek's Anthropic format; these requests switch it off.
+  const off = { type: 'disabled' };
+  const m = await client.messages.create({ model, max_tokens: 8, temperature: 0, messages, thinking: off });
   check(m.type === 'message' && m.role === 'assistant' && m.id.startsWith('msg_'), 'message object');
-  check(m.content.length >= 1 && m.content.every((b) => b.type === 'text'), 'text blocks (thinking off by default)');
+  check(m.content.length >= 1 && m.content.every((b) => b.type === 'text'), 'text blocks (thinking disabled)');
   check(['end_turn', 'max_tokens'].includes(m.stop_reason), `stop_reason (${m.stop_reason})`);
   check(m.usage.input_tokens > 0 && m.usage.output_tokens >= 1 && m.usage.output_tokens <= 8, 'usage');
   // Anthropic's accounting: the prompt is input + cache creation + cache reads (prefix-cache hits).
   const prompt = (u) => u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens;
   check(m.usage.cache_creation_input_tokens === 0 && Number.isInteger(m.usage.cache_read_input_tokens), 'usage cache fields');
 
-  const stream = client.messages.stream({ model, max_tokens: 8, temperature: 0, messages });
+  const stream = client.messages.stream({ model, max_tokens: 8, temperature: 0, messages, thinking: off });
   let deltas = '';
   stream.on('text', (t) => { deltas += t; });
   const fin = await stream.finalMessage();
@@ -47,9 +49,9 @@ async function basic() {
   check(fin.stop_reason === m.stop_reason && fin.usage.output_tokens === m.usage.output_tokens, 'streamed stop_reason and usage');
   check(prompt(fin.usage) === prompt(m.usage), 'streamed usage splits the same prompt');
 
-  const sys = await client.messages.create({ model, max_tokens: 4, temperature: 0, system: [{ type: 'text', text: 'Be brief.' }], messages });
+  const sys = await client.messages.create({ model, max_tokens: 4, temperature: 0, system: [{ type: 'text', text: 'Be brief.' }], messages, thinking: off });
   check(prompt(sys.usage) > prompt(m.usage), 'system blocks reach the prompt');
-  const count = await client.messages.countTokens({ model, system: [{ type: 'text', text: 'Be brief.' }], messages });
+  const count = await client.messages.countTokens({ model, system: [{ type: 'text', text: 'Be brief.' }], messages, thinking: off });
   check(count.input_tokens === prompt(sys.usage), `count_tokens equals the prompt (${count.input_tokens})`);
 
   const think = await client.messages.create({
@@ -57,6 +59,10 @@ async function basic() {
     stop_sequences: ['\u0000never'],
   });
   check(prompt(think.usage) !== prompt(m.usage), 'thinking enabled changes the prompt');
+  const byDefault = await client.messages.create({ model, max_tokens: 2, temperature: 0, messages });
+  const adaptive = await client.messages.create({ model, max_tokens: 2, temperature: 0, messages, thinking: { type: 'adaptive' } });
+  check(prompt(byDefault.usage) === prompt(adaptive.usage) && prompt(byDefault.usage) !== prompt(m.usage),
+    'thinking on by default (DeepSeek\'s default), at the default effort');
 
   // A long prompt asked again: its blocks come from the prefix cache, reported as cache reads, in
   // the streamed message_start too.

@@ -81,7 +81,11 @@ std::vector<MalformedBody> malformed_messages() {
                                 R"("tool_choice":{})",
                                 R"("thinking":true)",
                                 R"("thinking":{"type":"on"})",
-                                R"("thinking":{"type":"enabled"})",
+                                R"("thinking":{"type":"enabled","budget_tokens":1500.5})",
+                                R"("output_config":1)",
+                                R"("output_config":{"effort":"huge"})",
+                                R"("output_config":{"effort":0})",
+                                R"("tool_choice":{"type":"auto","disable_parallel_tool_use":1})",
                                 R"("thinking":{"type":"enabled","budget_tokens":10})",
                                 R"("thinking":{"type":"enabled","budget_tokens":"2000"})",
                                 R"("thinking":{"type":"enabled","budget_tokens":4096})"}) {

@@ -143,13 +143,19 @@ struct InProcess {
     engine = std::move(*e);
     start(max_body);
   }
-  explicit InProcess(std::unique_ptr<Engine> e) : engine(std::move(e)) { start(64 << 10); }
-  void start(std::size_t max_body) {
+  // `configure` sets server options beyond the harness's own (--reasoning-budget, ...).
+  explicit InProcess(std::unique_ptr<Engine> e,
+                     const std::function<void(ServerOptions&)>& configure = {})
+      : engine(std::move(e)) {
+    start(64 << 10, configure);
+  }
+  void start(std::size_t max_body, const std::function<void(ServerOptions&)>& configure = {}) {
     ServerOptions so;
     so.port = 0;
     so.model_name = "scripted";
     so.max_body_bytes = max_body;
     so.shutdown_timeout_s = 5;
+    if (configure) configure(so);
     server = std::make_unique<HttpServer>(*engine, so);
     EXPECT_TRUE(server->bind().is_ok());
     port = server->port();

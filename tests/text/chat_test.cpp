@@ -62,9 +62,12 @@ TEST(Chat, ReferenceFixturesByteForByte) {
 }
 
 TEST(Chat, NumericAndNamedReasoningEffort) {
+  // DeepSeek's names with DeepSeek's folding (minimal, low -> low; medium, high, xhigh -> high;
+  // max, ultra -> max) at the V4.1 encoder's numbers (docs/chat.md).
   const std::vector<std::pair<std::string, int>> cases = {
-      {"null", 50},     {"\"low\"", 25}, {"\"high\"", 50}, {"\"xhigh\"", 75},
-      {"\"max\"", 100}, {"1", 1},        {"42", 42},       {"100", 100}};
+      {"null", 50},     {"\"minimal\"", 25}, {"\"low\"", 25},  {"\"medium\"", 50},
+      {"\"high\"", 50}, {"\"xhigh\"", 50},   {"\"max\"", 100}, {"\"ultra\"", 100},
+      {"1", 1},         {"42", 42},          {"100", 100}};
   for (const auto& [effort, budget] : cases) {
     std::string body = R"({"messages":[{"role":"user","content":"question"}],
         "chat_template_kwargs":{"reasoning_effort":)" +
@@ -78,7 +81,7 @@ TEST(Chat, NumericAndNamedReasoningEffort) {
 }
 
 TEST(Chat, InvalidEffortIsARequestError) {
-  for (const char* effort : {"\"medium\"", "\"minimal\"", "-1", "0", "101", "true", "1.5", "[]"}) {
+  for (const char* effort : {"\"huge\"", "\"Medium\"", "-1", "0", "101", "true", "1.5", "[]"}) {
     std::string body =
         R"({"messages":[{"role":"user","content":"q"}],"chat_template_kwargs":{"reasoning_effort":)" +
         std::string(effort) + "}}";
@@ -87,7 +90,7 @@ TEST(Chat, InvalidEffortIsARequestError) {
         << effort << ": " << err;
   }
   EXPECT_NE(
-      render_error(R"({"messages":[{"role":"user","content":"q"}],"reasoning_effort":"medium"})")
+      render_error(R"({"messages":[{"role":"user","content":"q"}],"reasoning_effort":"huge"})")
           .find("reasoning_effort"),
       std::string::npos);
 }
@@ -101,6 +104,65 @@ TEST(Chat, ChatModeHasClosedThinkingPrefix) {
         std::string(kwargs) + "}";
     EXPECT_EQ(render(body), kBos + "<｜User｜>question<｜Assistant｜></think>") << kwargs;
   }
+}
+
+// DeepSeek's thinking switch at the top level: it overrides chat_template_kwargs, the top-level
+// effort still applies, and anything but enabled/disabled is an error naming it.
+TEST(Chat, DeepSeekThinkingSwitch) {
+  const std::string q = R"({"messages":[{"role":"user","content":"question"}],)";
+  EXPECT_EQ(render(q + R"("thinking":{"type":"disabled"}})"),
+            kBos + "<｜User｜>question<｜Assistant｜></think>");
+  EXPECT_EQ(render(q + R"("thinking":{"type":"disabled"},"reasoning_effort":"max"})"),
+            kBos + "<｜User｜>question<｜Assistant｜></think>");
+  EXPECT_EQ(render(q + R"("thinking":{"type":"enabled"},"chat_template_kwargs":{"thinking":false},)"
+                       R"("reasoning_effort":"max"})"),
+            kBos +
+                "<｜System｜>Reasoning Effort: 100 (range 1-100, the higher the value, the more "
+                "thorough the reasoning)\n\n<｜User｜>question<｜Assistant｜><think>");
+  EXPECT_EQ(render(q + R"("thinking":{"type":"enabled"},"reasoning_effort":"none"})"),
+            kBos + "<｜User｜>question<｜Assistant｜></think>");
+  for (const char* bad :
+       {R"("thinking":true)", R"("thinking":{"type":"on"})", R"("thinking":{})"}) {
+    const std::string err = render_error(q + bad + "}");
+    EXPECT_EQ(err.rfind("thinking", 0), 0u) << bad << ": " << err;
+  }
+}
+
+// DeepSeek's chat prefix completion: a final assistant message with prefix: true is continued
+// (its reasoning_content, alone, as the open thinking); prefix anywhere else is an error naming it.
+TEST(Chat, PrefixContinuesTheLastAssistantMessage) {
+  auto parse = [](const std::string& body) { return parse_chat_request(J(body)); };
+  auto req = parse(R"({"messages":[{"role":"user","content":"q"},
+      {"role":"assistant","content":"def f(","prefix":true}],"thinking":{"type":"disabled"}})");
+  ASSERT_TRUE(req.is_ok()) << req.status().message();
+  EXPECT_TRUE(req->options.continue_final_message);
+  EXPECT_EQ(*encode_chat(req->messages, req->options),
+            kBos + "<｜User｜>q<｜Assistant｜></think>def f(");
+  EXPECT_FALSE(generation_starts_in_reasoning(req->messages, req->options));
+  req = parse(R"({"messages":[{"role":"user","content":"q"},
+      {"role":"assistant","content":"","reasoning_content":"First,","prefix":true}]})");
+  ASSERT_TRUE(req.is_ok()) << req.status().message();
+  const std::string open = *encode_chat(req->messages, req->options);
+  EXPECT_EQ(open.substr(open.size() - std::string("<｜Assistant｜><think>First,").size()),
+            "<｜Assistant｜><think>First,");
+  EXPECT_TRUE(generation_starts_in_reasoning(req->messages, req->options));
+  req = parse(R"({"messages":[{"role":"user","content":"q"},
+      {"role":"assistant","content":"Yes","reasoning_content":"First,","prefix":true}]})");
+  ASSERT_TRUE(req.is_ok());
+  EXPECT_NE(encode_chat(req->messages, req->options)->find("<think>First,</think>Yes"),
+            std::string::npos);
+  EXPECT_FALSE(generation_starts_in_reasoning(req->messages, req->options));
+  EXPECT_EQ(render_error(R"({"messages":[{"role":"assistant","content":"a","prefix":true},
+      {"role":"user","content":"q"}]})")
+                .rfind("messages[0].prefix", 0),
+            0u);
+  EXPECT_EQ(render_error(R"({"messages":[{"role":"user","content":"q","prefix":true}]})")
+                .rfind("messages[0].prefix", 0),
+            0u);
+  EXPECT_EQ(render_error(R"({"messages":[{"role":"user","content":"q"},
+      {"role":"assistant","content":"a","prefix":"yes"}]})")
+                .rfind("messages[1].prefix", 0),
+            0u);
 }
 
 TEST(Chat, TopLevelEffortOverridesTemplateEffort) {

@@ -1,0 +1,480 @@
+// DeepSeek's own API dialect and the request features agents rely on (issue 36): one effort table
+// for the three APIs, DeepSeek's thinking switch, the reasoning cap (per request and the server's),
+// usage with the cache and the reasoning, chat prefix completion and the /beta paths, FIM
+// completion, vLLM's sampling and output fields, parallel_tool_calls false, and the policy that a
+// documented field is honoured or refused naming it. Scripted models here; the official clients on
+// the real binary in tests/js/deepseek_dialect_test.mjs.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/anthropic_api.h"
+#include "server/request_fields.h"
+#include "server/responses_api.h"
+#include "server_harness.h"
+
+namespace dsv41 {
+namespace {
+
+using namespace server_testing;
+
+OJson dialect_json(const std::string& text) {
+  auto j = parse_json_ordered(text);
+  EXPECT_TRUE(j.is_ok()) << text.substr(0, 300);
+  return j.is_ok() ? *j : OJson();
+}
+
+OJson dialect_post(httplib::Client& c, const std::string& path, const std::string& body,
+                   int want = 200) {
+  auto r = c.Post(path, body, "application/json");
+  EXPECT_TRUE(r) << path;
+  if (!r) return OJson();
+  EXPECT_EQ(r->status, want) << path << " " << body.substr(0, 200) << " -> " << r->body;
+  return dialect_json(r->body);
+}
+
+// An engine over a scripted model answering `text` (then EOS) with tokenizer `tok`.
+std::unique_ptr<Engine> dialect_engine(std::unique_ptr<Tokenizer> tok, const std::string& text) {
+  auto backend = std::make_unique<ScriptBackend>(*tok, tok->encode(text), 0);
+  auto e = Engine::create(std::move(backend), std::move(tok), EngineOptions{});
+  EXPECT_TRUE(e.is_ok());
+  return std::move(*e);
+}
+
+// The tiny tokenizer with DeepSeek's three FIM tokens added (the tiny one has none).
+std::unique_ptr<Tokenizer> fim_tokenizer() {
+  auto j = nlohmann::ordered_json::parse(make_tiny_tokenizer().tokenizer_json);
+  int64_t next = 0;
+  for (const auto& a : j["added_tokens"])
+    next = std::max<int64_t>(next, a["id"].get<int64_t>() + 1);
+  next = std::max<int64_t>(next, int64_t(j["model"]["vocab"].size()));
+  for (const char* t : {tokens::kFimHole, tokens::kFimBegin, tokens::kFimEnd})
+    j["added_tokens"].push_back({{"id", next++},
+                                 {"content", t},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", false}});
+  auto tok = Tokenizer::from_json(j.dump(), "tiny+fim");
+  EXPECT_TRUE(tok.is_ok()) << tok.status().message();
+  return std::move(*tok);
+}
+
+std::string effort_line(int n) {
+  return fmt::format("Reasoning Effort: {} (range", n);
+}
+
+// Every name of DeepSeek's set (and integers 1-100) maps to the one number of docs/chat.md in all
+// three APIs and in chat_template_kwargs: checked on the rendered prompts (/tokenize for chat).
+TEST(DeepSeekDialect, EffortNamesMapTheSameInEveryApi) {
+  const auto tok = tiny_tokenizer();
+  InProcess s;
+  auto c = s.client();
+  std::vector<std::pair<OJson, int>> efforts;
+  for (const EffortName& e : effort_names()) efforts.push_back({OJson(e.name), e.value});
+  for (int n : {1, 77, 100}) efforts.push_back({OJson(n), n});
+  ASSERT_EQ(efforts.size(), 10u);
+  const std::map<std::string, int> expected = {{"minimal", 25}, {"low", 25},   {"medium", 50},
+                                               {"high", 50},    {"xhigh", 50}, {"max", 100},
+                                               {"ultra", 100}};
+  for (const auto& [name, value] : expected) {
+    bool found = false;
+    for (const EffortName& e : effort_names()) found |= e.name == name && e.value == value;
+    EXPECT_TRUE(found) << name;
+  }
+  const ServedModel model = parser_model();
+  for (const auto& [effort, n] : efforts) {
+    const std::string shown = effort.dump();
+    OJson chat = {{"messages", {{{"role", "user"}, {"content", "q"}}}},
+                  {"reasoning_effort", effort}};
+    const OJson ids = dialect_post(c, "/tokenize", dump_safe(chat))["tokens"];
+    EXPECT_NE(tok->decode(ids.get<std::vector<int32_t>>())->find(effort_line(n)), std::string::npos)
+        << "chat " << shown;
+    chat.erase("reasoning_effort");
+    chat["chat_template_kwargs"] = {{"reasoning_effort", effort}};
+    EXPECT_EQ(dialect_post(c, "/tokenize", dump_safe(chat))["tokens"], ids)
+        << "chat_template_kwargs " << shown;
+    GenerationJob a;
+    const OJson anthropic = {{"model", "m"},
+                             {"max_tokens", 10},
+                             {"messages", {{{"role", "user"}, {"content", "q"}}}},
+                             {"output_config", {{"effort", effort}}}};
+    ASSERT_FALSE(parse_messages_request(anthropic, model, *tok, false, a).has_value()) << shown;
+    EXPECT_NE(tok->decode(a.request.prompt)->find(effort_line(n)), std::string::npos)
+        << "Messages " << shown;
+    GenerationJob r;
+    const OJson responses = {{"model", "m"}, {"input", "q"}, {"reasoning", {{"effort", effort}}}};
+    ASSERT_FALSE(parse_responses_request(responses, model, *tok, r).has_value()) << shown;
+    EXPECT_EQ(r.request.prompt, a.request.prompt) << "Responses " << shown;
+    EXPECT_EQ(r.request.prompt, ids.get<std::vector<int32_t>>()) << shown;
+  }
+  // Defaults, as DeepSeek's API: thinking on at high (50), in every API.
+  GenerationJob a, r;
+  ASSERT_FALSE(parse_messages_request(dialect_json(R"({"model":"m","max_tokens":9,
+      "messages":[{"role":"user","content":"q"}]})"),
+                                      model, *tok, false, a));
+  ASSERT_FALSE(
+      parse_responses_request(dialect_json(R"({"model":"m","input":"q"})"), model, *tok, r));
+  const OJson ids =
+      dialect_post(c, "/tokenize", R"({"messages":[{"role":"user","content":"q"}]})")["tokens"];
+  EXPECT_EQ(a.request.prompt, ids.get<std::vector<int32_t>>());
+  EXPECT_EQ(r.request.prompt, a.request.prompt);
+  EXPECT_NE(tok->decode(a.request.prompt)->find(effort_line(50)), std::string::npos);
+  EXPECT_TRUE(a.thinking && r.thinking);
+  // Thinking off: DeepSeek's switch (chat, Messages), Responses' none: the same chat-mode prompt.
+  GenerationJob a_off, r_off;
+  ASSERT_FALSE(parse_messages_request(dialect_json(R"({"model":"m","max_tokens":9,
+      "messages":[{"role":"user","content":"q"}],"thinking":{"type":"disabled"}})"),
+                                      model, *tok, false, a_off));
+  ASSERT_FALSE(parse_responses_request(
+      dialect_json(R"({"model":"m","input":"q","reasoning":{"effort":"none"}})"), model, *tok,
+      r_off));
+  const OJson off = dialect_post(
+      c, "/tokenize",
+      R"({"messages":[{"role":"user","content":"q"}],"thinking":{"type":"disabled"}})")["tokens"];
+  EXPECT_EQ(a_off.request.prompt, off.get<std::vector<int32_t>>());
+  EXPECT_EQ(r_off.request.prompt, a_off.request.prompt);
+  EXPECT_EQ(*tok->decode(a_off.request.prompt),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜></think>");
+  EXPECT_FALSE(a_off.thinking || r_off.thinking);
+}
+
+// DeepSeek's switch through chat completions: thinking disabled answers in content, with no
+// reasoning_content.
+TEST(DeepSeekDialect, ThinkingDisabledAnswersInContent) {
+  InProcess s;
+  auto c = s.client();
+  const OJson on = dialect_post(
+      c, "/v1/chat/completions",
+      R"({"model":"scripted","messages":[{"role":"user","content":"q"}],"max_tokens":6})");
+  EXPECT_FALSE(on["choices"][0]["message"]["reasoning_content"].get<std::string>().empty());
+  EXPECT_EQ(on["choices"][0]["message"]["content"], "");
+  const OJson off = dialect_post(c, "/v1/chat/completions",
+                                 R"({"model":"scripted","messages":[{"role":"user","content":"q"}],
+      "max_tokens":6,"thinking":{"type":"disabled"}})");
+  EXPECT_TRUE(off["choices"][0]["message"]["reasoning_content"].is_null()) << dump_safe(off);
+  // The same six tokens of the script, now the answer.
+  EXPECT_EQ(off["choices"][0]["message"]["content"],
+            on["choices"][0]["message"]["reasoning_content"]);
+  EXPECT_EQ(off["usage"]["completion_tokens_details"]["reasoning_tokens"], 0);
+}
+
+// The reasoning cap on a model that never closes its reasoning: the engine ends it itself at the
+// budget, counting its </think>, and the answer follows in the same request; the server's cap
+// bounds every request (a request may only lower it) and every API.
+TEST(DeepSeekDialect, ReasoningBudgetEndsTheReasoningAndTheAnswerFollows) {
+  const std::string endless =
+      "the one and two is that it was for on are as with he they at be this have from or";
+  InProcess s(dialect_engine(tiny_tokenizer(), endless),
+              [](ServerOptions& o) { o.reasoning_budget = 8; });
+  auto c = s.client();
+  const std::string q = R"({"model":"scripted","messages":[{"role":"user","content":"q"}],)";
+  for (const auto& [asked, cap] :
+       std::vector<std::pair<int, int>>{{5, 5}, {1, 1}, {20, 8}, {-1, 8}}) {
+    const std::string budget =
+        asked >= 0 ? fmt::format(R"("thinking_token_budget":{},)", asked) : std::string();
+    for (bool stream : {false, true}) {
+      std::string body = q + budget + R"("max_tokens":14)";
+      if (stream) body += R"(,"stream":true,"stream_options":{"include_usage":true})";
+      auto r = c.Post("/v1/chat/completions", body + "}", "application/json");
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      std::string reasoning, content;
+      OJson usage;
+      if (!stream) {
+        const OJson j = dialect_json(r->body);
+        reasoning = j["choices"][0]["message"]["reasoning_content"];
+        content = j["choices"][0]["message"]["content"];
+        usage = j["usage"];
+      } else {
+        std::size_t at = 0;
+        while ((at = r->body.find("data: {", at)) != std::string::npos) {
+          const std::size_t end = r->body.find("\n\n", at);
+          const OJson j = dialect_json(r->body.substr(at + 6, end - at - 6));
+          at = end;
+          if (j.contains("usage") && !j["usage"].is_null()) usage = j["usage"];
+          if (j["choices"].empty()) continue;
+          const OJson& d = j["choices"][0]["delta"];
+          if (d.contains("reasoning_content"))
+            reasoning += d["reasoning_content"].get<std::string>();
+          if (d.contains("content")) content += d["content"].get<std::string>();
+        }
+      }
+      const int64_t n = usage["completion_tokens_details"]["reasoning_tokens"];
+      EXPECT_EQ(n, cap) << body;  // this model would never end it
+      EXPECT_EQ(int64_t(tiny_tokenizer()->encode(reasoning).size()) + 1, n) << reasoning;
+      EXPECT_FALSE(content.empty()) << body;
+      EXPECT_EQ(usage["completion_tokens"], 14);
+    }
+  }
+  // Messages' budget_tokens caps too (parsed), and the server's cap applies to Messages and
+  // Responses.
+  GenerationJob a;
+  ASSERT_FALSE(parse_messages_request(dialect_json(R"({"model":"m","max_tokens":5000,
+      "messages":[{"role":"user","content":"q"}],"thinking":{"type":"enabled","budget_tokens":2048}})"),
+                                      parser_model(), *tiny_tokenizer(), false, a));
+  EXPECT_EQ(a.request.sampling.thinking_token_budget, 2048);
+  const OJson m = dialect_post(c, "/v1/messages", R"({"model":"scripted","max_tokens":14,
+      "messages":[{"role":"user","content":"q"}]})");
+  ASSERT_EQ(m["content"][0]["type"], "thinking");
+  EXPECT_EQ(tiny_tokenizer()->encode(m["content"][0]["thinking"].get<std::string>()).size(), 7u);
+  EXPECT_EQ(m["content"][1]["type"], "text");
+  const OJson rs = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q",
+      "max_output_tokens":14})");
+  EXPECT_EQ(rs["usage"]["output_tokens_details"]["reasoning_tokens"], 8);
+}
+
+// OpenAI's usage details and DeepSeek's cache fields, non-streamed and in the streamed usage
+// chunk, from the engine's counts.
+TEST(DeepSeekDialect, UsageShowsTheCacheAndTheReasoning) {
+  const auto tok = tiny_tokenizer();
+  GenerationJob job = reasoning_tools_job();
+  job.request.prompt.assign(30, 5);
+  auto api = openai_chat_api();
+  RequestOutput done = whole_output(kScriptText);
+  done.prompt_tokens = 30;
+  done.cached_prompt_tokens = 16;
+  const std::vector<int32_t> ids = tok->encode(kScriptText);
+  for (int32_t id : ids) done.tokens.push_back({id});
+  done.completion_tokens = int64_t(ids.size());
+  const int64_t reasoning = int64_t(tok->encode("I should call the tool.").size()) + 1;
+  const OJson body = whole_body(*api, job, *tok, done);
+  EXPECT_EQ(dump_safe(body["usage"]),
+            fmt::format(R"({{"prompt_tokens":30,"completion_tokens":{0},"total_tokens":{1},)"
+                        R"("prompt_tokens_details":{{"cached_tokens":16}},)"
+                        R"("completion_tokens_details":{{"reasoning_tokens":{2}}},)"
+                        R"("prompt_cache_hit_tokens":16,"prompt_cache_miss_tokens":14}})",
+                        ids.size(), 30 + ids.size(), reasoning));
+  job.stream = job.include_usage = true;
+  auto w = api->writer(job, *tok, "x", 0);
+  w->stream_begin();
+  w->stream_output(0, done);
+  const std::vector<std::string> end = w->stream_end();
+  ASSERT_EQ(end.size(), 2u);
+  EXPECT_EQ(dialect_json(end[0].substr(6))["usage"], body["usage"]);
+
+  // Through the server: completions too (no reasoning there).
+  InProcess s;
+  auto c = s.client();
+  const OJson cm =
+      dialect_post(c, "/v1/completions", R"({"model":"scripted","prompt":"hi","max_tokens":3})");
+  EXPECT_EQ(cm["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(cm["usage"]["completion_tokens_details"]["reasoning_tokens"], 0);
+  EXPECT_EQ(cm["usage"]["prompt_cache_miss_tokens"], cm["usage"]["prompt_tokens"]);
+}
+
+// DeepSeek's chat prefix completion on its beta path: the final assistant message is continued
+// (its text ends the prompt, no end of turn), as /tokenize renders it.
+TEST(DeepSeekDialect, PrefixCompletionOnTheBetaPath) {
+  InProcess s;
+  auto c = s.client();
+  const std::string msgs = R"("messages":[{"role":"user","content":"q"},
+      {"role":"assistant","content":"Let me","prefix":true}],"thinking":{"type":"disabled"})";
+  const OJson r =
+      dialect_post(c, "/beta/chat/completions",
+                   R"({"model":"scripted","max_tokens":3,"return_token_ids":true,)" + msgs + "}");
+  const OJson t = dialect_post(c, "/tokenize", "{" + msgs + "}");
+  EXPECT_EQ(r["prompt_token_ids"], t["tokens"]);
+  const auto tok = tiny_tokenizer();
+  EXPECT_EQ(*tok->decode(t["tokens"].get<std::vector<int32_t>>()),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜></think>Let me");
+  EXPECT_EQ(r["choices"][0]["token_ids"].size(), 3u);
+  EXPECT_TRUE(r["choices"][0]["message"]["reasoning_content"].is_null());
+  const OJson b =
+      dialect_post(c, "/beta/completions", R"({"model":"scripted","prompt":"hi","max_tokens":2})");
+  EXPECT_EQ(b["object"], "text_completion");
+}
+
+// FIM: prompt and suffix around DeepSeek's FIM tokens (return_token_ids shows them), streamed or
+// not; a tokenizer without them is a 400 naming the missing token.
+TEST(DeepSeekDialect, FimCompletionPutsTheFimTokensAroundPromptAndSuffix) {
+  auto tok = fim_tokenizer();
+  std::vector<int32_t> want = {tok->token_id(tokens::kBos), tok->token_id(tokens::kFimBegin)};
+  for (int32_t id : tok->encode("def f(x):\n    ")) want.push_back(id);
+  want.push_back(tok->token_id(tokens::kFimHole));
+  for (int32_t id : tok->encode("\n    return y")) want.push_back(id);
+  want.push_back(tok->token_id(tokens::kFimEnd));
+  InProcess s(dialect_engine(std::move(tok), "y = x"));
+  auto c = s.client();
+  const std::string body =
+      R"({"model":"scripted","prompt":"def f(x):\n    ","suffix":"\n    return y","max_tokens":4,)"
+      R"("return_token_ids":true)";
+  const OJson r = dialect_post(c, "/beta/completions", body + "}");
+  EXPECT_EQ(r["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], want.size());
+  auto st = c.Post("/v1/completions", body + R"(,"stream":true})", "application/json");
+  ASSERT_TRUE(st);
+  const std::size_t first = st->body.find("data: {");
+  ASSERT_NE(first, std::string::npos);
+  const OJson chunk =
+      dialect_json(st->body.substr(first + 6, st->body.find("\n\n", first) - first - 6));
+  EXPECT_EQ(chunk["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), want);
+  dialect_post(c, "/v1/completions",
+               R"({"model":"scripted","prompt":[5,6],"suffix":"x","max_tokens":2})", 400);
+  InProcess plain;  // the tiny tokenizer has no FIM tokens
+  auto pc = plain.client();
+  const OJson e =
+      dialect_post(pc, "/v1/completions",
+                   R"({"model":"scripted","prompt":"a","suffix":"b","max_tokens":2})", 400);
+  EXPECT_EQ(e["error"]["param"], "suffix");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find(tokens::kFimBegin), std::string::npos);
+}
+
+// vLLM's output fields: include_stop_str_in_output, skip_special_tokens, truncate_prompt_tokens,
+// min_tokens, bad_words; a documented field this server does not implement is a 400 naming it,
+// and its no-op value is accepted.
+TEST(DeepSeekDialect, VllmOutputFieldsAreHonoured) {
+  InProcess s(dialect_engine(tiny_tokenizer(), "the one<｜action｜>and two"));
+  auto c = s.client();
+  const std::string q =
+      R"({"model":"scripted","messages":[{"role":"user","content":"q"}],"thinking":{"type":"disabled"},)";
+  auto content = [&](const std::string& extra) {
+    return dialect_post(c, "/v1/chat/completions",
+                        q + extra + "}")["choices"][0]["message"]["content"]
+        .get<std::string>();
+  };
+  EXPECT_EQ(content(R"("max_tokens":10)"), "the oneand two");
+  EXPECT_EQ(content(R"("max_tokens":10,"skip_special_tokens":false)"),
+            "the one<｜action｜>and two");
+  EXPECT_EQ(content(R"("max_tokens":10,"stop":["and"])"), "the one");
+  EXPECT_EQ(content(R"("max_tokens":10,"stop":["and"],"include_stop_str_in_output":true)"),
+            "the oneand");
+  const std::string banned = content(R"("max_tokens":10,"bad_words":["two"])");
+  EXPECT_EQ(banned.find("two"), std::string::npos) << banned;
+  EXPECT_EQ(banned.rfind("the oneand", 0), 0u) << banned;
+  const OJson plain = dialect_post(c, "/v1/chat/completions", q + R"("max_tokens":30})");
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
+  const int64_t natural = plain["usage"]["completion_tokens"];
+  const OJson longer =
+      dialect_post(c, "/v1/chat/completions", q + R"("max_tokens":30,"min_tokens":25})");
+  EXPECT_GE(longer["usage"]["completion_tokens"].get<int64_t>(), 25);
+  EXPECT_LT(natural, 25);
+  const OJson whole = dialect_post(
+      c, "/v1/completions",
+      R"({"model":"scripted","prompt":"the one and two","max_tokens":2,"return_token_ids":true})");
+  const OJson cut = dialect_post(c, "/v1/completions",
+                                 R"({"model":"scripted","prompt":"the one and two","max_tokens":2,)"
+                                 R"("return_token_ids":true,"truncate_prompt_tokens":2})");
+  const auto all = whole["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>();
+  ASSERT_GT(all.size(), 2u);
+  EXPECT_EQ(cut["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(),
+            std::vector<int32_t>(all.end() - 2, all.end()));
+  EXPECT_EQ(cut["usage"]["prompt_tokens"], 2);
+  for (const auto& [field, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"("use_beam_search":true)", "use_beam_search"},
+           {R"("guided_json":{"type":"object"})", "guided_json"},
+           {R"("chat_template":"x")", "chat_template"},
+           {R"("min_tokens":40,"max_tokens":30)", "min_tokens"}}) {
+    const OJson e = dialect_post(c, "/v1/chat/completions", q + field + "}", 400);
+    EXPECT_EQ(e["error"]["param"], param) << field;
+  }
+  dialect_post(c, "/v1/chat/completions",
+               q + R"("max_tokens":2,"use_beam_search":false,"length_penalty":1.0,"priority":0})");
+}
+
+// parallel_tool_calls: false (Anthropic: tool_choice.disable_parallel_tool_use) returns the first
+// of several calls only, streamed or not, in all three APIs.
+TEST(DeepSeekDialect, ParallelToolCallsFalseKeepsOneCall) {
+  std::vector<ChatToolCall> calls = {{"1", "get_weather", OJson{{"city", "Paris"}}},
+                                     {"2", "get_weather", OJson{{"city", "Lyon"}}}};
+  InProcess s(dialect_engine(tiny_tokenizer(), "\n\n" + encode_tool_calls_dsml(calls)));
+  auto c = s.client();
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+  const std::string q = R"({"model":"scripted","messages":[{"role":"user","content":"q"}],)"
+                        R"("thinking":{"type":"disabled"},"max_tokens":200,)" +
+                        tools;
+  EXPECT_EQ(dialect_post(c, "/v1/chat/completions", q + "}")["choices"][0]["message"]["tool_calls"]
+                .size(),
+            2u);
+  const OJson one = dialect_post(c, "/v1/chat/completions", q + R"(,"parallel_tool_calls":false})");
+  ASSERT_EQ(one["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(one["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city": "Paris"})");
+  auto st = c.Post("/v1/chat/completions", q + R"(,"parallel_tool_calls":false,"stream":true})",
+                   "application/json");
+  ASSERT_TRUE(st);
+  std::size_t streamed = 0;
+  for (std::size_t at = 0; (at = st->body.find("\"tool_calls\":[", at)) != std::string::npos; ++at)
+    ++streamed;
+  EXPECT_EQ(streamed, 1u);
+  const OJson r = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q",
+      "reasoning":{"effort":"none"},"parallel_tool_calls":false,"tools":[{"type":"function",
+      "name":"get_weather","parameters":{"type":"object"}}]})");
+  ASSERT_EQ(r["output"].size(), 1u);
+  EXPECT_EQ(r["output"][0]["type"], "function_call");
+  const OJson m = dialect_post(c, "/v1/messages", R"({"model":"scripted","max_tokens":200,
+      "messages":[{"role":"user","content":"q"}],"thinking":{"type":"disabled"},
+      "tool_choice":{"type":"auto","disable_parallel_tool_use":true},
+      "tools":[{"name":"get_weather","input_schema":{"type":"object"}}]})");
+  ASSERT_EQ(m["content"].size(), 1u);
+  EXPECT_EQ(m["content"][0]["type"], "tool_use");
+}
+
+// Claude Code's first system block "x-anthropic-billing-header: ..." changes on every request: it
+// is left out of the prompt, so two requests that differ only there share their whole prompt.
+TEST(DeepSeekDialect, BillingHeaderBlocksAreLeftOutOfThePrompt) {
+  const auto tok = tiny_tokenizer();
+  auto prompt = [&](const std::string& system) {
+    GenerationJob job;
+    const std::string body =
+        R"({"model":"m","max_tokens":9,"messages":[{"role":"user","content":"q"}])" +
+        (system.empty() ? std::string() : R"(,"system":)" + system) + "}";
+    EXPECT_FALSE(parse_messages_request(dialect_json(body), parser_model(), *tok, false, job));
+    return job.request.prompt;
+  };
+  const std::string bill =
+      R"({"type":"text","text":"x-anthropic-billing-header: cc_version=2.1; cch=)";
+  const auto plain = prompt(R"("Be exact.")");
+  EXPECT_EQ(prompt("[" + bill + R"(a1"},{"type":"text","text":"Be exact."}])"), plain);
+  EXPECT_EQ(prompt("[" + bill + R"(b2"},{"type":"text","text":"Be exact."}])"), plain);
+  EXPECT_EQ(prompt("[" + bill + R"(c3"}])"), prompt(""));
+  EXPECT_NE(prompt(R"([{"type":"text","text":"x-other: 1"},{"type":"text","text":"Be exact."}])"),
+            plain);
+}
+
+// --served-model-name with several names (requests may name any, responses report the first) and
+// --default-chat-template-kwargs (under the request's own kwargs; /tokenize renders the same).
+TEST(DeepSeekDialect, ServedModelNamesAndDefaultChatTemplateKwargs) {
+  InProcess s(dialect_engine(tiny_tokenizer(), "the one and two"), [](ServerOptions& o) {
+    o.model_aliases = {"deepseek-chat", "deepseek-v4-flash"};
+    o.default_chat_template_kwargs = {{"thinking", false}};
+  });
+  auto c = s.client();
+  std::string answer;
+  for (const char* name : {"scripted", "deepseek-chat", "deepseek-v4-flash"}) {
+    const OJson r = dialect_post(c, "/v1/chat/completions",
+                                 fmt::format(R"({{"model":"{}","max_tokens":3,)"
+                                             R"("messages":[{{"role":"user","content":"q"}}]}})",
+                                             name));
+    EXPECT_EQ(r["model"], "scripted") << name;
+    // Thinking off by the server's default kwargs: the answer is content.
+    const std::string content = r["choices"][0]["message"]["content"];
+    EXPECT_TRUE(r["choices"][0]["message"]["reasoning_content"].is_null()) << name;
+    EXPECT_FALSE(content.empty()) << name;
+    if (answer.empty()) answer = content;
+    EXPECT_EQ(content, answer) << name;
+  }
+  dialect_post(c, "/v1/chat/completions",
+               R"({"model":"gpt-4","max_tokens":3,"messages":[{"role":"user","content":"q"}]})",
+               404);
+  auto got = c.Get("/v1/models/deepseek-chat");
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->status, 200);
+  const OJson own = dialect_post(c, "/v1/chat/completions",
+                                 R"({"model":"scripted","max_tokens":3,"messages":[{"role":"user",)"
+                                 R"("content":"q"}],"chat_template_kwargs":{"thinking":true}})");
+  EXPECT_EQ(own["choices"][0]["message"]["reasoning_content"], answer);
+  const auto tok = tiny_tokenizer();
+  const OJson t = dialect_post(c, "/tokenize", R"({"messages":[{"role":"user","content":"q"}]})");
+  EXPECT_EQ(*tok->decode(t["tokens"].get<std::vector<int32_t>>()),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜></think>");
+}
+
+TEST(DeepSeekDialect, OfficialClientsOnTheRealBinary) {
+  expect_node_client_passes_on_real_binary("deepseek_dialect_test.mjs");
+}
+
+}  // namespace
+}  // namespace dsv41
