@@ -28,9 +28,9 @@ Result<std::unique_ptr<Tokenizer>> model_tokenizer(const std::string& dir) {
 Result<std::string> render_messages_file(const std::string& path) {
   auto body = read_text_file(path);
   if (!body) return body.status();
-  auto json = parse_json_ordered(*body);
-  if (!json) return Status::error(path + ": " + json.status().message());
-  auto req = parse_chat_request(*json);
+  auto doc = parse_json_ordered(*body);
+  if (!doc) return Status::error(path + ": " + doc.status().message());
+  auto req = parse_chat_request(*doc);
   if (!req) return Status::error(path + ": " + req.status().message());
   auto prompt = encode_chat(req->messages, req->options);
   if (!prompt) return Status::error(path + ": " + prompt.status().message());

@@ -21,13 +21,19 @@ namespace {
 
 using json = nlohmann::json;
 
+}  // namespace
+
+// Named, not anonymous: Tokenizer::Impl (external linkage) holds these.
+namespace tokenizer_detail {
+
 struct AddedToken {
   std::string content;
   int32_t id;
   bool special;
 };
 
-}  // namespace
+}  // namespace tokenizer_detail
+using tokenizer_detail::AddedToken;
 
 struct Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> vocab;
