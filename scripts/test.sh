@@ -29,8 +29,8 @@ if [ -d build-fuzz ] && command -v clang++ >/dev/null 2>&1; then
   echo "test: the main build (build)"
 fi
 # One test more than cores in the main tree: its server, MPI and browser tests wait on sockets,
-# timeouts and child processes (at -j2 on 2 cores 17% of the CPU idled; at -j3 the tree took 138 s
-# instead of 163 s, 2026-12-05).
+# timeouts and child processes (at -j2 on 2 cores 21% of the CPU idled: 259 of 326 core-seconds
+# busy; at -j3 the tree took 138 s instead of 163 s, 2026-12-05).
 (cd build && ctest --output-on-failure -j"$(($(nproc) + 1))" --timeout 600 -LE long) || status=1
 # The ten slowest tests of both trees (CTest's own timings), so that CI time stays watched.
 echo "test: the ten slowest tests"
