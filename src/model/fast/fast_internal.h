@@ -211,6 +211,16 @@ struct FastModel::Impl {
   // Tokens per batch-kernel call: the act-quant GEMMs reuse each decoded weight across all of
   // them (a chunk's activations stay in L2); every token's bits are the same at any size.
   static constexpr int64_t kChunk = 64;
+  // Tokens per call in the MoE (router, routed and shared experts), where no attention buffer
+  // bounds them: a prefill step's expert sees ~64 tokens at 512 and several hundred at 4,096, and
+  // each call decodes the expert's weights once per token block of the kernel (ops
+  // aq_token_block), so calls of kChunk left ragged tails (70 tokens: 64 + 6) that paid a whole
+  // decode for a few tokens. Chunks are split evenly (ceil(n / kMoeChunk) of one size).
+  static constexpr int64_t kMoeChunk = 256;
+  static int64_t even_chunk(int64_t n, int64_t most) {
+    const int64_t parts = (n + most - 1) / most;
+    return parts == 0 ? most : (n + parts - 1) / parts;
+  }
   FastOptions opt;
   std::unique_ptr<ConvertedWeights> wts;
   ModelConfig cfg;

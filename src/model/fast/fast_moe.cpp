@@ -88,22 +88,23 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
   auto grow = [](auto& v, int64_t sz) {
     if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
   };
-  grow(logits_e, kChunk * E);
+  grow(logits_e, kMoeChunk * E);
   grow(route_w, n * K);
   grow(ybuf, n * K * D);
   grow(topk_out, K);
   grow(tmp, 2 * E);
-  grow(gx, kChunk * D);
-  grow(gr, kChunk);
-  grow(gy, kChunk * D);
-  grow(gbuf, 2 * kChunk * w.sh_w1.out);
+  grow(gx, kMoeChunk * D);
+  grow(gr, kMoeChunk);
+  grow(gy, kMoeChunk * D);
+  grow(gbuf, 2 * kMoeChunk * w.sh_w1.out);
   if (int64_t(by_expert.size()) < E) by_expert.resize(std::size_t(E));
   for (int64_t e = 0; e < E; ++e) by_expert[std::size_t(e)].clear();
   // DeepSeek's Gate renormalises the chosen weights only when norm_topk_prob and top-k > 1.
   const bool renorm = tc.norm_topk_prob && K > 1;
   const float temp = float(tc.gate_temp), rscale = float(tc.routed_scaling_factor);
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    const int64_t cn = std::min(kChunk, n - c0);
+  const int64_t tok_chunk = even_chunk(n, kMoeChunk);
+  for (int64_t c0 = 0; c0 < n; c0 += tok_chunk) {
+    const int64_t cn = std::min(tok_chunk, n - c0);
     linear_batch(w.gate, xs.data() + c0 * D, cn, logits_e.data());
     for (int64_t t = c0; t < c0 + cn; ++t) {
       const float* lg = logits_e.data() + (t - c0) * E;
@@ -137,8 +138,9 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
     ++stats.distinct_experts;
     stats.weight_bytes += 3 * I * (D / 2 + D / 32);  // w13 and w2 with their scales, once
     stats.macs += 3 * I * D * int64_t(items.size());
-    for (std::size_t c0 = 0; c0 < items.size(); c0 += std::size_t(kChunk)) {
-      const int64_t m = std::min<int64_t>(kChunk, int64_t(items.size() - c0));
+    const int64_t item_chunk = even_chunk(int64_t(items.size()), kMoeChunk);
+    for (std::size_t c0 = 0; c0 < items.size(); c0 += std::size_t(item_chunk)) {
+      const int64_t m = std::min<int64_t>(item_chunk, int64_t(items.size() - c0));
       for (int64_t k = 0; k < m; ++k) {
         const int32_t item = items[c0 + std::size_t(k)];
         std::copy_n(xs.data() + (item / K) * D, D, gx.data() + k * D);
@@ -153,8 +155,8 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
   // Shared expert per chunk, then each token's sum in its own slot order.
   const int64_t Is = w.sh_w1.out;
   const float lim = float(tc.swiglu_limit);
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    const int64_t cn = std::min(kChunk, n - c0);
+  for (int64_t c0 = 0; c0 < n; c0 += tok_chunk) {
+    const int64_t cn = std::min(tok_chunk, n - c0);
     float* g = gbuf.data();
     float* up = gbuf.data() + cn * Is;
     linear_batch(w.sh_w1, xs.data() + c0 * D, cn, g);
