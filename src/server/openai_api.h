@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/generation_defaults.h"
 #include "server/reasoning_count.h"
 #include "text/dsml_parser.h"
 #include "text/json_ordered.h"
@@ -41,6 +42,9 @@ struct ServedModel {
   // --default-chat-template-kwargs: chat_template_kwargs every chat request starts from (its own
   // keys win).
   OJson default_chat_template_kwargs = OJson::object();
+  // --generation-config / --override-generation-config: what a request's sampling starts from
+  // (its own fields win); shown in /v1/models as "default_sampling".
+  SamplingDefaults sampling_defaults;
   bool serves(const std::string& asked) const {
     return asked == name || std::find(aliases.begin(), aliases.end(), asked) != aliases.end();
   }

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/rng.h"
 #include "engine/engine.h"
@@ -267,14 +268,21 @@ struct ServeProcess {
   int port = 0;
   std::string log_path;
 
-  bool start(const std::string& model_dir, const std::string& log) {
+  // `extra`: further serve flags (--speculative dspark, ...).
+  bool start(const std::string& model_dir, const std::string& log,
+             const std::vector<std::string>& extra = {}) {
     log_path = log;
+    std::vector<std::string> args = {
+        "dsv41", "serve", "--model", model_dir, "--port", "0", "--shutdown-timeout", "60"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid = fork();
     if (pid == 0) {
       FILE* f = freopen(log.c_str(), "w", stderr);
       (void)f;
-      execl(DSV41_BINARY, "dsv41", "serve", "--model", model_dir.c_str(), "--port", "0",
-            "--shutdown-timeout", "60", static_cast<char*>(nullptr));
+      execv(DSV41_BINARY, argv.data());
       _exit(127);
     }
     for (int i = 0; i < 600; ++i) {  // up to 60 s for the listening line
