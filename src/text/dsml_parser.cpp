@@ -335,15 +335,17 @@ bool AssistantStreamParser::step_calls(std::vector<AssistantEvent>& out) {
     std::string delta;
     scanner_.scan(rest, delta);
     const bool dropped = single_call_ && calls_ >= 1;
-    if (reasoning_calls_tag_.empty() && !dropped && scanner_.named()) {
-      if (!begun_) {
+    if (reasoning_calls_tag_.empty() && !dropped) {
+      if (!begun_ && scanner_.named()) {
         begun_ = true;
         AssistantEvent b{AssistantEvent::Kind::kToolCallBegin, {}, {}};
         b.call.name = scanner_.call().name;
         out.push_back(std::move(b));
         delta = scanner_.call().arguments_text;  // all of it so far
       }
-      if (!delta.empty())
+      // A begun call's pieces go out even when the same scan then found it malformed: what was
+      // decided before that point does not depend on where the text was cut.
+      if (begun_ && !delta.empty())
         out.push_back(AssistantEvent{AssistantEvent::Kind::kToolCallDelta, std::move(delta), {}});
     }
     if (scanner_.state() == InvokeScanner::State::kDone) {

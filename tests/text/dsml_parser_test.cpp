@@ -3,6 +3,7 @@
 // arguments streamed piece by piece and equal to the whole arguments at every split point.
 #include <gtest/gtest.h>
 
+#include "core/rng.h"
 #include "text/chat.h"
 #include "text/dsml_parser.h"
 
@@ -448,6 +449,97 @@ TEST(Dsml, ToolCallCutOrMalformedAfterItBeganIsAborted) {
     EXPECT_TRUE(s.calls.empty());
     EXPECT_EQ(s.content, parse_assistant_text(gen, false).content);
     EXPECT_EQ(parser.malformed_calls(), 1);
+  }
+}
+
+// Arbitrary chunkings (1-24 bytes: the markers split anywhere, the multi-byte ones inside their
+// characters): a malformed invoke first (its pieces may go out before it proves malformed, then
+// its abort), the sample's calls, then a call with a repeated parameter. In every chunking each
+// complete call's streamed pieces concatenate to its arguments, and the calls and the content are
+// those of the one-shot parse.
+TEST(Dsml, ToolArgumentsStreamTheSameInAnyChunking) {
+  const std::string param = "<｜DSML｜ parameter name=\"";
+  const std::string param_close = "</｜DSML｜ parameter>\n";
+  std::string gen = generated_text(streaming_turn(), false);
+  const std::string calls_open = "<｜DSML｜ calls>\n";
+  const std::size_t at = gen.find(calls_open);
+  ASSERT_NE(at, std::string::npos);
+  gen.insert(at + calls_open.size(), "<｜DSML｜ invoke name=\"bad\">\n" + param +
+                                         "a\" string=\"true\">x" + param_close +
+                                         "oops</｜DSML｜ invoke>\n");
+  const std::string calls_close = "</｜DSML｜ calls>";
+  const std::size_t end = gen.rfind(calls_close);
+  ASSERT_NE(end, std::string::npos);
+  gen.insert(end, "<｜DSML｜ invoke name=\"dup\">\n" + param + "k\" string=\"true\">one" +
+                      param_close + param + "k\" string=\"false\">[2]" + param_close +
+                      "</｜DSML｜ invoke>\n");
+  const ParsedAssistant whole = parse_assistant_text(gen, false);
+  ASSERT_EQ(whole.tool_calls.size(), 3u);
+  EXPECT_EQ(whole.malformed_calls, 1);
+  EXPECT_EQ(whole.tool_calls[2].arguments_json(), R"({"k": "one", "k": [2]})");
+  EXPECT_EQ(python_json_dumps(whole.tool_calls[2].arguments), R"({"k": [2]})");
+  Rng rng(36);
+  for (int trial = 0; trial < 300; ++trial) {
+    AssistantStreamParser parser(false);
+    std::vector<AssistantEvent> events;
+    std::vector<DsmlToolCall> calls;
+    std::string content, open_text;
+    bool open = false;
+    int pieces = 0;
+    auto take = [&] {
+      for (auto& e : events) {
+        switch (e.kind) {
+          case AssistantEvent::Kind::kToolCallBegin:
+            EXPECT_FALSE(open);
+            open = true;
+            open_text.clear();
+            break;
+          case AssistantEvent::Kind::kToolCallDelta:
+            EXPECT_TRUE(open);
+            open_text += e.text;
+            ++pieces;
+            break;
+          case AssistantEvent::Kind::kToolCall:
+            EXPECT_TRUE(open);
+            EXPECT_EQ(open_text, e.call.arguments_json()) << "trial " << trial;
+            open = false;
+            calls.push_back(e.call);
+            break;
+          case AssistantEvent::Kind::kToolCallAbort:
+            EXPECT_TRUE(open);
+            // The malformed call's pieces: all that was decided before it proved malformed.
+            EXPECT_EQ(open_text, R"({"a": "x")") << "trial " << trial;
+            open = false;
+            break;
+          case AssistantEvent::Kind::kContent:
+            EXPECT_FALSE(open);
+            content += e.text;
+            break;
+          default:
+            break;
+        }
+      }
+      events.clear();
+    };
+    for (std::size_t i = 0; i < gen.size();) {
+      const std::size_t n = trial == 0 ? 1 : 1 + rng.below(24);
+      parser.feed(std::string_view(gen).substr(i, n), events);
+      i += n;
+      take();
+    }
+    parser.finish(events);
+    take();
+    const std::string label = "trial " + std::to_string(trial);
+    EXPECT_FALSE(open) << label;
+    EXPECT_EQ(content, whole.content) << label;
+    EXPECT_EQ(parser.malformed_calls(), 1) << label;
+    ASSERT_EQ(calls.size(), 3u) << label;
+    for (std::size_t c = 0; c < 3; ++c) {
+      EXPECT_EQ(calls[c].name, whole.tool_calls[c].name) << label;
+      EXPECT_EQ(calls[c].arguments_json(), whole.tool_calls[c].arguments_json()) << label;
+      EXPECT_EQ(calls[c].arguments, whole.tool_calls[c].arguments) << label;
+    }
+    if (trial == 0) EXPECT_GT(pieces, 100);  // byte by byte: the long argument in many pieces
   }
 }
 
