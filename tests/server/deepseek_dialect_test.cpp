@@ -399,11 +399,25 @@ TEST(DeepSeekDialect, ParallelToolCallsFalseKeepsOneCall) {
   auto st = c.Post("/v1/chat/completions", q + R"(,"parallel_tool_calls":false,"stream":true})",
                    "application/json");
   ASSERT_TRUE(st);
-  std::size_t streamed = 0;
-  for (std::size_t at = 0; (at = st->body.find("\"type\":\"function\"", at)) != std::string::npos;
-       ++at)
-    ++streamed;
-  EXPECT_EQ(streamed, 1u);
+  // Streamed: one call opens (id, type, name), every argument piece is that call's, and they
+  // concatenate to the first call's arguments; nothing of the second call goes out.
+  int opened = 0;
+  std::string arguments, finish;
+  for (const OJson& p : sse_payloads(st->body)) {
+    if (p["choices"].empty()) continue;
+    const OJson& choice = p["choices"][0];
+    if (choice["finish_reason"].is_string()) finish = choice["finish_reason"];
+    if (!choice["delta"].contains("tool_calls")) continue;
+    for (const OJson& call : choice["delta"]["tool_calls"]) {
+      EXPECT_EQ(call["index"], 0) << st->body;
+      opened += call.contains("id");
+      arguments += call["function"].value("arguments", "");
+    }
+  }
+  EXPECT_EQ(opened, 1) << st->body;
+  EXPECT_EQ(arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(st->body.find("Lyon"), std::string::npos) << st->body;
   const OJson r = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q",
       "reasoning":{"effort":"none"},"parallel_tool_calls":false,"tools":[{"type":"function",
       "name":"get_weather","parameters":{"type":"object"}}]})");

@@ -429,6 +429,23 @@ inline std::vector<std::string> stream_in_chunks(ResponseWriter& w, const std::s
   return frames;
 }
 
+// The JSON payloads of an SSE body's `data: ` lines, in order (OpenAI's "data: [DONE]" left out).
+inline std::vector<OJson> sse_payloads(const std::string& body) {
+  std::vector<OJson> out;
+  std::size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const std::size_t end = body.find('\n', at);
+    const std::string data =
+        body.substr(at + 6, end == std::string::npos ? std::string::npos : end - at - 6);
+    at = end;
+    if (data == "[DONE]") continue;
+    auto j = parse_json_ordered(data);
+    EXPECT_TRUE(j.is_ok()) << data;
+    if (j.is_ok()) out.push_back(std::move(*j));
+  }
+  return out;
+}
+
 // Runs tests/js/SCRIPT in `mode` against a server on `port` and expects every check to pass.
 inline void expect_node_client_passes(int port, const std::string& model, const std::string& mode,
                                       const std::string& script) {
