@@ -21,6 +21,8 @@ struct AssistantBlock {
   std::string text;      // reasoning / text
   DsmlToolCall call;     // kToolCall: arguments_text grows with the deltas
   bool aborted = false;  // kToolCall: a streamed call that proved malformed or was cut
+  // kToolCall: the arguments' JSON text; of an aborted call, the pieces that went out.
+  std::string arguments() const { return aborted ? call.arguments_text : call.arguments_json(); }
 };
 
 class BlockListener {
@@ -63,7 +65,9 @@ class BlockGrouper {
           if (!open_ || blocks_.back().kind != AssistantBlock::Kind::kToolCall) continue;
           if (!listener) {  // nothing went out: the whole response never shows it
             blocks_.pop_back();
-            open_ = false;
+            // The block before it was closed only by the call's begin: text that follows (the
+            // malformed call as content) joins it, as in a parse where the call never began.
+            open_ = !blocks_.empty() && blocks_.back().kind != AssistantBlock::Kind::kToolCall;
             continue;
           }
           blocks_.back().aborted = true;

@@ -580,7 +580,9 @@ OJson ResponseBuilder::usage_json(int64_t completion_tokens, int64_t reasoning_t
 
 std::string ResponseBuilder::finish_reason() const {
   if (reason_ == FinishReason::kLength || job_.score_only) return "length";
-  if (!calls_.empty() || tool_calls_sent_ > 0) return "tool_calls";
+  // Streamed: the calls that completed (one that began and then proved malformed is content in
+  // the whole response, which says "stop").
+  if (!calls_.empty() || tool_calls_done_ > 0) return "tool_calls";
   return "stop";
 }
 
@@ -691,7 +693,9 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
         call["function"] = {{"arguments", e.text}};
         d["tool_calls"] = OJson::array({std::move(call)});
       } else {
-        continue;  // the call's end (or its abort) needs no chunk of its own
+        // The call's end (or its abort) needs no chunk of its own.
+        tool_calls_done_ += e.kind == AssistantEvent::Kind::kToolCall;
+        continue;
       }
       make(std::move(d), nullptr);
     }

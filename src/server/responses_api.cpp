@@ -398,7 +398,7 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
       emit("response.function_call_arguments.done", {{"item_id", item_id(i, b)},
                                                      {"output_index", i},
                                                      {"name", b.call.name},
-                                                     {"arguments", b.call.arguments_json()}});
+                                                     {"arguments", b.arguments()}});
     } else {
       OJson done = {
           {"item_id", item_id(i, b)}, {"output_index", i}, {"content_index", 0}, {"text", b.text}};
@@ -476,7 +476,7 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
                 {"id", item_id(i, b)},
                 {"call_id", fmt::format("call_{}_{}", id_, i)},
                 {"name", b.call.name},
-                {"arguments", b.call.arguments_json()},
+                {"arguments", b.arguments()},
                 {"status", status}};
     }
   }
