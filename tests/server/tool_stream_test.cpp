@@ -2,7 +2,8 @@
 // call with a long string argument (quotes, backslashes, newlines, non-ASCII) and a string="false"
 // one; in chat completions, Messages and Responses the streamed argument pieces arrive in several
 // events and concatenate to the whole response's arguments byte for byte. The same server then
-// answers the official clients (tests/js/tool_stream_test.mjs).
+// answers the official clients (tests/js/tool_stream_test.mjs). A call that began streaming and
+// then proved malformed ends, in every API, as the whole response says.
 #include <gtest/gtest.h>
 
 #include "server_harness.h"
