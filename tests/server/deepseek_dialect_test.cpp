@@ -651,6 +651,41 @@ TEST(DeepSeekDialect, RepetitionPenaltySameWithSpeculationOnAndOffOnTheRealBinar
   EXPECT_NE(ids[0][2], ids[0][3]);
 }
 
+// The real binary on an official-layout checkpoint with a generation_config.json: serve reads it
+// (other keys skipped), --override-generation-config replaces key by key, /v1/models shows the
+// result, max_new_tokens is the default max_tokens of a chat request, and the conversion serve
+// makes copies the file beside the converted weights.
+TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
+  dsv41::testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/tiny";
+  mt.preset = "tiny";
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  const std::string config = R"({"bos_token_id": 0, "do_sample": true, "temperature": 0.6,
+      "top_p": 0.95, "max_new_tokens": 5})";
+  std::ofstream(mt.out_dir + "/generation_config.json") << config;
+  ServeProcess p;
+  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log",
+                      {"--override-generation-config", R"({"top_p": 0.5, "top_k": 20})"}));
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(60, 0);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(dialect_json(models->body)["data"][0]["default_sampling"],
+            dialect_json(R"({"temperature": 0.6, "top_p": 0.5, "top_k": 20, "max_new_tokens": 5})"))
+      << models->body;
+  const OJson r = dialect_post(c, "/v1/chat/completions",
+                               R"({"model":"tiny","messages":[{"role":"user","content":"q"}],)"
+                               R"("ignore_eos":true,"chat_template_kwargs":{"thinking":false}})");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
+  std::ifstream copied(mt.out_dir + ".dsv41-converted/generation_config.json");
+  ASSERT_TRUE(copied.good());
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(copied), {}), config);
+}
+
 TEST(DeepSeekDialect, OfficialClientsOnTheRealBinary) {
   expect_node_client_passes_on_real_binary("deepseek_dialect_test.mjs");
 }
