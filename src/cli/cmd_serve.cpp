@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "engine/engine.h"
 #include "parallel/world.h"
+#include "server/generation_defaults.h"
 #include "server/http_server.h"
 
 namespace dsv41::cli {
@@ -41,6 +42,8 @@ void add_serve(CLI::App& app, Runner* run) {
     PathArgs paths;
     std::vector<std::string> names;  // --served-model-name
     std::string default_kwargs;      // --default-chat-template-kwargs (JSON)
+    std::string generation_config = "auto";
+    std::string override_generation_config;  // JSON
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
@@ -65,6 +68,18 @@ void add_serve(CLI::App& app, Runner* run) {
   sub->add_option("--default-chat-template-kwargs", a->default_kwargs,
                   "JSON object every chat request's chat_template_kwargs start from (its own keys "
                   "win), e.g. '{\"thinking\": false}' for clients that cannot send them");
+  sub->add_option("--generation-config", a->generation_config,
+                  "auto: sampling defaults from the checkpoint's generation_config.json when it "
+                  "has one (vLLM's keys: temperature, top_p, top_k, min_p, repetition_penalty, "
+                  "max_new_tokens as the default max_tokens); none: ignore the file. A request's "
+                  "own fields always win; GET /v1/models shows the effective defaults "
+                  "(\"default_sampling\")")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none"}));
+  sub->add_option("--override-generation-config", a->override_generation_config,
+                  "JSON object of those keys that replace the file's key by key, e.g. "
+                  "'{\"temperature\": 0.6, \"top_p\": 0.95}' (applies with "
+                  "--generation-config none too)");
   sub->add_option("--default-max-tokens", a->server.default_max_tokens,
                   "max_tokens for chat requests that do not set it (0: the rest of the context, "
                   "as vLLM)")
@@ -140,6 +155,17 @@ void add_serve(CLI::App& app, Runner* run) {
           return kExitUsage;
         }
         a->server.default_chat_template_kwargs = std::move(*kw);
+      }
+      {
+        auto defaults =
+            load_sampling_defaults(dir, a->generation_config, a->override_generation_config);
+        if (!defaults) {
+          log::error("serve: {}", defaults.status().message());
+          return defaults.status().message().starts_with("--") ? kExitUsage : kExitInvalid;
+        }
+        a->server.sampling_defaults = *defaults;
+        if (!defaults->empty())
+          log::info("serve: sampling defaults {}", python_json_dumps(defaults->to_json()));
       }
       a->server.max_body_bytes = a->max_body_mb << 20;
       log::info("serve: loading {} ...", dir);

@@ -258,7 +258,7 @@ std::optional<ApiError> convert_thinking(const OJson& body, int64_t max_tokens, 
 std::optional<ApiError> parse_sampling(Fields& f, const OJson& body, SamplingParams& s) {
   if (!f.number("temperature", 0, 1, false, s.temperature)) return f.err;
   if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
-  int64_t top_k = 0;
+  int64_t top_k = s.top_k;  // a server default when the request sets none
   if (!f.integer("top_k", 0, std::numeric_limits<int32_t>::max(), top_k)) return f.err;
   s.top_k = static_cast<int>(top_k);
   if (const OJson* st = f.get("stop_sequences")) {
@@ -353,6 +353,7 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
     job.max_tokens_param = "max_tokens";
     if (!f.boolean("stream", job.stream)) return f.err;
   }
+  model.sampling_defaults.apply(job.request.sampling);  // the request's own fields win
   if (auto e = parse_sampling(f, body, job.request.sampling)) return e;
 
   ChatRequest chat;
@@ -387,7 +388,7 @@ class MessagesWriter final : public ResponseWriter, BlockListener {
  public:
   MessagesWriter(const GenerationJob& job, const std::string& id)
       : job_(job), id_("msg_" + id), parser_(job.thinking, job.extract_tools) {
-    grouper_.set_single_call(job.single_tool_call);
+    parser_.set_single_call(job.single_tool_call);
   }
 
   // message_start waits for the engine's first output: its usage splits the prompt into computed
@@ -442,11 +443,11 @@ class MessagesWriter final : public ResponseWriter, BlockListener {
     frames_.push_back(event(
         "content_block_start",
         {{"type", "content_block_start"}, {"index", i}, {"content_block", std::move(start)}}));
-    if (b.kind == AssistantBlock::Kind::kToolCall)  // the whole call at once: one JSON delta
-      delta(i, {{"type", "input_json_delta"}, {"partial_json", dump_safe(b.call.arguments)}});
   }
   void grew(std::size_t i, const AssistantBlock& b, const std::string& d) override {
-    if (b.kind == AssistantBlock::Kind::kReasoning)
+    if (b.kind == AssistantBlock::Kind::kToolCall)  // the arguments as they are generated
+      delta(i, {{"type", "input_json_delta"}, {"partial_json", d}});
+    else if (b.kind == AssistantBlock::Kind::kReasoning)
       delta(i, {{"type", "thinking_delta"}, {"thinking", d}});
     else
       delta(i, {{"type", "text_delta"}, {"text", d}});

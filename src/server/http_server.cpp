@@ -158,6 +158,11 @@ struct HttpServer::Impl {
     model.reasoning_budget = opt.reasoning_budget;
     model.aliases = opt.model_aliases;
     model.default_chat_template_kwargs = opt.default_chat_template_kwargs;
+    model.sampling_defaults = opt.sampling_defaults;
+    // generation_config's max_new_tokens is a default max_tokens, as --default-max-tokens (which
+    // wins when given).
+    if (model.default_max_tokens == 0 && opt.sampling_defaults.max_new_tokens)
+      model.default_max_tokens = *opt.sampling_defaults.max_new_tokens;
     nonce = std::random_device{}();
     started = static_cast<int64_t>(std::time(nullptr));
     routes();

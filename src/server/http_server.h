@@ -13,6 +13,7 @@
 
 #include "core/status.h"
 #include "engine/engine.h"
+#include "server/generation_defaults.h"
 #include "text/json_ordered.h"
 
 namespace dsv41 {
@@ -26,6 +27,7 @@ struct ServerOptions {
   std::vector<std::string> model_aliases;  // --served-model-name's names after the first
   // --default-chat-template-kwargs (an object): what chat requests' chat_template_kwargs start from
   OJson default_chat_template_kwargs = OJson::object();
+  SamplingDefaults sampling_defaults;  // --generation-config, --override-generation-config
   std::size_t max_body_bytes = 8u << 20;
   int shutdown_timeout_s = 30;  // how long SIGTERM waits for in-flight requests
   // HTTP worker threads; each open generation request holds one (httplib is thread-per-request).

@@ -154,7 +154,8 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
   job.model = model.name;
   Fields f(body);
   SamplingParams& s = job.request.sampling;
-  int64_t n = 1, top_k = 0, seed = 0;
+  model.sampling_defaults.apply(s);  // the request's own fields, read below, win
+  int64_t n = 1, top_k = s.top_k, seed = 0;
   double freq = 0, pres = 0;
   if (!f.integer("n", 1, 128, n)) return f.err;
   job.n = static_cast<int>(n);
@@ -456,7 +457,9 @@ ResponseBuilder::ResponseBuilder(const GenerationJob& job, const Tokenizer& tok,
       created_(created),
       index_(index),
       parser_(job.thinking, job.extract_tools),
-      reasoning_(tok, job.thinking, job.extract_tools) {}
+      reasoning_(tok, job.thinking, job.extract_tools) {
+  parser_.set_single_call(job.single_tool_call);  // parallel_tool_calls: false
+}
 
 // Completions with echo: the prompt's entries of the legacy arrays (vLLM's): the first prompt
 // token has no logprob (null, and null top_logprobs); each later one its logprob and a map of the
@@ -577,7 +580,9 @@ OJson ResponseBuilder::usage_json(int64_t completion_tokens, int64_t reasoning_t
 
 std::string ResponseBuilder::finish_reason() const {
   if (reason_ == FinishReason::kLength || job_.score_only) return "length";
-  if (!calls_.empty() || tool_calls_sent_ > 0) return "tool_calls";
+  // Streamed: the calls that completed (one that began and then proved malformed is content in
+  // the whole response, which says "stop").
+  if (!calls_.empty() || tool_calls_done_ > 0) return "tool_calls";
   return "stop";
 }
 
@@ -595,13 +600,6 @@ void ResponseBuilder::absorb(const RequestOutput& out, std::vector<AssistantEven
     prompt_tokens_ = out.prompt_tokens;
     cached_tokens_ = std::min(out.cached_prompt_tokens, out.prompt_tokens);
     completion_tokens_ = job_.score_only ? 0 : out.completion_tokens;
-  }
-  // parallel_tool_calls: false: the calls after the first are dropped.
-  if (job_.single_tool_call) {
-    int calls = tool_calls_sent_ + int(calls_.size());
-    std::erase_if(events, [&](const AssistantEvent& e) {
-      return e.kind == AssistantEvent::Kind::kToolCall && calls++ >= 1;
-    });
   }
 }
 
@@ -680,14 +678,24 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const RequestOutput& out
         d["reasoning_content"] = e.text;
       } else if (e.kind == AssistantEvent::Kind::kContent) {
         d["content"] = e.text;
-      } else {
+      } else if (e.kind == AssistantEvent::Kind::kToolCallBegin) {
+        // The call's id and name when its invoke opens, then its arguments piece by piece.
         OJson call = OJson::object();
         call["index"] = tool_calls_sent_;
         call["id"] = call_id(tool_calls_sent_);
         call["type"] = "function";
-        call["function"] = {{"name", e.call.name}, {"arguments", e.call.arguments_json()}};
+        call["function"] = {{"name", e.call.name}, {"arguments", ""}};
         d["tool_calls"] = OJson::array({std::move(call)});
         ++tool_calls_sent_;
+      } else if (e.kind == AssistantEvent::Kind::kToolCallDelta) {
+        OJson call = OJson::object();
+        call["index"] = tool_calls_sent_ - 1;
+        call["function"] = {{"arguments", e.text}};
+        d["tool_calls"] = OJson::array({std::move(call)});
+      } else {
+        // The call's end (or its abort) needs no chunk of its own.
+        tool_calls_done_ += e.kind == AssistantEvent::Kind::kToolCall;
+        continue;
       }
       make(std::move(d), nullptr);
     }
@@ -813,6 +821,9 @@ OJson model_json(const ServedModel& model, int64_t created) {
   m["created"] = created;
   m["owned_by"] = "dsv41";
   m["max_model_len"] = model.max_context;
+  // The sampling a request starts from (--generation-config, --override-generation-config); the
+  // engine's own defaults for the keys not listed.
+  m["default_sampling"] = model.sampling_defaults.to_json();
   return m;
 }
 

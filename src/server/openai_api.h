@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/generation_defaults.h"
 #include "server/reasoning_count.h"
 #include "text/dsml_parser.h"
 #include "text/json_ordered.h"
@@ -41,6 +42,9 @@ struct ServedModel {
   // --default-chat-template-kwargs: chat_template_kwargs every chat request starts from (its own
   // keys win).
   OJson default_chat_template_kwargs = OJson::object();
+  // --generation-config / --override-generation-config: what a request's sampling starts from
+  // (its own fields win); shown in /v1/models as "default_sampling".
+  SamplingDefaults sampling_defaults;
   bool serves(const std::string& asked) const {
     return asked == name || std::find(aliases.begin(), aliases.end(), asked) != aliases.end();
   }
@@ -144,9 +148,10 @@ class ResponseBuilder {
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
   ReasoningCounter reasoning_;
   std::vector<int32_t> token_ids_;  // return_token_ids: every generated id (non-stream)
-  int tool_calls_sent_ = 0;
-  bool echoed_ = false;    // stream with echo: the prompt went out (with the first output)
-  bool ids_sent_ = false;  // stream with return_token_ids: the first chunk went out
+  int tool_calls_sent_ = 0;         // stream: calls begun (their index and id)
+  int tool_calls_done_ = 0;         // stream: calls complete (a begun call may abort)
+  bool echoed_ = false;             // stream with echo: the prompt went out (with the first output)
+  bool ids_sent_ = false;           // stream with return_token_ids: the first chunk went out
 };
 
 // GET /v1/models: the list {"object": "list", "data": [model]}; GET /v1/models/{id}: the model

@@ -275,6 +275,7 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   if (auto e = check_stateless(f)) return e;
   if (!f.boolean("stream", job.stream)) return f.err;
   SamplingParams& s = job.request.sampling;
+  model.sampling_defaults.apply(s);  // the request's own fields, read below, win
   if (!f.number("temperature", 0, 2, false, s.temperature)) return f.err;
   if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
   int64_t max_tokens =
@@ -330,7 +331,7 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
         id_(id),
         created_(created),
         parser_(job.thinking, job.extract_tools) {
-    grouper_.set_single_call(job.single_tool_call);
+    parser_.set_single_call(job.single_tool_call);
   }
 
   std::vector<std::string> stream_begin() override {
@@ -368,8 +369,6 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
     if (b.kind == AssistantBlock::Kind::kToolCall) {
       item["arguments"] = "";
       emit("response.output_item.added", {{"output_index", i}, {"item", std::move(item)}});
-      emit("response.function_call_arguments.delta",
-           {{"item_id", item_id(i, b)}, {"output_index", i}, {"delta", b.call.arguments_json()}});
       return;
     }
     item["content"] = OJson::array();
@@ -380,6 +379,11 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
                                          {"part", part_json(b, "")}});
   }
   void grew(std::size_t i, const AssistantBlock& b, const std::string& d) override {
+    if (b.kind == AssistantBlock::Kind::kToolCall) {  // the arguments as they are generated
+      emit("response.function_call_arguments.delta",
+           {{"item_id", item_id(i, b)}, {"output_index", i}, {"delta", d}});
+      return;
+    }
     OJson e = {{"item_id", item_id(i, b)}, {"output_index", i}, {"content_index", 0}, {"delta", d}};
     if (b.kind == AssistantBlock::Kind::kReasoning) {
       emit("response.reasoning_text.delta", std::move(e));
@@ -394,7 +398,7 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
       emit("response.function_call_arguments.done", {{"item_id", item_id(i, b)},
                                                      {"output_index", i},
                                                      {"name", b.call.name},
-                                                     {"arguments", b.call.arguments_json()}});
+                                                     {"arguments", b.arguments()}});
     } else {
       OJson done = {
           {"item_id", item_id(i, b)}, {"output_index", i}, {"content_index", 0}, {"text", b.text}};
@@ -435,7 +439,9 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
     }
   }
   std::string final_item_status(std::size_t i) const {
-    return int64_t(i) == incomplete_item_ ? "incomplete" : "completed";
+    const auto& blocks = grouper_.blocks();
+    const bool aborted = i < blocks.size() && blocks[i].aborted;  // a streamed call that was cut
+    return int64_t(i) == incomplete_item_ || aborted ? "incomplete" : "completed";
   }
   std::string item_id(std::size_t i, const AssistantBlock& b) const {
     const char* prefix = b.kind == AssistantBlock::Kind::kReasoning ? "rs"
@@ -470,7 +476,7 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
                 {"id", item_id(i, b)},
                 {"call_id", fmt::format("call_{}_{}", id_, i)},
                 {"name", b.call.name},
-                {"arguments", b.call.arguments_json()},
+                {"arguments", b.arguments()},
                 {"status", status}};
     }
   }

@@ -40,53 +40,180 @@ bool starts_with(std::string_view s, std::size_t at, std::string_view prefix) {
   return s.size() - at >= prefix.size() && s.substr(at, prefix.size()) == prefix;
 }
 
-// Parses one complete invoke: `<｜DSML｜ invoke name="N">` params `</｜DSML｜ invoke>`.
-std::optional<DsmlToolCall> parse_invoke(std::string_view s) {
-  if (!starts_with(s, 0, kInvokeOpen)) return std::nullopt;
-  std::size_t i = kInvokeOpen.size();
-  std::size_t q = s.find("\">", i);
-  if (q == std::string_view::npos) return std::nullopt;
-  DsmlToolCall call;
-  call.name = std::string(s.substr(i, q - i));
-  if (call.name.empty()) return std::nullopt;
-  i = q + 2;
-  for (;;) {
-    i = skip_space(s, i);
-    if (starts_with(s, i, kInvokeClose))
-      return skip_space(s, i + kInvokeClose.size()) == s.size()
-                 ? std::optional<DsmlToolCall>(std::move(call))
-                 : std::nullopt;
-    if (!starts_with(s, i, kParamOpen)) return std::nullopt;
-    i += kParamOpen.size();
-    std::size_t name_end = s.find('"', i);
-    if (name_end == std::string_view::npos) return std::nullopt;
-    std::string key(s.substr(i, name_end - i));
-    i = name_end + 1;
-    bool is_string = true;
-    if (starts_with(s, i, " string=\"true\">")) {
-      i += 15;
-    } else if (starts_with(s, i, " string=\"false\">")) {
-      is_string = false;
-      i += 16;
-    } else if (starts_with(s, i, ">")) {
-      i += 1;
-    } else {
-      return std::nullopt;
-    }
-    std::size_t end = s.find(kParamClose, i);
-    if (end == std::string_view::npos) return std::nullopt;
-    std::string_view raw = s.substr(i, end - i);
-    OJson value = std::string(raw);
-    if (!is_string) {
-      // A value that is not valid JSON is kept as text rather than dropped.
-      if (auto parsed = parse_json_ordered(raw)) value = std::move(*parsed);
-    }
-    call.arguments[key] = std::move(value);
-    i = end + kParamClose.size();
+// Bytes at the end of `s` that begin a UTF-8 character not complete yet (held back so that a
+// streamed piece never splits a character).
+std::size_t utf8_tail(std::string_view s) {
+  for (std::size_t k = 1; k <= 3 && k <= s.size(); ++k) {
+    const auto c = static_cast<unsigned char>(s[s.size() - k]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const std::size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return len > k ? k : 0;
   }
+  return 0;
+}
+
+// The JSON string escaping of python_json_dumps without the quotes (it is byte-wise, so escaping
+// pieces and concatenating them gives the escaping of the whole).
+void append_escaped(std::string_view raw, std::string& out) {
+  const std::string q = python_json_dumps(OJson(std::string(raw)));
+  out.append(q, 1, q.size() - 2);
+}
+
+enum class Match { kYes, kMaybe, kNo };
+
+// Does `s` from `at` begin with `tag` (kMaybe: it is a proper prefix of it so far)?
+Match match_at(std::string_view s, std::size_t at, std::string_view tag) {
+  const std::string_view rest = s.substr(at);
+  if (rest.size() >= tag.size())
+    return rest.substr(0, tag.size()) == tag ? Match::kYes : Match::kNo;
+  return tag.substr(0, rest.size()) == rest ? Match::kMaybe : Match::kNo;
+}
+
+// The first invoke closing tag ends the invoke whatever comes before it (as the whole-text parse
+// always did), so a part that would reach past it is malformed.
+bool before_invoke_close(std::string_view s, std::size_t from, std::size_t at) {
+  const std::size_t close = s.find(kInvokeClose, from);
+  return close == std::string_view::npos || at < close;
 }
 
 }  // namespace
+
+void InvokeScanner::scan(std::string_view s, std::string& delta) {
+  auto decided = [&](std::string_view text) {
+    delta.append(text);
+    call_.arguments_text.append(text);
+  };
+  for (;;) {
+    switch (state_) {
+      case State::kHeader: {
+        pos_ = std::max(pos_, kInvokeOpen.size());
+        const std::size_t q = s.find("\">", pos_);
+        if (q == std::string_view::npos) {
+          // The invoke closed without a header end: malformed. (Searched from where the last
+          // scan ended, less a tag's length: the rest was searched then.)
+          const std::size_t from =
+              std::max(kInvokeOpen.size(), pos_ - std::min(pos_, kInvokeClose.size()));
+          if (s.find(kInvokeClose, from) != std::string_view::npos) state_ = State::kBroken;
+          pos_ = std::max(pos_, s.size() - 1);  // a '"' at the end may meet its '>'
+          return;
+        }
+        if (!before_invoke_close(s, kInvokeOpen.size(), q)) {
+          state_ = State::kBroken;
+          return;
+        }
+        call_.name = std::string(s.substr(kInvokeOpen.size(), q - kInvokeOpen.size()));
+        if (call_.name.empty()) {
+          state_ = State::kBroken;
+          return;
+        }
+        pos_ = q + 2;
+        state_ = State::kBetween;
+        break;
+      }
+      case State::kBetween: {
+        pos_ = skip_space(s, pos_);
+        if (pos_ == s.size()) return;
+        const Match close = match_at(s, pos_, kInvokeClose);
+        if (close == Match::kYes) {
+          decided(params_ > 0 ? "}" : "{}");
+          pos_ += kInvokeClose.size();
+          state_ = State::kDone;
+          return;
+        }
+        const Match param = match_at(s, pos_, kParamOpen);
+        if (param == Match::kYes) {
+          pos_ += kParamOpen.size();
+          state_ = State::kParamHeader;
+          break;
+        }
+        if (close == Match::kNo && param == Match::kNo) state_ = State::kBroken;
+        return;
+      }
+      case State::kParamHeader: {
+        const std::size_t name_end = s.find('"', pos_);
+        if (name_end == std::string_view::npos) {
+          if (s.find(kInvokeClose, pos_) != std::string_view::npos) state_ = State::kBroken;
+          return;
+        }
+        if (!before_invoke_close(s, pos_, name_end)) {
+          state_ = State::kBroken;
+          return;
+        }
+        static constexpr std::string_view kAttrs[] = {" string=\"true\">", " string=\"false\">",
+                                                      ">"};
+        int which = -1;
+        bool maybe = false;
+        for (int k = 0; k < 3 && which < 0; ++k) {
+          const Match m = match_at(s, name_end + 1, kAttrs[k]);
+          if (m == Match::kYes) which = k;
+          maybe = maybe || m == Match::kMaybe;
+        }
+        if (which < 0) {
+          if (!maybe) state_ = State::kBroken;
+          return;
+        }
+        key_ = std::string(s.substr(pos_, name_end - pos_));
+        std::string head = params_++ > 0 ? ", " : "{";
+        head += python_json_dumps(OJson(key_)) + ": ";
+        pos_ = name_end + 1 + kAttrs[which].size();
+        if (which == 1) {
+          state_ = State::kRaw;
+          value_ = pos_;
+        } else {
+          head += '"';
+          state_ = State::kString;
+          string_value_.clear();
+        }
+        decided(head);
+        break;
+      }
+      case State::kString:
+      case State::kRaw: {
+        const std::size_t end = s.find(kParamClose, pos_);
+        if (!before_invoke_close(s, pos_, end == std::string_view::npos ? s.size() : end)) {
+          state_ = State::kBroken;
+          return;
+        }
+        if (end == std::string_view::npos) {
+          const std::string_view rest = s.substr(pos_);
+          const std::size_t hold = std::max({partial_suffix(rest, kParamClose),
+                                             partial_suffix(rest, kInvokeClose), utf8_tail(rest)});
+          const std::string_view piece = rest.substr(0, rest.size() - hold);
+          if (state_ == State::kString) {  // a raw value waits for its end; this is the search
+            string_value_.append(piece);   // position either way
+            std::string escaped;
+            append_escaped(piece, escaped);
+            decided(escaped);
+          }
+          pos_ += piece.size();
+          return;
+        }
+        std::string tail;
+        if (state_ == State::kString) {
+          const std::string_view piece = s.substr(pos_, end - pos_);
+          string_value_.append(piece);
+          append_escaped(piece, tail);
+          tail += '"';
+          call_.arguments[key_] = std::move(string_value_);
+        } else {
+          // A value that is not valid JSON is kept as text rather than dropped.
+          const std::string_view raw = s.substr(value_, end - value_);
+          OJson value = std::string(raw);
+          if (auto parsed = parse_json_ordered(raw)) value = std::move(*parsed);
+          tail = python_json_dumps(value);
+          call_.arguments[key_] = std::move(value);
+        }
+        decided(tail);
+        pos_ = end + kParamClose.size();
+        state_ = State::kBetween;
+        break;
+      }
+      case State::kDone:
+      case State::kBroken:
+        return;
+    }
+  }
+}
 
 AssistantStreamParser::AssistantStreamParser(bool thinking, bool tool_calls)
     : state_(thinking ? State::kReasoning : State::kContent), tool_calls_(tool_calls) {}
@@ -100,6 +227,12 @@ void AssistantStreamParser::emit(AssistantEvent::Kind kind, std::string text,
   }
   AssistantEvent e{kind, std::move(text), {}};
   out.push_back(std::move(e));
+}
+
+void AssistantStreamParser::abort_call(std::vector<AssistantEvent>& out) {
+  if (begun_) out.push_back(AssistantEvent{AssistantEvent::Kind::kToolCallAbort, {}, {}});
+  begun_ = false;
+  scanner_ = InvokeScanner();
 }
 
 void AssistantStreamParser::feed(std::string_view text, std::vector<AssistantEvent>& out) {
@@ -197,18 +330,55 @@ bool AssistantStreamParser::step_calls(std::vector<AssistantEvent>& out) {
     return true;
   }
   if (starts_with(rest, 0, kInvokeOpen)) {
-    std::size_t end = rest.find(kInvokeClose);
-    if (end == std::string_view::npos) return false;
-    std::string_view invoke = rest.substr(0, end + kInvokeClose.size());
-    if (auto call = parse_invoke(invoke)) {
+    // The call streams as it is generated, unless its block began in the reasoning: that one is
+    // a call only once a whole invoke shows it, so it comes at once then.
+    std::string delta;
+    scanner_.scan(rest, delta);
+    const bool dropped = single_call_ && calls_ >= 1;
+    if (reasoning_calls_tag_.empty() && !dropped) {
+      if (!begun_ && scanner_.named()) {
+        begun_ = true;
+        AssistantEvent b{AssistantEvent::Kind::kToolCallBegin, {}, {}};
+        b.call.name = scanner_.call().name;
+        out.push_back(std::move(b));
+        delta = scanner_.call().arguments_text;  // all of it so far
+      }
+      // A begun call's pieces go out even when the same scan then found it malformed: what was
+      // decided before that point does not depend on where the text was cut.
+      if (begun_ && !delta.empty())
+        out.push_back(AssistantEvent{AssistantEvent::Kind::kToolCallDelta, std::move(delta), {}});
+    }
+    if (scanner_.state() == InvokeScanner::State::kDone) {
+      const std::size_t end = scanner_.end();
+      DsmlToolCall call = std::move(scanner_.call());
       if (!reasoning_calls_tag_.empty()) {  // a real call: the block that began in the reasoning
         ++unclosed_reasoning_calls_;        // is taken as calls from here on
         reasoning_calls_tag_.clear();
         from_reasoning_ = true;
       }
-      AssistantEvent e{AssistantEvent::Kind::kToolCall, {}, std::move(*call)};
-      out.push_back(std::move(e));
-    } else if (!reasoning_calls_tag_.empty()) {
+      if (!dropped) {
+        if (!begun_) {
+          AssistantEvent b{AssistantEvent::Kind::kToolCallBegin, {}, {}};
+          b.call.name = call.name;
+          out.push_back(std::move(b));
+          out.push_back(
+              AssistantEvent{AssistantEvent::Kind::kToolCallDelta, call.arguments_text, {}});
+        }
+        out.push_back(AssistantEvent{AssistantEvent::Kind::kToolCall, {}, std::move(call)});
+        ++calls_;
+      }
+      begun_ = false;
+      scanner_ = InvokeScanner();
+      buf_.erase(0, i + end);
+      return true;
+    }
+    if (scanner_.state() != InvokeScanner::State::kBroken) return false;
+    // Malformed: the text up to the invoke's closing tag is handed back.
+    const std::size_t end = rest.find(kInvokeClose);
+    if (end == std::string_view::npos) return false;
+    abort_call(out);
+    std::string_view invoke = rest.substr(0, end + kInvokeClose.size());
+    if (!reasoning_calls_tag_.empty()) {
       // The tag in the reasoning opened no call (the model wrote about it): all of it was
       // reasoning, and the reasoning goes on.
       emit(AssistantEvent::Kind::kReasoning,
@@ -217,10 +387,9 @@ bool AssistantStreamParser::step_calls(std::vector<AssistantEvent>& out) {
       reasoning_calls_tag_.clear();
       state_ = State::kReasoning;
       return true;
-    } else {
-      ++malformed_calls_;
-      emit(AssistantEvent::Kind::kContent, std::string(invoke), out);
     }
+    ++malformed_calls_;
+    emit(AssistantEvent::Kind::kContent, std::string(invoke), out);
     buf_.erase(0, i + invoke.size());
     return true;
   }
@@ -258,6 +427,7 @@ void AssistantStreamParser::finish(std::vector<AssistantEvent>& out) {
         break;
       }
       // Cut inside the block: an unfinished call is not returned (its arguments are incomplete).
+      abort_call(out);
       calls_truncated_ = true;
       break;
   }
@@ -280,6 +450,8 @@ ParsedAssistant parse_assistant_text(std::string_view text, bool thinking, bool 
         break;
       case AssistantEvent::Kind::kToolCall:
         r.tool_calls.push_back(std::move(e.call));
+        break;
+      default:  // the streaming of a call: its end above has all of it
         break;
     }
   }

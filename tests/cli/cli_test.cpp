@@ -649,6 +649,35 @@ TEST(Cli, ServeRefusesANegativeMaxQueue) {
   }
 }
 
+// --generation-config / --override-generation-config: a malformed generation_config.json is an
+// error naming the file (exit 2), a malformed or unknown override an error naming the flag (exit
+// 1), both before any model is read; --generation-config none does not read the file (the run
+// gets as far as the model, which does not exist here). --help describes both flags.
+TEST(Cli, ServeRefusesAMalformedGenerationConfig) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/generation_config.json") << R"({"temperature": "hot"})";
+  CliRun file = run("serve --model " + dir.path() + " --port 0", "", 20);
+  EXPECT_EQ(file.code, 2) << file.err;
+  EXPECT_NE(file.err.find("generation_config.json"), std::string::npos) << file.err;
+  EXPECT_NE(file.err.find("temperature"), std::string::npos) << file.err;
+  CliRun none = run("serve --model " + dir.path() + " --port 0 --generation-config none", "", 20);
+  EXPECT_EQ(none.code, 2) << none.err;
+  EXPECT_EQ(none.err.find("generation_config.json"), std::string::npos) << none.err;
+  for (const char* json : {"'{bad'", "'{\"temprature\": 1}'", "'[1]'"}) {
+    CliRun r = run(
+        "serve --model /nonexistent/ck --port 0 --override-generation-config " + std::string(json),
+        "", 20);
+    EXPECT_EQ(r.code, 1) << json << ": " << r.err;
+    EXPECT_NE(r.err.find("--override-generation-config"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(run("serve --model /nonexistent/ck --generation-config maybe", "", 20).code, 1);
+  const std::string help = run("serve --help").out;
+  EXPECT_NE(help.find("--generation-config"), std::string::npos);
+  EXPECT_NE(help.find("--override-generation-config"), std::string::npos);
+  EXPECT_NE(help.find("repetition_penalty"), std::string::npos);
+  EXPECT_NE(help.find("default_sampling"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dsv41
 

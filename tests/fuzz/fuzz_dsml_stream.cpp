@@ -1,7 +1,8 @@
 // libFuzzer target: the assistant stream parser (reasoning / content / DSML tool calls) fed the
 // input in chunkings drawn from its first bytes; every chunking must give exactly what the one-shot
 // parse gives, the order of reasoning, content and calls included (the server streams whatever
-// chunks the detokenizer produces, and the Messages and Responses writers make blocks of the runs).
+// chunks the detokenizer produces, and the Messages and Responses writers make blocks of the runs),
+// and a call's streamed argument pieces must concatenate to its arguments exactly.
 #include "fuzz_util.h"
 #include "text/dsml_parser.h"
 
@@ -26,12 +27,19 @@ Result run(std::string_view text, bool thinking, bool tools, uint32_t seed) {
   dsv41::AssistantStreamParser p(thinking, tools);
   std::vector<dsv41::AssistantEvent> events;
   Result r;
+  std::string streamed;  // the open call's argument pieces
   auto take = [&] {
     using Kind = dsv41::AssistantEvent::Kind;
     for (auto& e : events) {
       if (e.kind == Kind::kReasoning) r.add('r', e.text);
       if (e.kind == Kind::kContent) r.add('c', e.text);
-      if (e.kind == Kind::kToolCall) r.add('t', e.call.name + "(" + e.call.arguments_json() + ")");
+      if (e.kind == Kind::kToolCallBegin) streamed.clear();
+      if (e.kind == Kind::kToolCallDelta) streamed += e.text;
+      if (e.kind == Kind::kToolCall) {
+        if (streamed != e.call.arguments_json())
+          dsv41::fuzz::invariant_failed("streamed arguments differ from the call's");
+        r.add('t', e.call.name + "(" + e.call.arguments_json() + ")");
+      }
     }
     events.clear();
   };

@@ -171,17 +171,25 @@ async function toolsMode() {
   const s = await client.chat.completions.create({ model, messages, tools, max_tokens: 200, stream: true });
   let reasoning = '';
   let content = '';
+  // A call streams as OpenAI's do: its first delta has the index, id, type and name, the later
+  // ones pieces of its arguments under the same index.
   const calls = [];
   let finish = null;
   for await (const chunk of s) {
     const d = chunk.choices[0]?.delta ?? {};
     reasoning += d.reasoning_content ?? '';
     content += d.content ?? '';
-    for (const tc of d.tool_calls ?? []) calls.push(tc);
+    for (const tc of d.tool_calls ?? []) {
+      if (tc.id !== undefined) calls.push({ index: tc.index, id: tc.id, type: tc.type, name: tc.function?.name, args: '' });
+      const open = calls[calls.length - 1];
+      check(open !== undefined && tc.index === open.index, `streamed tool-call delta of the open call (index ${tc.index})`);
+      open.args += tc.function?.arguments ?? '';
+    }
     finish = chunk.choices[0]?.finish_reason ?? finish;
   }
   check(reasoning === 'I should call the tool.' && content === 'Let me check.', 'streamed reasoning/content split');
-  check(calls.length === 1 && calls[0].function.name === 'get_weather' && calls[0].index === 0, 'streamed tool call');
+  check(calls.length === 1 && calls[0].name === 'get_weather' && calls[0].index === 0 && calls[0].type === 'function', 'streamed tool call');
+  check(calls[0].args === m.tool_calls[0].function.arguments, `streamed arguments equal the non-streamed ones (got ${JSON.stringify(calls[0].args)})`);
   check(finish === 'tool_calls', 'streamed finish_reason tool_calls');
 
   // The call goes back in as history with its result: the round trip the encoder must accept.

@@ -8,7 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <fstream>
+
 #include "server/anthropic_api.h"
+#include "server/generation_defaults.h"
 #include "server/request_fields.h"
 #include "server/responses_api.h"
 #include "server_harness.h"
@@ -395,10 +399,25 @@ TEST(DeepSeekDialect, ParallelToolCallsFalseKeepsOneCall) {
   auto st = c.Post("/v1/chat/completions", q + R"(,"parallel_tool_calls":false,"stream":true})",
                    "application/json");
   ASSERT_TRUE(st);
-  std::size_t streamed = 0;
-  for (std::size_t at = 0; (at = st->body.find("\"tool_calls\":[", at)) != std::string::npos; ++at)
-    ++streamed;
-  EXPECT_EQ(streamed, 1u);
+  // Streamed: one call opens (id, type, name), every argument piece is that call's, and they
+  // concatenate to the first call's arguments; nothing of the second call goes out.
+  int opened = 0;
+  std::string arguments, finish;
+  for (const OJson& p : sse_payloads(st->body)) {
+    if (p["choices"].empty()) continue;
+    const OJson& choice = p["choices"][0];
+    if (choice["finish_reason"].is_string()) finish = choice["finish_reason"];
+    if (!choice["delta"].contains("tool_calls")) continue;
+    for (const OJson& call : choice["delta"]["tool_calls"]) {
+      EXPECT_EQ(call["index"], 0) << st->body;
+      opened += call.contains("id");
+      arguments += call["function"].value("arguments", "");
+    }
+  }
+  EXPECT_EQ(opened, 1) << st->body;
+  EXPECT_EQ(arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(st->body.find("Lyon"), std::string::npos) << st->body;
   const OJson r = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q",
       "reasoning":{"effort":"none"},"parallel_tool_calls":false,"tools":[{"type":"function",
       "name":"get_weather","parameters":{"type":"object"}}]})");
@@ -470,6 +489,201 @@ TEST(DeepSeekDialect, ServedModelNamesAndDefaultChatTemplateKwargs) {
   const OJson t = dialect_post(c, "/tokenize", R"({"messages":[{"role":"user","content":"q"}]})");
   EXPECT_EQ(*tok->decode(t["tokens"].get<std::vector<int32_t>>()),
             "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜></think>");
+}
+
+// --generation-config auto|none and --override-generation-config (vLLM's): the keys vLLM reads
+// from generation_config.json, the override key by key, errors naming the file or the flag.
+TEST(DeepSeekDialect, GenerationConfigDefaultsLoadAndOverride) {
+  dsv41::testing::TempDir dir;
+  const std::string file = dir.path() + "/generation_config.json";
+  std::ofstream(file) << R"({"bos_token_id": 0, "do_sample": true, "temperature": 0.6,
+      "top_p": 0.95, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "max_new_tokens": 7,
+      "transformers_version": "4.46"})";
+  auto d = load_sampling_defaults(dir.path(), "auto", "");
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  EXPECT_EQ(d->to_json(), dialect_json(R"({"temperature": 0.6, "top_p": 0.95, "top_k": 20,
+      "min_p": 0.05, "repetition_penalty": 1.1, "max_new_tokens": 7})"));
+  auto none = load_sampling_defaults(dir.path(), "none", "");
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_TRUE(none->empty());
+  auto over = load_sampling_defaults(dir.path(), "auto", R"({"temperature": 0.2, "top_k": -1})");
+  ASSERT_TRUE(over.is_ok());
+  EXPECT_EQ(*over->temperature, 0.2);
+  EXPECT_EQ(*over->top_k, -1);
+  EXPECT_EQ(*over->top_p, 0.95);  // the file's, where the override says nothing
+  auto only_over = load_sampling_defaults(dir.path(), "none", R"({"top_p": 0.5})");
+  ASSERT_TRUE(only_over.is_ok());
+  EXPECT_EQ(only_over->to_json(), dialect_json(R"({"top_p": 0.5})"));
+  auto no_file = load_sampling_defaults(dir.path() + "/absent", "auto", "");
+  ASSERT_TRUE(no_file.is_ok());
+  EXPECT_TRUE(no_file->empty());
+  // Malformed: the message names the file or the flag (and the key).
+  auto expect_error = [](const Result<SamplingDefaults>& r, const std::string& names) {
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find(names), std::string::npos) << r.status().message();
+  };
+  std::ofstream(file) << "{\"temperature\": ";
+  expect_error(load_sampling_defaults(dir.path(), "auto", ""), "generation_config.json");
+  std::ofstream(file) << R"({"temperature": "hot"})";
+  expect_error(load_sampling_defaults(dir.path(), "auto", ""), "temperature");
+  std::ofstream(file) << R"({"top_p": 0})";
+  expect_error(load_sampling_defaults(dir.path(), "auto", ""), "top_p");
+  std::ofstream(file) << "[]";
+  expect_error(load_sampling_defaults(dir.path(), "auto", ""), "generation_config.json");
+  EXPECT_TRUE(load_sampling_defaults(dir.path(), "none", "").is_ok());  // none never reads it
+  expect_error(load_sampling_defaults(dir.path(), "none", "{bad"), "--override-generation-config");
+  expect_error(load_sampling_defaults(dir.path(), "none", R"({"temprature": 1})"), "temprature");
+  expect_error(load_sampling_defaults(dir.path(), "none", R"({"max_new_tokens": 1.5})"),
+               "max_new_tokens");
+}
+
+// The defaults are what a request's sampling starts from in every API, its own fields win, and
+// /v1/models shows them; max_new_tokens is the default max_tokens.
+TEST(DeepSeekDialect, GenerationConfigDefaultsApplyUnlessTheRequestSetsTheField) {
+  SamplingDefaults d;
+  d.temperature = 0.25;
+  d.top_p = 0.5;
+  d.top_k = 7;
+  d.min_p = 0.1;
+  d.repetition_penalty = 1.2;
+  d.max_new_tokens = 3;
+  ServedModel model = parser_model();
+  model.sampling_defaults = d;
+  const auto tok = tiny_tokenizer();
+  GenerationJob chat;
+  ASSERT_FALSE(parse_chat_completion_request(
+      dialect_json(R"({"model":"m","messages":[{"role":"user","content":"q"}]})"), model, *tok,
+      chat));
+  const SamplingParams& s = chat.request.sampling;
+  EXPECT_EQ(s.temperature, 0.25);
+  EXPECT_EQ(s.top_p, 0.5);
+  EXPECT_EQ(s.top_k, 7);
+  EXPECT_EQ(s.min_p, 0.1);
+  EXPECT_EQ(s.repetition_penalty, 1.2);
+  GenerationJob own;
+  ASSERT_FALSE(parse_chat_completion_request(
+      dialect_json(R"({"model":"m","messages":[{"role":"user","content":"q"}],"temperature":0,
+          "top_p":1,"top_k":-1,"min_p":0,"repetition_penalty":1})"),
+      model, *tok, own));
+  EXPECT_EQ(own.request.sampling.temperature, 0);
+  EXPECT_EQ(own.request.sampling.top_p, 1);
+  EXPECT_EQ(own.request.sampling.top_k, -1);
+  EXPECT_EQ(own.request.sampling.min_p, 0);
+  EXPECT_EQ(own.request.sampling.repetition_penalty, 1);
+  GenerationJob msg;
+  ASSERT_FALSE(parse_messages_request(
+      dialect_json(R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"q"}]})"),
+      model, *tok, false, msg));
+  EXPECT_EQ(msg.request.sampling.temperature, 0.25);
+  EXPECT_EQ(msg.request.sampling.top_k, 7);
+  GenerationJob msg_own;
+  ASSERT_FALSE(
+      parse_messages_request(dialect_json(R"({"model":"m","max_tokens":5,"top_k":2,"temperature":1,
+          "messages":[{"role":"user","content":"q"}]})"),
+                             model, *tok, false, msg_own));
+  EXPECT_EQ(msg_own.request.sampling.top_k, 2);
+  EXPECT_EQ(msg_own.request.sampling.temperature, 1);
+
+  // Through the server: /v1/models, Responses' echoed sampling, max_new_tokens as max_tokens.
+  InProcess srv(dialect_engine(tiny_tokenizer(), "the one and two and three"),
+                [&](ServerOptions& o) { o.sampling_defaults = d; });
+  auto c = srv.client();
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(dialect_json(models->body)["data"][0]["default_sampling"], d.to_json());
+  const OJson r = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q"})");
+  EXPECT_EQ(r["temperature"], 0.25);
+  EXPECT_EQ(r["top_p"], 0.5);
+  const OJson r_own =
+      dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q","temperature":1.5})");
+  EXPECT_EQ(r_own["temperature"], 1.5);
+  const OJson capped = dialect_post(
+      c, "/v1/chat/completions",
+      R"({"model":"scripted","messages":[{"role":"user","content":"q"}],"temperature":0})");
+  EXPECT_EQ(capped["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(capped["choices"][0]["finish_reason"], "length");
+}
+
+// repetition_penalty on the real binary with the checkpoint's DSpark drafter: greedy output with
+// the penalty is the same with speculation on and off, and differs from the output without it.
+// A bias makes token 500 the argmax everywhere, so without the penalty greedy repeats it and with
+// it the token comes once.
+TEST(DeepSeekDialect, RepetitionPenaltySameWithSpeculationOnAndOffOnTheRealBinary) {
+  dsv41::testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/tiny";
+  mt.preset = "tiny";
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  const std::string base =
+      R"({"model":"tiny","prompt":"hello world","max_tokens":12,"temperature":0,)"
+      R"("ignore_eos":true,"return_token_ids":true)";
+  const std::vector<std::string> bodies = {
+      base + "}", base + R"(,"repetition_penalty":1.3})", base + R"(,"logit_bias":{"500":30}})",
+      base + R"(,"logit_bias":{"500":30},"repetition_penalty":100})"};
+  std::vector<std::vector<OJson>> ids(2);
+  int64_t drafted = 0;
+  for (int spec = 0; spec < 2; ++spec) {
+    ServeProcess p;
+    std::vector<std::string> extra;
+    if (spec) extra = {"--speculative", "dspark"};
+    ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve" + std::to_string(spec) + ".log", extra));
+    httplib::Client c("127.0.0.1", p.port);
+    c.set_read_timeout(60, 0);
+    for (const std::string& b : bodies)
+      ids[spec].push_back(dialect_post(c, "/v1/completions", b)["choices"][0]["token_ids"]);
+    if (spec) {
+      const std::string m = metrics_once_they_hold(c, "dsv41_spec_draft_tokens_total");
+      const std::size_t at = m.find("\ndsv41_spec_draft_tokens_total ");
+      ASSERT_NE(at, std::string::npos) << m;
+      drafted = std::stoll(m.substr(at + 31));
+    }
+    kill(p.pid, SIGTERM);
+    EXPECT_EQ(p.wait_exit(), 0);
+  }
+  EXPECT_GT(drafted, 0);  // the verify steps ran
+  for (std::size_t i = 0; i < bodies.size(); ++i) {
+    EXPECT_EQ(ids[0][i].size(), 12u) << bodies[i];
+    EXPECT_EQ(ids[0][i], ids[1][i]) << bodies[i];
+  }
+  auto count = [](const OJson& a) { return std::count(a.begin(), a.end(), OJson(500)); };
+  EXPECT_EQ(count(ids[0][2]), 12);
+  EXPECT_EQ(count(ids[0][3]), 1);
+  EXPECT_NE(ids[0][2], ids[0][3]);
+}
+
+// The real binary on an official-layout checkpoint with a generation_config.json: serve reads it
+// (other keys skipped), --override-generation-config replaces key by key, /v1/models shows the
+// result, max_new_tokens is the default max_tokens of a chat request, and the conversion serve
+// makes copies the file beside the converted weights.
+TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
+  dsv41::testing::TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/tiny";
+  mt.preset = "tiny";
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  const std::string config = R"({"bos_token_id": 0, "do_sample": true, "temperature": 0.6,
+      "top_p": 0.95, "max_new_tokens": 5})";
+  std::ofstream(mt.out_dir + "/generation_config.json") << config;
+  ServeProcess p;
+  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log",
+                      {"--override-generation-config", R"({"top_p": 0.5, "top_k": 20})"}));
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(60, 0);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(dialect_json(models->body)["data"][0]["default_sampling"],
+            dialect_json(R"({"temperature": 0.6, "top_p": 0.5, "top_k": 20, "max_new_tokens": 5})"))
+      << models->body;
+  const OJson r = dialect_post(c, "/v1/chat/completions",
+                               R"({"model":"tiny","messages":[{"role":"user","content":"q"}],)"
+                               R"("ignore_eos":true,"chat_template_kwargs":{"thinking":false}})");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
+  std::ifstream copied(mt.out_dir + ".dsv41-converted/generation_config.json");
+  ASSERT_TRUE(copied.good());
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(copied), {}), config);
 }
 
 TEST(DeepSeekDialect, OfficialClientsOnTheRealBinary) {

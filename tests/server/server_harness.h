@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/rng.h"
 #include "engine/engine.h"
@@ -267,14 +268,21 @@ struct ServeProcess {
   int port = 0;
   std::string log_path;
 
-  bool start(const std::string& model_dir, const std::string& log) {
+  // `extra`: further serve flags (--speculative dspark, ...).
+  bool start(const std::string& model_dir, const std::string& log,
+             const std::vector<std::string>& extra = {}) {
     log_path = log;
+    std::vector<std::string> args = {
+        "dsv41", "serve", "--model", model_dir, "--port", "0", "--shutdown-timeout", "60"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid = fork();
     if (pid == 0) {
       FILE* f = freopen(log.c_str(), "w", stderr);
       (void)f;
-      execl(DSV41_BINARY, "dsv41", "serve", "--model", model_dir.c_str(), "--port", "0",
-            "--shutdown-timeout", "60", static_cast<char*>(nullptr));
+      execv(DSV41_BINARY, argv.data());
       _exit(127);
     }
     for (int i = 0; i < 600; ++i) {  // up to 60 s for the listening line
@@ -419,6 +427,23 @@ inline std::vector<std::string> stream_in_chunks(ResponseWriter& w, const std::s
   add(w.stream_output(0, end));
   add(w.stream_end());
   return frames;
+}
+
+// The JSON payloads of an SSE body's `data: ` lines, in order (OpenAI's "data: [DONE]" left out).
+inline std::vector<OJson> sse_payloads(const std::string& body) {
+  std::vector<OJson> out;
+  std::size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const std::size_t end = body.find('\n', at);
+    const std::string data =
+        body.substr(at + 6, end == std::string::npos ? std::string::npos : end - at - 6);
+    at = end;
+    if (data == "[DONE]") continue;
+    auto j = parse_json_ordered(data);
+    EXPECT_TRUE(j.is_ok()) << data;
+    if (j.is_ok()) out.push_back(std::move(*j));
+  }
+  return out;
 }
 
 // Runs tests/js/SCRIPT in `mode` against a server on `port` and expects every check to pass.

@@ -470,7 +470,8 @@ TEST(Server, ToolCallsAndReasoningThroughTheOpenAiClient) {
 
 // Chat completions' stream of a reasoning + text + DSML output, in every chunking (1-8 bytes,
 // markers cut anywhere): reasoning_content, content and the tool call add up to the non-streamed
-// message, and the finish reason is tool_calls.
+// message, and the finish reason is tool_calls. The call streams as OpenAI's do: its first delta
+// carries index, id, type and name, the later ones pieces of its arguments under that index.
 TEST(Server, ChatStreamEqualsTheMessageInEveryChunking) {
   const auto tok = tiny_tokenizer();
   const GenerationJob job = reasoning_tools_job();
@@ -485,20 +486,33 @@ TEST(Server, ChatStreamEqualsTheMessageInEveryChunking) {
     const std::vector<std::string> frames = stream_in_chunks(*w, kScriptText, trial, rng);
     ASSERT_EQ(frames.back(), "data: [DONE]\n\n");
     std::string reasoning, content, finish;
-    OJson calls = OJson::array();
+    OJson calls = OJson::array();  // assembled: {id, type, function: {name, arguments}}
     for (std::size_t k = 0; k + 1 < frames.size(); ++k) {
       const OJson c = *parse_json_ordered(frames[k].substr(6, frames[k].size() - 8));
       const OJson& ch = c["choices"][0];
       const OJson& d = ch["delta"];
       if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
       if (d.contains("content")) content += d["content"].get<std::string>();
-      if (d.contains("tool_calls")) calls.push_back(d["tool_calls"][0]);
+      if (d.contains("tool_calls")) {
+        ASSERT_EQ(d["tool_calls"].size(), 1u);
+        const OJson& tc = d["tool_calls"][0];
+        if (tc.contains("id")) {
+          ASSERT_EQ(tc["function"]["arguments"], "") << "trial " << trial;
+          calls.push_back({{"id", tc["id"]}, {"type", tc["type"]}, {"function", tc["function"]}});
+          continue;
+        }
+        ASSERT_FALSE(calls.empty()) << "trial " << trial;
+        ASSERT_EQ(tc["index"], calls.size() - 1) << "trial " << trial;
+        OJson& f = calls.back()["function"];
+        f["arguments"] =
+            f["arguments"].get<std::string>() + tc["function"]["arguments"].get<std::string>();
+      }
       if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
     }
     ASSERT_EQ(reasoning, msg["reasoning_content"]) << "trial " << trial;
     ASSERT_EQ(content, msg["content"]) << "trial " << trial;
     ASSERT_EQ(calls.size(), 1u);
-    ASSERT_EQ(calls[0]["function"].dump(), msg["tool_calls"][0]["function"].dump());
+    ASSERT_EQ(calls[0].dump(), msg["tool_calls"][0].dump()) << "trial " << trial;
     ASSERT_EQ(finish, "tool_calls");
   }
 }

@@ -1,7 +1,9 @@
 // DSML parser: round trip with the encoder (whole and in every 1..7-byte chunking), the
-// reasoning/content split, truncation at every byte, malformed blocks kept as content.
+// reasoning/content split, truncation at every byte, malformed blocks kept as content, tool-call
+// arguments streamed piece by piece and equal to the whole arguments at every split point.
 #include <gtest/gtest.h>
 
+#include "core/rng.h"
 #include "text/chat.h"
 #include "text/dsml_parser.h"
 
@@ -294,6 +296,267 @@ TEST(Dsml, MalformedBlockThenARealOneGivesTheSameInEveryChunking) {
     EXPECT_EQ(content, whole.content) << "chunk " << chunk;
     EXPECT_EQ(calls, 1u) << "chunk " << chunk;
   }
+}
+
+// A stream's tool calls as a client sees them: per call its name, the concatenated argument pieces
+// and how many pieces came; the complete calls; the aborted ones.
+struct StreamedCalls {
+  std::vector<std::string> names, texts;
+  std::vector<int> pieces;
+  std::vector<DsmlToolCall> calls;
+  int aborts = 0;
+  std::string content;
+  void take(std::vector<AssistantEvent>& events) {
+    for (auto& e : events) {
+      switch (e.kind) {
+        case AssistantEvent::Kind::kToolCallBegin:
+          names.push_back(e.call.name);
+          texts.emplace_back();
+          pieces.push_back(0);
+          break;
+        case AssistantEvent::Kind::kToolCallDelta:
+          EXPECT_FALSE(texts.empty());
+          if (texts.empty()) break;
+          texts.back() += e.text;
+          ++pieces.back();
+          break;
+        case AssistantEvent::Kind::kToolCall:
+          calls.push_back(e.call);
+          break;
+        case AssistantEvent::Kind::kToolCallAbort:
+          ++aborts;
+          break;
+        case AssistantEvent::Kind::kContent:
+          content += e.text;
+          break;
+        default:
+          break;
+      }
+    }
+    events.clear();
+  }
+};
+
+// A long string argument needing every kind of escaping (quotes, backslashes, newlines, tabs, a
+// control byte, multi-byte UTF-8 that a byte split cuts) and string="false" values of each JSON
+// type, nested.
+Turn streaming_turn() {
+  std::string text = "line \"one\"\\ \ttab\nnaïve café 日本語 👍🏽 \x01 ";
+  for (int i = 0; i < 6; ++i) text += text.substr(0, 17) + "</｜DSML｜ param";  // tag look-alikes
+  OJson args = OJson::object();
+  args["path"] = "src/a.txt";
+  args["content"] = text;
+  args["n"] = 3;
+  args["x"] = 2.5e-7;
+  args["o"] = OJson::parse(R"({"k": [1, null, true, "s\"q"], "e": {}})");
+  args["empty"] = "";
+  return {"", "", {{"write_file", python_json_dumps(args)}, {"noargs", "{}"}}};
+}
+
+TEST(Dsml, ToolArgumentsStreamPieceByPieceAndConcatenateToTheWholeArguments) {
+  const Turn turn = streaming_turn();
+  const std::string gen = generated_text(turn, false);
+  const ParsedAssistant whole = parse_assistant_text(gen, false);
+  expect_matches(whole, turn, false, "whole");
+  ASSERT_EQ(whole.tool_calls.size(), 2u);
+  // Every split point in two, then byte by byte.
+  for (std::size_t split = 0; split <= gen.size() + 1; ++split) {
+    AssistantStreamParser parser(false);
+    std::vector<AssistantEvent> events;
+    StreamedCalls s;
+    if (split <= gen.size()) {
+      parser.feed(std::string_view(gen).substr(0, split), events);
+      s.take(events);
+      parser.feed(std::string_view(gen).substr(split), events);
+    } else {
+      for (char c : gen) {
+        parser.feed(std::string_view(&c, 1), events);
+        s.take(events);
+      }
+    }
+    parser.finish(events);
+    s.take(events);
+    const std::string label = "split " + std::to_string(split);
+    ASSERT_EQ(s.calls.size(), 2u) << label;
+    ASSERT_EQ(s.names.size(), 2u) << label;
+    EXPECT_EQ(s.aborts, 0) << label;
+    EXPECT_EQ(s.content, "") << label;
+    for (std::size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(s.names[i], whole.tool_calls[i].name) << label;
+      EXPECT_EQ(s.texts[i], whole.tool_calls[i].arguments_json()) << label << " call " << i;
+      EXPECT_EQ(s.calls[i].arguments_json(), s.texts[i]) << label;
+      EXPECT_EQ(s.calls[i].arguments, whole.tool_calls[i].arguments) << label;
+    }
+    if (split > gen.size())  // byte by byte: the long argument came in many pieces
+      EXPECT_GT(s.pieces[0], 50) << "pieces: " << s.pieces[0];
+  }
+}
+
+TEST(Dsml, ToolArgumentsStreamBeforeTheInvokeCloses) {
+  const std::string head =
+      "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"w\">\n<｜DSML｜ parameter name=\"n\" "
+      "string=\"false\">{ \"a\" :  1.50 }</｜DSML｜ parameter>\n<｜DSML｜ parameter "
+      "name=\"text\" string=\"true\">say \"hi\"</｜DSML｜ par";
+  AssistantStreamParser parser(false);
+  std::vector<AssistantEvent> events;
+  StreamedCalls s;
+  parser.feed(head, events);
+  s.take(events);
+  ASSERT_EQ(s.names, std::vector<std::string>{"w"});
+  // The raw JSON value re-serialised when it closed; the string's text so far, the look-alike of
+  // the closing tag held back.
+  EXPECT_EQ(s.texts[0], R"({"n": {"a": 1.5}, "text": "say \"hi\")");
+  EXPECT_TRUE(s.calls.empty());
+  parser.feed("se>x</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>", events);
+  parser.finish(events);
+  s.take(events);
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.texts[0], R"({"n": {"a": 1.5}, "text": "say \"hi\"</｜DSML｜ parse>x"})");
+  EXPECT_EQ(s.calls[0].arguments_json(), s.texts[0]);
+}
+
+// A call that began streaming and is then cut or proves malformed: the stream is told (abort),
+// and what follows is what the whole-text parse gives (nothing for a cut; the text as content
+// for a malformed one).
+TEST(Dsml, ToolCallCutOrMalformedAfterItBeganIsAborted) {
+  const std::string open =
+      "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"w\">\n<｜DSML｜ parameter name=\"a\" "
+      "string=\"true\">abc</｜DSML｜ parameter>\n";
+  {
+    AssistantStreamParser parser(false);
+    std::vector<AssistantEvent> events;
+    StreamedCalls s;
+    parser.feed(open, events);
+    parser.finish(events);
+    s.take(events);
+    EXPECT_EQ(s.names.size(), 1u);
+    EXPECT_EQ(s.aborts, 1);
+    EXPECT_TRUE(s.calls.empty());
+    EXPECT_TRUE(parser.calls_truncated());
+  }
+  {
+    const std::string gen = open + "junk</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+    AssistantStreamParser parser(false);
+    std::vector<AssistantEvent> events;
+    StreamedCalls s;
+    for (char c : gen) {
+      parser.feed(std::string_view(&c, 1), events);
+      s.take(events);
+    }
+    parser.finish(events);
+    s.take(events);
+    EXPECT_EQ(s.aborts, 1);
+    EXPECT_TRUE(s.calls.empty());
+    EXPECT_EQ(s.content, parse_assistant_text(gen, false).content);
+    EXPECT_EQ(parser.malformed_calls(), 1);
+  }
+}
+
+// Arbitrary chunkings (1-24 bytes: the markers split anywhere, the multi-byte ones inside their
+// characters): a malformed invoke first (its pieces may go out before it proves malformed, then
+// its abort), the sample's calls, then a call with a repeated parameter. In every chunking each
+// complete call's streamed pieces concatenate to its arguments, and the calls and the content are
+// those of the one-shot parse.
+TEST(Dsml, ToolArgumentsStreamTheSameInAnyChunking) {
+  const std::string param = "<｜DSML｜ parameter name=\"";
+  const std::string param_close = "</｜DSML｜ parameter>\n";
+  std::string gen = generated_text(streaming_turn(), false);
+  const std::string calls_open = "<｜DSML｜ calls>\n";
+  const std::size_t at = gen.find(calls_open);
+  ASSERT_NE(at, std::string::npos);
+  gen.insert(at + calls_open.size(), "<｜DSML｜ invoke name=\"bad\">\n" + param +
+                                         "a\" string=\"true\">x" + param_close +
+                                         "oops</｜DSML｜ invoke>\n");
+  const std::string calls_close = "</｜DSML｜ calls>";
+  const std::size_t end = gen.rfind(calls_close);
+  ASSERT_NE(end, std::string::npos);
+  gen.insert(end, "<｜DSML｜ invoke name=\"dup\">\n" + param + "k\" string=\"true\">one" +
+                      param_close + param + "k\" string=\"false\">[2]" + param_close +
+                      "</｜DSML｜ invoke>\n");
+  const ParsedAssistant whole = parse_assistant_text(gen, false);
+  ASSERT_EQ(whole.tool_calls.size(), 3u);
+  EXPECT_EQ(whole.malformed_calls, 1);
+  EXPECT_EQ(whole.tool_calls[2].arguments_json(), R"({"k": "one", "k": [2]})");
+  EXPECT_EQ(python_json_dumps(whole.tool_calls[2].arguments), R"({"k": [2]})");
+  Rng rng(36);
+  for (int trial = 0; trial < 300; ++trial) {
+    AssistantStreamParser parser(false);
+    std::vector<AssistantEvent> events;
+    std::vector<DsmlToolCall> calls;
+    std::string content, open_text;
+    bool open = false;
+    int pieces = 0;
+    auto take = [&] {
+      for (auto& e : events) {
+        switch (e.kind) {
+          case AssistantEvent::Kind::kToolCallBegin:
+            EXPECT_FALSE(open);
+            open = true;
+            open_text.clear();
+            break;
+          case AssistantEvent::Kind::kToolCallDelta:
+            EXPECT_TRUE(open);
+            open_text += e.text;
+            ++pieces;
+            break;
+          case AssistantEvent::Kind::kToolCall:
+            EXPECT_TRUE(open);
+            EXPECT_EQ(open_text, e.call.arguments_json()) << "trial " << trial;
+            open = false;
+            calls.push_back(e.call);
+            break;
+          case AssistantEvent::Kind::kToolCallAbort:
+            EXPECT_TRUE(open);
+            // The malformed call's pieces: all that was decided before it proved malformed.
+            EXPECT_EQ(open_text, R"({"a": "x")") << "trial " << trial;
+            open = false;
+            break;
+          case AssistantEvent::Kind::kContent:
+            EXPECT_FALSE(open);
+            content += e.text;
+            break;
+          default:
+            break;
+        }
+      }
+      events.clear();
+    };
+    for (std::size_t i = 0; i < gen.size();) {
+      const std::size_t n = trial == 0 ? 1 : 1 + rng.below(24);
+      parser.feed(std::string_view(gen).substr(i, n), events);
+      i += n;
+      take();
+    }
+    parser.finish(events);
+    take();
+    const std::string label = "trial " + std::to_string(trial);
+    EXPECT_FALSE(open) << label;
+    EXPECT_EQ(content, whole.content) << label;
+    EXPECT_EQ(parser.malformed_calls(), 1) << label;
+    ASSERT_EQ(calls.size(), 3u) << label;
+    for (std::size_t c = 0; c < 3; ++c) {
+      EXPECT_EQ(calls[c].name, whole.tool_calls[c].name) << label;
+      EXPECT_EQ(calls[c].arguments_json(), whole.tool_calls[c].arguments_json()) << label;
+      EXPECT_EQ(calls[c].arguments, whole.tool_calls[c].arguments) << label;
+    }
+    if (trial == 0) EXPECT_GT(pieces, 100);  // byte by byte: the long argument in many pieces
+  }
+}
+
+// parallel_tool_calls false: the second call sends nothing at all.
+TEST(Dsml, SingleCallDropsTheLaterCallsEvents) {
+  const Turn t{"", "", {{"a", R"({"x": 1})"}, {"b", R"({"y": "z"})"}}};
+  const std::string gen = generated_text(t, false);
+  AssistantStreamParser parser(false);
+  parser.set_single_call(true);
+  std::vector<AssistantEvent> events;
+  StreamedCalls s;
+  parser.feed(gen, events);
+  parser.finish(events);
+  s.take(events);
+  EXPECT_EQ(s.names, std::vector<std::string>{"a"});
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.texts[0], R"({"x": 1})");
 }
 
 }  // namespace

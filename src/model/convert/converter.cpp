@@ -270,7 +270,8 @@ Result<ConvertResult> convert_checkpoint(const ConvertOptions& opt) {
     }
     if (!j.good()) return Status::error((out / kJournal).string() + ": cannot write");
   }
-  for (const char* small : {"config.json", "tokenizer.json", "tokenizer_config.json"}) {
+  for (const char* small :
+       {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
     if (!fs::exists(fs::path(opt.from) / small)) continue;
     fs::copy_file(fs::path(opt.from) / small, out / small, fs::copy_options::overwrite_existing,
                   ec);
