@@ -31,6 +31,7 @@ struct BenchArgs {
   int steps = 8, threads = 0;
   double kv_cache_gb = 0;
   std::string act_quant = "off";
+  std::string huge_pages = "on";
   std::size_t probe_mb = 1024;
   std::string speculative = "off";  // bench decode: on = the DSpark A/B (cli/cmd_bench_spec.cpp)
   int64_t spec_tokens = 48;         // ... tokens each request generates

@@ -69,6 +69,7 @@ Result<BenchModel> load_for_bench(const BenchArgs& a) {
   o.act_quant = a.act_quant == "on";
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
   o.warm = true;  // measure the kernels, not the first touch of the weights' pages
+  o.huge_pages = a.huge_pages == "on";
   o.replay_margin = replay_margin_value(a.replay_margin);
   auto r = parallel::load_split(*dir, o, {a.tp, a.ep, a.rank_timeout_s});
   if (!r) return r.status();
@@ -213,6 +214,8 @@ int run_bench_decode(const BenchArgs& a) {
                     {"weight_bytes", r.share_weight_bytes},
                     {"rss_bytes", r.rss_bytes},
                     {"rss_file_bytes", r.rss_file_bytes},
+                    {"huge_page_weight_bytes", r.huge_page_weight_bytes},
+                    {"anon_huge_bytes", r.anon_huge_bytes},
                     {"kv_pool_bytes", r.kv_pool_bytes},
                     {"collectives", r.collectives},
                     {"collective_bytes", r.collective_bytes},
@@ -227,6 +230,8 @@ int run_bench_decode(const BenchArgs& a) {
                                                     {"weight_bytes", r.share_weight_bytes},
                                                     {"rss_bytes", r.rss_bytes},
                                                     {"rss_file_bytes", r.rss_file_bytes},
+                                                    {"huge_page_weight_bytes", r.huge_page_weight_bytes},
+                                                    {"anon_huge_bytes", r.anon_huge_bytes},
                                                     {"kv_pool_bytes", r.kv_pool_bytes}}});
   }
   std::printf("%s\n", j.dump(2).c_str());
@@ -391,6 +396,12 @@ void add_common(CLI::App* sub, BenchArgs* a) {
   sub->add_option("--kv-cache-gb", a->kv_cache_gb, "KV pool size in GB (0: default)")
       ->check(CLI::Range(0.0, 1e6));
   sub->add_option("--act-quant", a->act_quant, "on | off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub->add_option("--huge-pages", a->huge_pages,
+                  "on = the weights copied onto transparent huge pages at load (as serve) | off = "
+                  "read through the file mapping (per_rank.huge_page_weight_bytes says what was "
+                  "copied)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
 }

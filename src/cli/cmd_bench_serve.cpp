@@ -179,6 +179,7 @@ int run_bench_serve(const ServeBenchArgs& a) {
   eo.model_dir = *dir;
   eo.fast.threads = a.common.threads;
   eo.fast.act_quant = a.common.act_quant == "on";
+  eo.fast.huge_pages = a.common.huge_pages == "on";
   eo.fast.kv_cache_gb = a.common.kv_cache_gb;
   eo.max_num_batched_tokens = a.max_num_batched_tokens;
   eo.fast.prefix_cache = a.prefix_cache == "on";

@@ -268,6 +268,7 @@ Result<SpecEngine> load_spec_engine(const std::string& dir, const BenchArgs& a, 
   o.act_quant = a.act_quant == "on";
   o.kv_cache_bytes = int64_t(a.kv_cache_gb * 1e9);
   o.warm = true;
+  o.huge_pages = a.huge_pages == "on";
   o.prefix_cache = false;  // every mode computes its prompts
   o.dspark = true;
   auto model = FastModel::load(dir, o);

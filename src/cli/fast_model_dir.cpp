@@ -86,6 +86,14 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
                   "FP8/FP4 linear), off = model-faithful")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  sub->add_option("--huge-pages", a->huge_pages,
+                  "fast path: on = copy the weights this process reads onto transparent huge pages at "
+                  "load (fewer TLB misses: one-token decode up to 2x faster; the copy is "
+                  "anonymous memory, no longer shared with the page cache; skipped with a "
+                  "message when the kernel has THP off or memory is short) | off = read them "
+                  "through the file mapping")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   sub->add_option("--isolation-check", a->isolation,
                   "fast path: every KV row read checks its tag (sequence, epoch, position): count "
                   "foreign reads (metrics: dsv41_kv_foreign_reads_total), mask them too, or off")
@@ -190,6 +198,7 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   eo->fast.threads = a.threads;
   eo->fast.kv_cache_gb = a.kv_cache_gb;
   eo->fast.act_quant = a.act_quant == "on";
+  eo->fast.huge_pages = a.huge_pages == "on";
   eo->fast.isolation = a.isolation;
   eo->fast.prefix_cache = a.prefix_cache == "on";
   eo->fast.decoder_replay = a.decoder_replay == "on";

@@ -14,6 +14,7 @@ namespace dsv41::cli {
 // The forward-path options of `generate` and `serve`.
 struct PathArgs {
   std::string path = "fast", converted, act_quant = "off", isolation = "count", prefix_cache = "on";
+  std::string huge_pages = "on";
   std::string speculative = "off", spec_probe = "shadow";
   std::string decoder_replay = "off", replay_margin = "12";
   int threads = 0;

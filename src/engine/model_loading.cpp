@@ -22,6 +22,7 @@ Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& convert
   fo.act_quant = o.act_quant;
   fo.kv_cache_bytes = int64_t(o.kv_cache_gb * 1e9);
   fo.warm = o.warm;
+  fo.huge_pages = o.huge_pages;
   fo.prefix_cache = o.prefix_cache;
   fo.dspark = o.dspark;
   fo.decoder_replay = o.decoder_replay;

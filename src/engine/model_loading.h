@@ -23,6 +23,7 @@ struct FastRunnerOptions {
   bool act_quant = false;           // DeepSeek's E4M3 activation rounding (spec §3.3)
   double kv_cache_gb = 0;           // 0: a quarter of available memory
   bool warm = true;                 // fault the weights in at load (Engram tables excepted)
+  bool huge_pages = true;           // FastOptions::huge_pages
   std::string isolation = "count";  // count | mask | off (model/fast/kv_pool.h)
   bool prefix_cache = true;         // model/fast/prefix_cache.cpp
   bool dspark = false;              // load the DSpark drafter (ModelRunner::draft)

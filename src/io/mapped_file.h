@@ -1,6 +1,8 @@
 // Read-only memory mapping of a whole file. Mapping is lazy: nothing is read until a page is
 // touched, which is what lets `inspect` validate a 510 GB checkpoint's headers without reading
-// tensor data.
+// tensor data. The mapping starts on a 2 MB boundary, so a range of it can later be replaced in
+// place by an anonymous copy on transparent huge pages (make_resident_huge): the weights' readers
+// keep their pointers, and the kernels stop missing the TLB every 4 KB.
 #pragma once
 
 #include <cstddef>
@@ -25,12 +27,26 @@ class MappedFile {
   // Drops this mapping's resident pages over [ptr, ptr + len) (rounded inward to whole pages);
   // later reads fault them in again from the file. Lets a streaming reader bound its RSS.
   void release(const uint8_t* ptr, std::size_t len) const;
+  // Replaces the 2 MB-aligned interior of [ptr, ptr + len) with anonymous memory advised for
+  // transparent huge pages (MADV_HUGEPAGE) holding the same bytes, read from the file again, then
+  // read-only. The edges stay file-mapped. Returns the bytes moved (0 when the range holds no
+  // whole 2 MB page). Not safe while another thread reads the range (it is zero until the read
+  // completes): call it at load, before the weights are used. release() must not be called on a
+  // moved range afterwards (it would drop the copy).
+  Result<std::size_t> make_resident_huge(const uint8_t* ptr, std::size_t len) const;
+  static constexpr std::size_t kHugePage = std::size_t(2) << 20;
 
  private:
   MappedFile() = default;
   std::string path_;
   const uint8_t* data_ = nullptr;
   std::size_t size_ = 0;
+  std::size_t map_len_ = 0;     // size_ rounded up to whole pages (what munmap releases)
+  uint64_t dev_ = 0, ino_ = 0;  // the file's identity, checked when it is read again
 };
+
+// Whether the kernel gives MADV_HUGEPAGE regions huge pages (transparent_hugepage/enabled is
+// `always` or `madvise`); the reason when not.
+Status transparent_huge_pages_available();
 
 }  // namespace dsv41

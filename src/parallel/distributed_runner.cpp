@@ -107,8 +107,9 @@ void decode_step(Reader* r, StepBatch* b) {
   }
 }
 
-int64_t status_kb(const char* key) {  // a "Key:   N kB" line of /proc/self/status
-  std::FILE* f = std::fopen("/proc/self/status", "r");
+// A "Key:   N kB" line of /proc/self/status (or of `file`).
+int64_t status_kb(const char* key, const char* file = "/proc/self/status") {
+  std::FILE* f = std::fopen(file, "r");
   if (!f) return 0;
   char line[256];
   int64_t v = 0;
@@ -374,6 +375,8 @@ RankReport own_report(const FastModel& m, int rank) {
   r.share_weight_bytes = st.share_weight_bytes;
   r.rss_bytes = status_kb("VmRSS:") * 1024;
   r.rss_file_bytes = status_kb("RssFile:") * 1024;
+  r.huge_page_weight_bytes = st.huge_page_weight_bytes;
+  r.anon_huge_bytes = status_kb("AnonHugePages:", "/proc/self/smaps_rollup") * 1024;
   r.kv_pool_bytes = m.pool().blocks_total() * m.pool().layout().block_bytes;
   r.collectives = st.collectives;
   r.collective_bytes = st.collective_bytes;

@@ -13,6 +13,7 @@
 #include <new>
 
 #include "core/rng.h"
+#include "io/mapped_file.h"
 #include "io/test_util.h"
 #include "model/convert/converter.h"
 #include "model/reference/reference_runner.h"
@@ -372,6 +373,41 @@ TEST(FastModel, BatchInvariantBitForBit) {
           << companions << " companions, act-quant " << aq;
     }
   }
+}
+
+// The weights copied onto transparent huge pages at load (FastOptions::huge_pages) are the same
+// bytes at the same addresses: the logits are those of the file-mapped weights, bit for bit. The
+// small preset, whose expert files hold whole 2 MB pages (the tiny one's files are smaller).
+TEST(FastModel, HugePageWeightsGiveTheLogitsOfFileMappedOnes) {
+  TempDir dir;
+  MakeTinyOptions mt;
+  mt.out_dir = dir.path() + "/m";
+  mt.preset = "small";
+  mt.seed = 5;
+  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  ConvertOptions co;
+  co.from = mt.out_dir;
+  co.to = dir.path() + "/c";
+  ASSERT_TRUE(convert_checkpoint(co).is_ok());
+  std::vector<float> logits[2];
+  int64_t huge[2] = {0, 0};
+  for (int on : {0, 1}) {
+    FastOptions o;
+    o.warm = true;
+    o.huge_pages = on == 1;
+    o.act_quant = true;
+    o.kv_cache_bytes = int64_t(64) << 20;
+    auto m = FastModel::load(co.to, o);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    logits[on] = run(**m, 1, random_tokens(11, 9, int32_t((*m)->vocab_size())), 4);
+    huge[on] = (*m)->stats().huge_page_weight_bytes;
+  }
+  EXPECT_EQ(huge[0], 0);
+  if (transparent_huge_pages_available().is_ok())
+    EXPECT_GT(huge[1], 0) << "THP is on here: the experts' whole 2 MB pages should have moved";
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  ASSERT_FALSE(logits[0].empty());
+  EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)), 0);
 }
 
 TEST(FastModel, TruncateRollsBackEveryCache) {

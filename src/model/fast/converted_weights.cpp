@@ -1,9 +1,11 @@
 // Mapping a converted checkpoint's data files and indexing its tensors (see converted_weights.h).
 #include "model/fast/converted_weights.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -46,38 +48,136 @@ const WeightSpan& ConvertedWeights::get(const std::string& name) const {
   return it->second;
 }
 
-uint64_t ConvertedWeights::warm_ranges(const std::vector<Range>& todo, std::size_t threads) {
-  uint64_t total = 0;
-  for (const Range& r : todo) total += r.second;
-  std::atomic<std::size_t> next{0};
-  std::atomic<uint64_t> done{0}, sink{0};
+namespace {
+
+// Runs job(i) for i in [0, n) on `threads` threads while the caller logs `what` every 2 s from
+// the bytes done (job returns the bytes it did).
+template <typename Job>
+void run_logged(std::size_t n, std::size_t threads, uint64_t total, const char* what, Job job) {
+  std::atomic<std::size_t> next{0}, finished{0};
+  std::atomic<uint64_t> done{0};
   auto worker = [&] {
-    uint64_t local = 0;
-    for (std::size_t i; (i = next.fetch_add(1)) < todo.size();) {
-      const Range& s = todo[i];
-      for (uint64_t off = 0; off < s.second; off += 4096) local += s.first[off];
-      done.fetch_add(s.second, std::memory_order_relaxed);
+    for (std::size_t i; (i = next.fetch_add(1)) < n;) {
+      done.fetch_add(job(i), std::memory_order_relaxed);
+      finished.fetch_add(1);
     }
-    sink.fetch_add(local);
   };
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (std::size_t t = 0; t < std::max<std::size_t>(1, threads); ++t) pool.emplace_back(worker);
   double last = 0;
-  for (;;) {  // progress every 2 s until the workers are through
-    const bool finished = next.load() >= todo.size() && done.load() >= total;
-    if (finished) break;
+  while (finished.load() < n) {  // progress every 2 s until the workers are through
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s - last >= 2.0) {
       last = s;
-      log::info("loading weights: {:.2f}/{:.2f} GB resident ({:.0f} MB/s)", double(done) / 1e9,
-                double(total) / 1e9, double(done) / 1e6 / s);
+      log::info("loading weights: {:.2f}/{:.2f} GB {} ({:.0f} MB/s)", double(done) / 1e9,
+                double(total) / 1e9, what, double(done) / 1e6 / s);
     }
   }
   for (auto& t : pool) t.join();
-  (void)sink.load();
-  return total;
+}
+
+int64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (f >> key >> kb) {
+    if (key == "MemAvailable:") return kb * 1024;
+    f.ignore(1 << 10, '\n');
+  }
+  return -1;
+}
+
+}  // namespace
+
+// The ranges' whole 2 MB pages, merged per file where they touch or leave less than a huge page
+// between them (that gap is copied too: the same bytes), cut into pieces of at most 64 MB on
+// 2 MB boundaries for the threads.
+std::vector<std::pair<const MappedFile*, ConvertedWeights::Range>> ConvertedWeights::huge_pieces(
+    const std::vector<Range>& ranges) const {
+  constexpr uint64_t kHuge = MappedFile::kHugePage, kPiece = 32 * kHuge;
+  std::vector<std::pair<const MappedFile*, Range>> in;
+  for (const Range& r : ranges) {
+    for (const auto& f : files_)
+      if (r.second > 0 && r.first >= f->data() && r.first + r.second <= f->data() + f->size()) {
+        in.push_back({f.get(), r});
+        break;
+      }
+  }
+  std::sort(in.begin(), in.end(),
+            [](const auto& a, const auto& b) { return a.second.first < b.second.first; });
+  std::vector<std::pair<const MappedFile*, Range>> merged;
+  for (const auto& [f, r] : in) {
+    if (!merged.empty() && merged.back().first == f) {
+      Range& m = merged.back().second;
+      const uint8_t* end = m.first + m.second;
+      if (r.first <= end + kHuge) {
+        m.second = std::max<uint64_t>(m.second, uint64_t(r.first + r.second - m.first));
+        continue;
+      }
+    }
+    merged.push_back({f, r});
+  }
+  std::vector<std::pair<const MappedFile*, Range>> pieces;
+  for (const auto& [f, r] : merged) {
+    const uint8_t* p = r.first;
+    const uint8_t* end = r.first + r.second;
+    while (p < end) {
+      const auto next_cut = (uintptr_t(p) / kPiece + 1) * kPiece;  // a 2 MB multiple
+      const uint8_t* q = std::min(end, reinterpret_cast<const uint8_t*>(next_cut));
+      pieces.push_back({f, {p, uint64_t(q - p)}});
+      p = q;
+    }
+  }
+  return pieces;
+}
+
+Result<ConvertedWeights::Warmed> ConvertedWeights::warm(const std::vector<Range>& todo,
+                                                        std::size_t threads,
+                                                        bool huge_pages) const {
+  Warmed out;
+  for (const Range& r : todo) out.touched += r.second;
+  if (huge_pages) {
+    const Status thp = transparent_huge_pages_available();
+    const int64_t avail = mem_available_bytes();
+    const int64_t margin = int64_t(1) << 30;
+    if (!thp.is_ok()) {
+      log::info("weights stay file-mapped on 4 KB pages: {}", thp.message());
+    } else if (avail >= 0 && int64_t(out.touched) + margin > avail) {
+      log::warn(
+          "weights stay file-mapped on 4 KB pages: a huge-page copy of {:.2f} GB does not fit in "
+          "MemAvailable ({:.2f} GB, 1 GB kept free); --huge-pages off says so without this check",
+          double(out.touched) / 1e9, double(avail) / 1e9);
+    } else {
+      const auto pieces = huge_pieces(todo);
+      uint64_t total = 0;
+      for (const auto& p : pieces) total += p.second.second;
+      std::vector<Status> errs(pieces.size(), Status::ok());
+      std::vector<uint64_t> moved(pieces.size(), 0);
+      run_logged(pieces.size(), threads, total, "copied onto huge pages", [&](std::size_t i) {
+        const auto& [f, r] = pieces[i];
+        auto n = f->make_resident_huge(r.first, r.second);
+        if (!n)
+          errs[i] = n.status();
+        else
+          moved[i] = *n;
+        return r.second;
+      });
+      for (const Status& e : errs)
+        if (!e.is_ok()) return e.with_context("loading weights onto huge pages: ");
+      for (uint64_t m : moved) out.huge += m;
+    }
+  }
+  std::atomic<uint64_t> sink{0};
+  run_logged(todo.size(), threads, out.touched, "resident", [&](std::size_t i) {
+    const Range& s = todo[i];
+    uint64_t local = 0;
+    for (uint64_t off = 0; off < s.second; off += 4096) local += s.first[off];
+    sink.fetch_add(local, std::memory_order_relaxed);
+    return s.second;
+  });
+  return out;
 }
 
 }  // namespace dsv41

@@ -39,16 +39,26 @@ class ConvertedWeights {
   bool has(const std::string& name) const { return spans_.count(name) != 0; }
   // The tensor's span; aborts when absent (loading checked the inventory, so a miss is a bug).
   const WeightSpan& get(const std::string& name) const;
-  // Reads one byte of every page of the given byte ranges (a process's share of the weights, which
-  // leaves out the Engram tables: only the rows a step hashes to are ever touched), on `threads`
-  // threads, so the first steps do not fault the weights in from disk one page at a time; logs
-  // progress. Returns the bytes touched.
+  // Makes the given byte ranges resident (a process's share of the weights, which leaves out the
+  // Engram tables: only the rows a step hashes to are ever touched), on `threads` threads, so the
+  // first steps do not fault the weights in from disk one page at a time; logs progress.
+  // huge_pages: first the whole 2 MB pages of the ranges are replaced in place by copies on
+  // transparent huge pages (MappedFile::make_resident_huge; skipped, with the reason logged, when
+  // the kernel has THP off or MemAvailable cannot hold the copy). One-token decode reads every
+  // weight once per step: with 4 KB pages each new page of a stream is a TLB miss, and the
+  // kernels ran 1.5-2.5x slower (real-shape preset, docs/perf.md). Then one byte of every page is
+  // read. Returns the bytes touched and the bytes moved to huge pages.
   using Range = std::pair<const uint8_t*, uint64_t>;
-  static uint64_t warm_ranges(const std::vector<Range>& ranges, std::size_t threads);
+  struct Warmed {
+    uint64_t touched = 0, huge = 0;
+  };
+  Result<Warmed> warm(const std::vector<Range>& ranges, std::size_t threads, bool huge_pages) const;
   // Every tensor by name, in no particular order.
   const std::unordered_map<std::string, WeightSpan>& spans() const { return spans_; }
 
  private:
+  std::vector<std::pair<const MappedFile*, Range>> huge_pieces(
+      const std::vector<Range>& ranges) const;
   std::string dir_, fp8_;
   ModelConfig config_;
   uint64_t payload_bytes_ = 0;

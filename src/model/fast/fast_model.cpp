@@ -186,7 +186,11 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   // other processes' experts, and the attention rows of other processes' heads.
   const std::vector<ConvertedWeights::Range> mine = im.share_ranges();
   for (const auto& r : mine) im.stats.share_weight_bytes += int64_t(r.second);
-  if (opt.warm) ConvertedWeights::warm_ranges(mine, im.pool->size());
+  if (opt.warm) {
+    auto warmed = im.wts->warm(mine, im.pool->size(), opt.huge_pages);
+    if (!warmed) return warmed.status().with_context(dir + ": ");
+    im.stats.huge_page_weight_bytes = int64_t(warmed->huge);
+  }
   const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});
   im.rope_swa = ref::Rope<float>::make(tc.qk_rope_head_dim, tc.rope_theta, false, 1, 1, 1, 1);
   im.rope_comp = ref::Rope<float>::make(
