@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/huge_alloc.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -73,14 +74,15 @@ struct BenchModel {
 // "1,4,16" -> {1, 4, 16}; the error names `what`.
 Result<std::vector<int64_t>> parse_list(const std::string& s, const std::string& what);
 
-// Streaming-read bandwidth (GB/s) of all threads over a buffer larger than the caches.
+// Streaming-read bandwidth (GB/s) of all threads over a buffer larger than the caches: the best
+// of three passes (one pass read 23-58 GB/s from run to run on the same machine).
 class ReadProbe {
  public:
   ReadProbe(std::size_t mb, std::size_t threads);
   double gb_per_s();
 
  private:
-  std::vector<float> buf_;
+  HugeVector<float> buf_;  // on huge pages, as the engine's weights (core/huge_alloc.h)
   ThreadPool pool_;
 };
 

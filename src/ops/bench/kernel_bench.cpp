@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/huge_alloc.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "ops/cache_pack.h"
@@ -106,8 +107,8 @@ json onednn_matmul_json(int64_t m, int64_t n, int64_t kdim, int reps) {
 // Enough copies of one matrix's weights and scales (E4M3 without NaN codes, or random MXFP4
 // nibbles; every scale 2^-7) that cycling through them reads from memory, not from a cache.
 struct WeightCopies {
-  std::vector<std::vector<uint8_t>> w, s;
-  std::size_t bytes = 0;  // one copy's weights and scales
+  std::vector<HugeVector<uint8_t>> w, s;  // on huge pages, as the engine's weights
+  std::size_t bytes = 0;                  // one copy's weights and scales
 };
 WeightCopies weight_copies(bool fp8, int64_t rows, int64_t in, std::size_t min_set_mb) {
   WeightCopies wc;
@@ -348,7 +349,7 @@ class Bench {
   KernelBenchOptions opt_;
   ThreadPool pool_;
   const Kernels* k_;  // the tier the kernels run on (the probe always uses the active one)
-  std::vector<float> probe_;
+  HugeVector<float> probe_;
 };
 
 // mHC: the Sinkhorn epilogue against the plain loop, and the whole step at the real shape.
