@@ -610,10 +610,8 @@ TEST(DeepSeekDialect, GenerationConfigDefaultsApplyUnlessTheRequestSetsTheField)
 // it the token comes once.
 TEST(DeepSeekDialect, RepetitionPenaltySameWithSpeculationOnAndOffOnTheRealBinary) {
   dsv41::testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/tiny";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
   const std::string base =
       R"({"model":"tiny","prompt":"hello world","max_tokens":12,"temperature":0,)"
       R"("ignore_eos":true,"return_token_ids":true)";
@@ -626,7 +624,7 @@ TEST(DeepSeekDialect, RepetitionPenaltySameWithSpeculationOnAndOffOnTheRealBinar
     ServeProcess p;
     std::vector<std::string> extra;
     if (spec) extra = {"--speculative", "dspark"};
-    ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve" + std::to_string(spec) + ".log", extra));
+    ASSERT_TRUE(p.start(tiny, dir.path() + "/serve" + std::to_string(spec) + ".log", extra));
     httplib::Client c("127.0.0.1", p.port);
     c.set_read_timeout(60, 0);
     for (const std::string& b : bodies)
@@ -657,15 +655,13 @@ TEST(DeepSeekDialect, RepetitionPenaltySameWithSpeculationOnAndOffOnTheRealBinar
 // makes copies the file beside the converted weights.
 TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
   dsv41::testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/tiny";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
   const std::string config = R"({"bos_token_id": 0, "do_sample": true, "temperature": 0.6,
       "top_p": 0.95, "max_new_tokens": 5})";
-  std::ofstream(mt.out_dir + "/generation_config.json") << config;
+  std::ofstream(tiny + "/generation_config.json") << config;
   ServeProcess p;
-  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log",
+  ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log",
                       {"--override-generation-config", R"({"top_p": 0.5, "top_k": 20})"}));
   httplib::Client c("127.0.0.1", p.port);
   c.set_read_timeout(60, 0);
@@ -681,7 +677,7 @@ TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
   kill(p.pid, SIGTERM);
   EXPECT_EQ(p.wait_exit(), 0);
-  std::ifstream copied(mt.out_dir + ".dsv41-converted/generation_config.json");
+  std::ifstream copied(tiny + ".dsv41-converted/generation_config.json");
   ASSERT_TRUE(copied.good());
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(copied), {}), config);
 }
