@@ -333,6 +333,17 @@ TEST(Engine, SubmissionErrorsNameTheParameter) {
   b->cancel();
 }
 
+// What the backends' greedy tests generate: 12 greedy tokens after a short prompt, whatever the
+// random weights say (no end at an EOS).
+GenerationRequest greedy_twelve_tokens(const Engine& e) {
+  GenerationRequest r;
+  r.prompt = e.tokenizer().encode("hello world, the");
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 12;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
 TEST(Engine, ReferenceBackendGreedyMatchesTeacherForcedArgmax) {
   testing::TempDir dir;
   const std::string ck = dir.path() + "/ck";
@@ -342,11 +353,7 @@ TEST(Engine, ReferenceBackendGreedyMatchesTeacherForcedArgmax) {
   opt.path = "reference";
   auto e = Engine::load(opt);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
-  GenerationRequest r;
-  r.prompt = (*e)->tokenizer().encode("hello world, the");
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = 12;
-  r.sampling.ignore_eos = true;
+  const GenerationRequest r = greedy_twelve_tokens(**e);
   Collected c = collect(*(*e)->submit(r));
   ASSERT_EQ(c.tokens.size(), 12u);
   // Teacher-force prompt + output through the reference and take the argmax of each row.
@@ -377,11 +384,7 @@ TEST(Engine, FastBackendGreedyMatchesTeacherForcedArgmax) {
   opt.fast.kv_cache_gb = 0.05;
   auto e = Engine::load(opt);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
-  GenerationRequest r;
-  r.prompt = (*e)->tokenizer().encode("hello world, the");
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = 12;
-  r.sampling.ignore_eos = true;
+  const GenerationRequest r = greedy_twelve_tokens(**e);
   Collected c = collect(*(*e)->submit(r));
   ASSERT_EQ(c.tokens.size(), 12u);
   EXPECT_EQ((*e)->stats().kv_foreign_reads, 0);  // the isolation counter the server exports
