@@ -33,6 +33,14 @@ void SamplingDefaults::apply(SamplingParams& s) const {
   if (repetition_penalty) s.repetition_penalty = *repetition_penalty;
 }
 
+void SamplingDefaults::apply_default_max_tokens(std::optional<int> flag) {
+  if (!flag) return;
+  if (*flag > 0)
+    max_new_tokens = *flag;
+  else
+    max_new_tokens.reset();
+}
+
 OJson SamplingDefaults::to_json() const {
   OJson j = OJson::object();
   if (temperature) j["temperature"] = *temperature;

@@ -23,6 +23,9 @@ struct SamplingDefaults {
   // Sets the sampling fields given here (max_new_tokens is applied by the parsers with the other
   // max_tokens defaults).
   void apply(SamplingParams& s) const;
+  // --default-max-tokens, which wins over the file and the override when it is given: N > 0 is
+  // the default max_tokens, 0 none (the rest of the context); not given leaves max_new_tokens.
+  void apply_default_max_tokens(std::optional<int> flag);
   // {"temperature": 0.6, ...}: the keys that are set, in vLLM's names.
   OJson to_json() const;
 };

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 
 #include "server/anthropic_api.h"
 #include "server/generation_defaults.h"
@@ -604,6 +605,43 @@ TEST(DeepSeekDialect, GenerationConfigDefaultsApplyUnlessTheRequestSetsTheField)
   EXPECT_EQ(capped["choices"][0]["finish_reason"], "length");
 }
 
+// --default-max-tokens, when given, wins over the generation config's max_new_tokens in chat and
+// Responses, 0 (no cap: the rest of the context) included; not given, max_new_tokens applies.
+// /v1/models shows the default that is applied.
+TEST(DeepSeekDialect, DefaultMaxTokensFlagWinsOverTheGenerationConfigAndIsShown) {
+  SamplingDefaults d;
+  d.temperature = 0.25;
+  d.max_new_tokens = 3;
+  const std::string script = "the one and two and three";
+  const int64_t all = int64_t(tiny_tokenizer()->encode(script).size());
+  ASSERT_GT(all, 3);
+  for (const std::optional<int> flag :
+       {std::optional<int>(), std::optional<int>(2), std::optional<int>(0)}) {
+    const std::string label = flag ? "--default-max-tokens " + std::to_string(*flag) : "not given";
+    InProcess srv(dialect_engine(tiny_tokenizer(), script), [&](ServerOptions& o) {
+      o.sampling_defaults = d;
+      o.default_max_tokens = flag;
+    });
+    auto c = srv.client();
+    const int cap = !flag ? 3 : *flag;  // 0: none
+    OJson shown = dialect_json(R"({"temperature": 0.25})");
+    if (cap > 0) shown["max_new_tokens"] = cap;
+    auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models);
+    EXPECT_EQ(dialect_json(models->body)["data"][0]["default_sampling"], shown) << label;
+    const OJson chat = dialect_post(
+        c, "/v1/chat/completions",
+        R"({"model":"scripted","messages":[{"role":"user","content":"q"}],"temperature":0})");
+    EXPECT_GE(chat["usage"]["completion_tokens"], cap > 0 ? cap : all) << label;
+    EXPECT_LE(chat["usage"]["completion_tokens"], cap > 0 ? cap : all + 1) << label;  // EOS
+    EXPECT_EQ(chat["choices"][0]["finish_reason"], std::string(cap > 0 ? "length" : "stop"))
+        << label;
+    const OJson r = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q"})");
+    EXPECT_EQ(r["status"], std::string(cap > 0 ? "incomplete" : "completed")) << label;
+    if (cap > 0) EXPECT_EQ(r["usage"]["output_tokens"], cap) << label;
+  }
+}
+
 // repetition_penalty on the real binary with the checkpoint's DSpark drafter: greedy output with
 // the penalty is the same with speculation on and off, and differs from the output without it.
 // A bias makes token 500 the argmax everywhere, so without the penalty greedy repeats it and with
@@ -680,6 +718,19 @@ TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
   std::ifstream copied(tiny + ".dsv41-converted/generation_config.json");
   ASSERT_TRUE(copied.good());
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(copied), {}), config);
+  // An explicit --default-max-tokens 0 (no cap) wins over the file's max_new_tokens, and
+  // /v1/models shows no default max_tokens.
+  ServeProcess uncapped;
+  ASSERT_TRUE(uncapped.start(tiny, dir.path() + "/serve0.log", {"--default-max-tokens", "0"}));
+  httplib::Client c0("127.0.0.1", uncapped.port);
+  c0.set_read_timeout(60, 0);
+  auto models0 = c0.Get("/v1/models");
+  ASSERT_TRUE(models0);
+  EXPECT_EQ(dialect_json(models0->body)["data"][0]["default_sampling"],
+            dialect_json(R"({"temperature": 0.6, "top_p": 0.95})"))
+      << models0->body;
+  kill(uncapped.pid, SIGTERM);
+  EXPECT_EQ(uncapped.wait_exit(), 0);
 }
 
 TEST(DeepSeekDialect, OfficialClientsOnTheRealBinary) {
