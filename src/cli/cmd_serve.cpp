@@ -135,6 +135,23 @@ void add_serve(CLI::App& app, Runner* run) {
       pthread_sigmask(SIG_BLOCK, &set, nullptr);
       signal(SIGPIPE, SIG_IGN);
 
+      // The flags that need no model are checked first: a typo fails before the demo model is
+      // created or a checkpoint is read.
+      if (!a->default_kwargs.empty()) {
+        auto kw = parse_json_ordered(a->default_kwargs);
+        if (!kw || !kw->is_object()) {
+          log::error("serve: --default-chat-template-kwargs: not a JSON object: {}",
+                     kw ? a->default_kwargs : kw.status().message());
+          return kExitUsage;
+        }
+        a->server.default_chat_template_kwargs = std::move(*kw);
+      }
+      if (!a->override_generation_config.empty()) {
+        if (auto o = parse_override_generation_config(a->override_generation_config); !o) {
+          log::error("serve: {}", o.status().message());
+          return kExitUsage;
+        }
+      }
       std::string dir = a->model;
       bool demo = dir.empty();
       if (demo) {
@@ -151,15 +168,6 @@ void add_serve(CLI::App& app, Runner* run) {
         a->server.model_aliases.assign(a->names.begin() + 1, a->names.end());
       } else {
         a->server.model_name = demo ? "dsv41-demo" : std::filesystem::path(dir).filename().string();
-      }
-      if (!a->default_kwargs.empty()) {
-        auto kw = parse_json_ordered(a->default_kwargs);
-        if (!kw || !kw->is_object()) {
-          log::error("serve: --default-chat-template-kwargs: not a JSON object: {}",
-                     kw ? a->default_kwargs : kw.status().message());
-          return kExitUsage;
-        }
-        a->server.default_chat_template_kwargs = std::move(*kw);
       }
       {
         auto defaults =

@@ -87,6 +87,13 @@ Result<SamplingDefaults> sampling_defaults_from_json(const OJson& config, const 
   return d;
 }
 
+Result<SamplingDefaults> parse_override_generation_config(const std::string& json) {
+  const std::string flag = "--override-generation-config";
+  auto j = parse_json_ordered(json);
+  if (!j) return Status::error(flag + ": " + j.status().message());
+  return sampling_defaults_from_json(*j, flag, true);
+}
+
 Result<SamplingDefaults> load_sampling_defaults(const std::string& model_dir,
                                                 const std::string& mode,
                                                 const std::string& override_json) {
@@ -106,10 +113,7 @@ Result<SamplingDefaults> load_sampling_defaults(const std::string& model_dir,
     d = *r;
   }
   if (!override_json.empty()) {
-    const std::string flag = "--override-generation-config";
-    auto j = parse_json_ordered(override_json);
-    if (!j) return Status::error(flag + ": " + j.status().message());
-    auto r = sampling_defaults_from_json(*j, flag, true);
+    auto r = parse_override_generation_config(override_json);
     if (!r) return r.status();
     if (r->temperature) d.temperature = r->temperature;
     if (r->top_p) d.top_p = r->top_p;

@@ -36,6 +36,9 @@ struct SamplingDefaults {
 Result<SamplingDefaults> sampling_defaults_from_json(const OJson& config, const std::string& where,
                                                      bool strict);
 
+// --override-generation-config's JSON: an object of vLLM's keys only. Errors name the flag.
+Result<SamplingDefaults> parse_override_generation_config(const std::string& json);
+
 // The effective defaults: `mode` "auto" reads MODEL_DIR/generation_config.json when it exists,
 // "none" ignores it; `override_json` (may be empty) then replaces key by key. Errors name the file
 // or --override-generation-config.

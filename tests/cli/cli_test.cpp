@@ -682,6 +682,20 @@ TEST(Cli, ServeRefusesAMalformedGenerationConfig) {
       << help;
 }
 
+// The JSON flags serve can check without a model are checked first: a malformed one fails at once
+// (exit 1 naming it), before the demo model is created.
+TEST(Cli, ServeChecksItsJsonFlagsBeforeCreatingTheDemoModel) {
+  TempDir cache;
+  for (const std::string flag :
+       {"--override-generation-config", "--default-chat-template-kwargs"}) {
+    CliRun r = run("serve --port 0 " + flag + " '{bad'", "DSV41_CACHE=" + cache.path(), 120);
+    EXPECT_EQ(r.code, 1) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("demo model"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(cache.path() + "/demo")) << flag;
+  }
+}
+
 }  // namespace
 }  // namespace dsv41
 
