@@ -101,7 +101,16 @@ Result<SamplingDefaults> load_sampling_defaults(const std::string& model_dir,
   if (mode != "auto" && mode != "none")
     return Status::error("--generation-config: must be auto or none, not " + mode);
   const std::filesystem::path file = std::filesystem::path(model_dir) / "generation_config.json";
-  if (mode == "auto" && std::filesystem::exists(file)) {
+  bool present = false;
+  if (mode == "auto") {
+    // The throwing overload would end serve with an uncaught exception on a path that cannot be
+    // looked up (a directory without search permission, a symlink loop): an error naming it.
+    std::error_code ec;
+    present = std::filesystem::exists(file, ec);
+    if (ec)
+      return Status::error(file.string() + ": cannot check whether it exists: " + ec.message());
+  }
+  if (present) {
     std::ifstream in(file, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();

@@ -671,6 +671,13 @@ TEST(Cli, ServeRefusesAMalformedGenerationConfig) {
     EXPECT_NE(r.err.find("--override-generation-config"), std::string::npos) << r.err;
   }
   EXPECT_EQ(run("serve --model /nonexistent/ck --generation-config maybe", "", 20).code, 1);
+  // A directory where the file cannot be looked up (a symlink loop): exit 2 naming the path, not
+  // an uncaught exception.
+  const std::string loop = dir.path() + "/loop";
+  fs::create_directory_symlink(loop, loop);
+  CliRun looped = run("serve --model " + loop + " --port 0", "", 20);
+  EXPECT_EQ(looped.code, 2) << looped.err;
+  EXPECT_NE(looped.err.find(loop + "/generation_config.json"), std::string::npos) << looped.err;
   const std::string help = run("serve --help").out;
   EXPECT_NE(help.find("--generation-config"), std::string::npos);
   EXPECT_NE(help.find("--override-generation-config"), std::string::npos);

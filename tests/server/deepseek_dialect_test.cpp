@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -640,6 +641,20 @@ TEST(DeepSeekDialect, DefaultMaxTokensFlagWinsOverTheGenerationConfigAndIsShown)
     EXPECT_EQ(r["status"], std::string(cap > 0 ? "incomplete" : "completed")) << label;
     if (cap > 0) EXPECT_EQ(r["usage"]["output_tokens"], cap) << label;
   }
+}
+
+// A checkpoint directory whose generation_config.json cannot be looked up (a symlink loop on the
+// way; root sees through permissions) is an error naming the path, not an exception.
+TEST(DeepSeekDialect, GenerationConfigThatCannotBeLookedUpIsAnErrorNamingThePath) {
+  dsv41::testing::TempDir dir;
+  const std::string loop = dir.path() + "/loop";
+  std::filesystem::create_directory_symlink(loop, loop);
+  Result<SamplingDefaults> r = Status::error("not run");
+  EXPECT_NO_THROW(r = load_sampling_defaults(loop, "auto", ""));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find(loop + "/generation_config.json"), std::string::npos)
+      << r.status().message();
+  EXPECT_TRUE(load_sampling_defaults(loop, "none", "").is_ok());  // none never looks
 }
 
 // repetition_penalty on the real binary with the checkpoint's DSpark drafter: greedy output with
