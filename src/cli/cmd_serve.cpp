@@ -44,6 +44,7 @@ void add_serve(CLI::App& app, Runner* run) {
     std::string default_kwargs;      // --default-chat-template-kwargs (JSON)
     std::string generation_config = "auto";
     std::string override_generation_config;  // JSON
+    int default_max_tokens = 0;              // --default-max-tokens, when given
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
@@ -80,11 +81,14 @@ void add_serve(CLI::App& app, Runner* run) {
                   "JSON object of those keys that replace the file's key by key, e.g. "
                   "'{\"temperature\": 0.6, \"top_p\": 0.95}' (applies with "
                   "--generation-config none too)");
-  sub->add_option("--default-max-tokens", a->server.default_max_tokens,
-                  "max_tokens for chat requests that do not set it (0: the rest of the context, "
-                  "as vLLM)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
+  // Not given is not 0: only a given value wins over the generation config's max_new_tokens.
+  CLI::Option* max_tokens_flag =
+      sub->add_option("--default-max-tokens", a->default_max_tokens,
+                      "max_tokens for chat and Responses requests that do not set it: N, or 0 for "
+                      "the rest of the context (as vLLM); either wins over the generation "
+                      "config's max_new_tokens. Not given: max_new_tokens when the generation "
+                      "config has it, else the rest of the context")
+          ->check(CLI::Range(0, 1 << 30));
   sub->add_option("--reasoning-budget", a->server.reasoning_budget,
                   "Reasoning tokens a request may generate at most before the engine ends the "
                   "reasoning itself (</think>) and the answer follows; a request's "
@@ -119,7 +123,8 @@ void add_serve(CLI::App& app, Runner* run) {
       ->capture_default_str()
       ->check(CLI::Range(0, kMaxQueueLimit));
   add_path_options(sub, &a->paths);
-  sub->callback([a, run] {
+  sub->callback([a, run, max_tokens_flag] {
+    if (max_tokens_flag->count() > 0) a->server.default_max_tokens = a->default_max_tokens;
     *run = [a] {
       // Signals are taken by one thread (sigwait); every thread created from here inherits the
       // mask.
@@ -130,6 +135,23 @@ void add_serve(CLI::App& app, Runner* run) {
       pthread_sigmask(SIG_BLOCK, &set, nullptr);
       signal(SIGPIPE, SIG_IGN);
 
+      // The flags that need no model are checked first: a typo fails before the demo model is
+      // created or a checkpoint is read.
+      if (!a->default_kwargs.empty()) {
+        auto kw = parse_json_ordered(a->default_kwargs);
+        if (!kw || !kw->is_object()) {
+          log::error("serve: --default-chat-template-kwargs: not a JSON object: {}",
+                     kw ? a->default_kwargs : kw.status().message());
+          return kExitUsage;
+        }
+        a->server.default_chat_template_kwargs = std::move(*kw);
+      }
+      if (!a->override_generation_config.empty()) {
+        if (auto o = parse_override_generation_config(a->override_generation_config); !o) {
+          log::error("serve: {}", o.status().message());
+          return kExitUsage;
+        }
+      }
       std::string dir = a->model;
       bool demo = dir.empty();
       if (demo) {
@@ -147,15 +169,6 @@ void add_serve(CLI::App& app, Runner* run) {
       } else {
         a->server.model_name = demo ? "dsv41-demo" : std::filesystem::path(dir).filename().string();
       }
-      if (!a->default_kwargs.empty()) {
-        auto kw = parse_json_ordered(a->default_kwargs);
-        if (!kw || !kw->is_object()) {
-          log::error("serve: --default-chat-template-kwargs: not a JSON object: {}",
-                     kw ? a->default_kwargs : kw.status().message());
-          return kExitUsage;
-        }
-        a->server.default_chat_template_kwargs = std::move(*kw);
-      }
       {
         auto defaults =
             load_sampling_defaults(dir, a->generation_config, a->override_generation_config);
@@ -163,9 +176,13 @@ void add_serve(CLI::App& app, Runner* run) {
           log::error("serve: {}", defaults.status().message());
           return defaults.status().message().starts_with("--") ? kExitUsage : kExitInvalid;
         }
+        // What requests get and /v1/models shows: --default-max-tokens, when given, over the
+        // file's max_new_tokens (HttpServer applies it too, to the same result).
         a->server.sampling_defaults = *defaults;
-        if (!defaults->empty())
-          log::info("serve: sampling defaults {}", python_json_dumps(defaults->to_json()));
+        a->server.sampling_defaults.apply_default_max_tokens(a->server.default_max_tokens);
+        if (!a->server.sampling_defaults.empty())
+          log::info("serve: sampling defaults {}",
+                    python_json_dumps(a->server.sampling_defaults.to_json()));
       }
       a->server.max_body_bytes = a->max_body_mb << 20;
       log::info("serve: loading {} ...", dir);

@@ -33,6 +33,14 @@ void SamplingDefaults::apply(SamplingParams& s) const {
   if (repetition_penalty) s.repetition_penalty = *repetition_penalty;
 }
 
+void SamplingDefaults::apply_default_max_tokens(std::optional<int> flag) {
+  if (!flag) return;
+  if (*flag > 0)
+    max_new_tokens = *flag;
+  else
+    max_new_tokens.reset();
+}
+
 OJson SamplingDefaults::to_json() const {
   OJson j = OJson::object();
   if (temperature) j["temperature"] = *temperature;
@@ -79,6 +87,13 @@ Result<SamplingDefaults> sampling_defaults_from_json(const OJson& config, const 
   return d;
 }
 
+Result<SamplingDefaults> parse_override_generation_config(const std::string& json) {
+  const std::string flag = "--override-generation-config";
+  auto j = parse_json_ordered(json);
+  if (!j) return Status::error(flag + ": " + j.status().message());
+  return sampling_defaults_from_json(*j, flag, true);
+}
+
 Result<SamplingDefaults> load_sampling_defaults(const std::string& model_dir,
                                                 const std::string& mode,
                                                 const std::string& override_json) {
@@ -86,7 +101,16 @@ Result<SamplingDefaults> load_sampling_defaults(const std::string& model_dir,
   if (mode != "auto" && mode != "none")
     return Status::error("--generation-config: must be auto or none, not " + mode);
   const std::filesystem::path file = std::filesystem::path(model_dir) / "generation_config.json";
-  if (mode == "auto" && std::filesystem::exists(file)) {
+  bool present = false;
+  if (mode == "auto") {
+    // The throwing overload would end serve with an uncaught exception on a path that cannot be
+    // looked up (a directory without search permission, a symlink loop): an error naming it.
+    std::error_code ec;
+    present = std::filesystem::exists(file, ec);
+    if (ec)
+      return Status::error(file.string() + ": cannot check whether it exists: " + ec.message());
+  }
+  if (present) {
     std::ifstream in(file, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
@@ -98,10 +122,7 @@ Result<SamplingDefaults> load_sampling_defaults(const std::string& model_dir,
     d = *r;
   }
   if (!override_json.empty()) {
-    const std::string flag = "--override-generation-config";
-    auto j = parse_json_ordered(override_json);
-    if (!j) return Status::error(flag + ": " + j.status().message());
-    auto r = sampling_defaults_from_json(*j, flag, true);
+    auto r = parse_override_generation_config(override_json);
     if (!r) return r.status();
     if (r->temperature) d.temperature = r->temperature;
     if (r->top_p) d.top_p = r->top_p;

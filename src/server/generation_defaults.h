@@ -23,6 +23,9 @@ struct SamplingDefaults {
   // Sets the sampling fields given here (max_new_tokens is applied by the parsers with the other
   // max_tokens defaults).
   void apply(SamplingParams& s) const;
+  // --default-max-tokens, which wins over the file and the override when it is given: N > 0 is
+  // the default max_tokens, 0 none (the rest of the context); not given leaves max_new_tokens.
+  void apply_default_max_tokens(std::optional<int> flag);
   // {"temperature": 0.6, ...}: the keys that are set, in vLLM's names.
   OJson to_json() const;
 };
@@ -32,6 +35,9 @@ struct SamplingDefaults {
 // (bos_token_id, do_sample, ...) that are not sampling defaults and are skipped.
 Result<SamplingDefaults> sampling_defaults_from_json(const OJson& config, const std::string& where,
                                                      bool strict);
+
+// --override-generation-config's JSON: an object of vLLM's keys only. Errors name the flag.
+Result<SamplingDefaults> parse_override_generation_config(const std::string& json);
 
 // The effective defaults: `mode` "auto" reads MODEL_DIR/generation_config.json when it exists,
 // "none" ignores it; `override_json` (may be empty) then replaces key by key. Errors name the file

@@ -154,15 +154,13 @@ struct HttpServer::Impl {
   Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {
     model.name = opt.model_name;
     model.max_context = engine.max_context();
-    model.default_max_tokens = opt.default_max_tokens;
     model.reasoning_budget = opt.reasoning_budget;
     model.aliases = opt.model_aliases;
     model.default_chat_template_kwargs = opt.default_chat_template_kwargs;
+    // One default max_tokens, which the parsers apply and /v1/models shows: --default-max-tokens
+    // when given, else the generation config's max_new_tokens.
     model.sampling_defaults = opt.sampling_defaults;
-    // generation_config's max_new_tokens is a default max_tokens, as --default-max-tokens (which
-    // wins when given).
-    if (model.default_max_tokens == 0 && opt.sampling_defaults.max_new_tokens)
-      model.default_max_tokens = *opt.sampling_defaults.max_new_tokens;
+    model.sampling_defaults.apply_default_max_tokens(opt.default_max_tokens);
     nonce = std::random_device{}();
     started = static_cast<int64_t>(std::time(nullptr));
     routes();

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <vector>
@@ -22,8 +23,11 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (see HttpServer::port())
   std::string model_name = "dsv41";
-  int default_max_tokens = 0;  // chat requests without max_tokens (0: the rest of the context)
-  int reasoning_budget = -1;   // --reasoning-budget: every request's reasoning cap (-1: none)
+  // --default-max-tokens: max_tokens of chat and Responses requests that set none, N or 0 (the
+  // rest of the context), winning over sampling_defaults.max_new_tokens; unset: that, else the
+  // rest of the context.
+  std::optional<int> default_max_tokens;
+  int reasoning_budget = -1;  // --reasoning-budget: every request's reasoning cap (-1: none)
   std::vector<std::string> model_aliases;  // --served-model-name's names after the first
   // --default-chat-template-kwargs (an object): what chat requests' chat_template_kwargs start from
   OJson default_chat_template_kwargs = OJson::object();

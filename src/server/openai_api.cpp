@@ -396,10 +396,7 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   job.chat = true;
   if (auto e = parse_common(body, model, tok, job)) return e;
   Fields f(body);
-  // Absent: vLLM's default, the rest of the context (the engine stops there), unless the server
-  // was given --default-max-tokens.
-  const int chat_default =
-      model.default_max_tokens > 0 ? model.default_max_tokens : std::numeric_limits<int32_t>::max();
+  const int chat_default = model.default_max_tokens();
   if (auto e = parse_max_tokens(f, "max_tokens", chat_default, job)) return e;
   if (f.get("max_completion_tokens"))
     if (auto e = parse_max_tokens(f, "max_completion_tokens", chat_default, job)) return e;

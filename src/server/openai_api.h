@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,8 +32,6 @@ std::string error_body(const ApiError& e);
 struct ServedModel {
   std::string name;
   int64_t max_context = 0;
-  int default_max_tokens = 0;  // chat requests without max_tokens (0: the rest of the context,
-                               // as vLLM; completions: OpenAI's 16)
   // --reasoning-budget: the cap on every request's reasoning tokens (-1: none); a request's own
   // budget may only lower it.
   int reasoning_budget = -1;
@@ -43,8 +42,14 @@ struct ServedModel {
   // keys win).
   OJson default_chat_template_kwargs = OJson::object();
   // --generation-config / --override-generation-config: what a request's sampling starts from
-  // (its own fields win); shown in /v1/models as "default_sampling".
+  // (its own fields win); shown in /v1/models as "default_sampling". Its max_new_tokens is
+  // --default-max-tokens when that was given (HttpServer sets it).
   SamplingDefaults sampling_defaults;
+  // max_tokens of chat and Responses requests that set none: max_new_tokens, else the rest of
+  // the context (the engine stops there), as vLLM. Completions: OpenAI's 16.
+  int default_max_tokens() const {
+    return sampling_defaults.max_new_tokens.value_or(std::numeric_limits<int32_t>::max());
+  }
   bool serves(const std::string& asked) const {
     return asked == name || std::find(aliases.begin(), aliases.end(), asked) != aliases.end();
   }

@@ -278,8 +278,7 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   model.sampling_defaults.apply(s);  // the request's own fields, read below, win
   if (!f.number("temperature", 0, 2, false, s.temperature)) return f.err;
   if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
-  int64_t max_tokens =
-      model.default_max_tokens > 0 ? model.default_max_tokens : std::numeric_limits<int32_t>::max();
+  int64_t max_tokens = model.default_max_tokens();
   if (!f.integer("max_output_tokens", 1, std::numeric_limits<int32_t>::max(), max_tokens))
     return f.err;
   s.max_tokens = static_cast<int>(max_tokens);

@@ -671,11 +671,36 @@ TEST(Cli, ServeRefusesAMalformedGenerationConfig) {
     EXPECT_NE(r.err.find("--override-generation-config"), std::string::npos) << r.err;
   }
   EXPECT_EQ(run("serve --model /nonexistent/ck --generation-config maybe", "", 20).code, 1);
+  // A directory where the file cannot be looked up (a symlink loop): exit 2 naming the path, not
+  // an uncaught exception.
+  const std::string loop = dir.path() + "/loop";
+  fs::create_directory_symlink(loop, loop);
+  CliRun looped = run("serve --model " + loop + " --port 0", "", 20);
+  EXPECT_EQ(looped.code, 2) << looped.err;
+  EXPECT_NE(looped.err.find(loop + "/generation_config.json"), std::string::npos) << looped.err;
   const std::string help = run("serve --help").out;
   EXPECT_NE(help.find("--generation-config"), std::string::npos);
   EXPECT_NE(help.find("--override-generation-config"), std::string::npos);
   EXPECT_NE(help.find("repetition_penalty"), std::string::npos);
   EXPECT_NE(help.find("default_sampling"), std::string::npos);
+  // --default-max-tokens: 0 is a value (no cap) that wins over max_new_tokens, not "unset".
+  EXPECT_NE(help.find("0 for the rest of the context"), std::string::npos) << help;
+  EXPECT_NE(help.find("wins over the generation config's max_new_tokens"), std::string::npos)
+      << help;
+}
+
+// The JSON flags serve can check without a model are checked first: a malformed one fails at once
+// (exit 1 naming it), before the demo model is created.
+TEST(Cli, ServeChecksItsJsonFlagsBeforeCreatingTheDemoModel) {
+  TempDir cache;
+  for (const std::string flag :
+       {"--override-generation-config", "--default-chat-template-kwargs"}) {
+    CliRun r = run("serve --port 0 " + flag + " '{bad'", "DSV41_CACHE=" + cache.path(), 120);
+    EXPECT_EQ(r.code, 1) << flag << ": " << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("demo model"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(cache.path() + "/demo")) << flag;
+  }
 }
 
 }  // namespace

@@ -13,10 +13,8 @@
 #include "engine/engine.h"
 #include "engine/scripted_runner.h"
 #include "io/test_util.h"
-#include "model/convert/converter.h"
 #include "model/fast/fast_model.h"
 #include "model/reference/reference_model.h"
-#include "model/tiny_checkpoint.h"
 #include "model/tiny_converted.h"
 #include "text/tokenizer_file.h"
 
@@ -335,26 +333,31 @@ TEST(Engine, SubmissionErrorsNameTheParameter) {
   b->cancel();
 }
 
-TEST(Engine, ReferenceBackendGreedyMatchesTeacherForcedArgmax) {
-  testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/ck";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
-  EngineOptions opt;
-  opt.model_dir = mt.out_dir;
-  opt.path = "reference";
-  auto e = Engine::load(opt);
-  ASSERT_TRUE(e.is_ok()) << e.status().message();
+// What the backends' greedy tests generate: 12 greedy tokens after a short prompt, whatever the
+// random weights say (no end at an EOS).
+GenerationRequest greedy_twelve_tokens(const Engine& e) {
   GenerationRequest r;
-  r.prompt = (*e)->tokenizer().encode("hello world, the");
+  r.prompt = e.tokenizer().encode("hello world, the");
   r.sampling.temperature = 0;
   r.sampling.max_tokens = 12;
   r.sampling.ignore_eos = true;
+  return r;
+}
+
+TEST(Engine, ReferenceBackendGreedyMatchesTeacherForcedArgmax) {
+  testing::TempDir dir;
+  const std::string ck = dir.path() + "/ck";
+  ASSERT_TRUE(testing::make_tiny_official(ck).is_ok());
+  EngineOptions opt;
+  opt.model_dir = ck;
+  opt.path = "reference";
+  auto e = Engine::load(opt);
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const GenerationRequest r = greedy_twelve_tokens(**e);
   Collected c = collect(*(*e)->submit(r));
   ASSERT_EQ(c.tokens.size(), 12u);
   // Teacher-force prompt + output through the reference and take the argmax of each row.
-  auto ref = ReferenceModel<float>::load(mt.out_dir, ReferenceOptions{});
+  auto ref = ReferenceModel<float>::load(ck, ReferenceOptions{});
   ASSERT_TRUE(ref.is_ok());
   std::vector<int32_t> seq = r.prompt;
   seq.insert(seq.end(), c.tokens.begin(), c.tokens.end() - 1);
@@ -374,30 +377,20 @@ TEST(Engine, ReferenceBackendGreedyMatchesTeacherForcedArgmax) {
 // and stay close to the reference's.
 TEST(Engine, FastBackendGreedyMatchesTeacherForcedArgmax) {
   testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/ck";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
-  ConvertOptions co;
-  co.from = mt.out_dir;
-  co.to = dir.path() + "/conv";
-  ASSERT_TRUE(convert_checkpoint(co).is_ok());
+  const std::string ck = dir.path() + "/ck", conv = dir.path() + "/conv";
+  ASSERT_TRUE(testing::make_tiny_official_and_converted(ck, conv).is_ok());
   EngineOptions opt;
-  opt.model_dir = co.to;
+  opt.model_dir = conv;
   opt.fast.kv_cache_gb = 0.05;
   auto e = Engine::load(opt);
   ASSERT_TRUE(e.is_ok()) << e.status().message();
-  GenerationRequest r;
-  r.prompt = (*e)->tokenizer().encode("hello world, the");
-  r.sampling.temperature = 0;
-  r.sampling.max_tokens = 12;
-  r.sampling.ignore_eos = true;
+  const GenerationRequest r = greedy_twelve_tokens(**e);
   Collected c = collect(*(*e)->submit(r));
   ASSERT_EQ(c.tokens.size(), 12u);
   EXPECT_EQ((*e)->stats().kv_foreign_reads, 0);  // the isolation counter the server exports
   FastOptions fo;
   fo.kv_cache_bytes = 50'000'000;
-  auto fast = FastModel::load(co.to, fo);
+  auto fast = FastModel::load(conv, fo);
   ASSERT_TRUE(fast.is_ok());
   std::vector<int32_t> seq = r.prompt;
   seq.insert(seq.end(), c.tokens.begin(), c.tokens.end() - 1);
@@ -417,7 +410,7 @@ TEST(Engine, FastBackendGreedyMatchesTeacherForcedArgmax) {
   bad.path = "reference";
   EXPECT_FALSE(Engine::load(bad).is_ok());
   bad.path = "fast";
-  bad.model_dir = mt.out_dir;
+  bad.model_dir = ck;
   EXPECT_FALSE(Engine::load(bad).is_ok());
 }
 

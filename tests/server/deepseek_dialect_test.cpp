@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "server/anthropic_api.h"
 #include "server/generation_defaults.h"
@@ -604,16 +606,65 @@ TEST(DeepSeekDialect, GenerationConfigDefaultsApplyUnlessTheRequestSetsTheField)
   EXPECT_EQ(capped["choices"][0]["finish_reason"], "length");
 }
 
+// --default-max-tokens, when given, wins over the generation config's max_new_tokens in chat and
+// Responses, 0 (no cap: the rest of the context) included; not given, max_new_tokens applies.
+// /v1/models shows the default that is applied.
+TEST(DeepSeekDialect, DefaultMaxTokensFlagWinsOverTheGenerationConfigAndIsShown) {
+  SamplingDefaults d;
+  d.temperature = 0.25;
+  d.max_new_tokens = 3;
+  const std::string script = "the one and two and three";
+  const int64_t all = int64_t(tiny_tokenizer()->encode(script).size());
+  ASSERT_GT(all, 3);
+  for (const std::optional<int> flag :
+       {std::optional<int>(), std::optional<int>(2), std::optional<int>(0)}) {
+    const std::string label = flag ? "--default-max-tokens " + std::to_string(*flag) : "not given";
+    InProcess srv(dialect_engine(tiny_tokenizer(), script), [&](ServerOptions& o) {
+      o.sampling_defaults = d;
+      o.default_max_tokens = flag;
+    });
+    auto c = srv.client();
+    const int cap = !flag ? 3 : *flag;  // 0: none
+    OJson shown = dialect_json(R"({"temperature": 0.25})");
+    if (cap > 0) shown["max_new_tokens"] = cap;
+    auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models);
+    EXPECT_EQ(dialect_json(models->body)["data"][0]["default_sampling"], shown) << label;
+    const OJson chat = dialect_post(
+        c, "/v1/chat/completions",
+        R"({"model":"scripted","messages":[{"role":"user","content":"q"}],"temperature":0})");
+    EXPECT_GE(chat["usage"]["completion_tokens"], cap > 0 ? cap : all) << label;
+    EXPECT_LE(chat["usage"]["completion_tokens"], cap > 0 ? cap : all + 1) << label;  // EOS
+    EXPECT_EQ(chat["choices"][0]["finish_reason"], std::string(cap > 0 ? "length" : "stop"))
+        << label;
+    const OJson r = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q"})");
+    EXPECT_EQ(r["status"], std::string(cap > 0 ? "incomplete" : "completed")) << label;
+    if (cap > 0) EXPECT_EQ(r["usage"]["output_tokens"], cap) << label;
+  }
+}
+
+// A checkpoint directory whose generation_config.json cannot be looked up (a symlink loop on the
+// way; root sees through permissions) is an error naming the path, not an exception.
+TEST(DeepSeekDialect, GenerationConfigThatCannotBeLookedUpIsAnErrorNamingThePath) {
+  dsv41::testing::TempDir dir;
+  const std::string loop = dir.path() + "/loop";
+  std::filesystem::create_directory_symlink(loop, loop);
+  Result<SamplingDefaults> r = Status::error("not run");
+  EXPECT_NO_THROW(r = load_sampling_defaults(loop, "auto", ""));
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find(loop + "/generation_config.json"), std::string::npos)
+      << r.status().message();
+  EXPECT_TRUE(load_sampling_defaults(loop, "none", "").is_ok());  // none never looks
+}
+
 // repetition_penalty on the real binary with the checkpoint's DSpark drafter: greedy output with
 // the penalty is the same with speculation on and off, and differs from the output without it.
 // A bias makes token 500 the argmax everywhere, so without the penalty greedy repeats it and with
 // it the token comes once.
 TEST(DeepSeekDialect, RepetitionPenaltySameWithSpeculationOnAndOffOnTheRealBinary) {
   dsv41::testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/tiny";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
   const std::string base =
       R"({"model":"tiny","prompt":"hello world","max_tokens":12,"temperature":0,)"
       R"("ignore_eos":true,"return_token_ids":true)";
@@ -626,7 +677,7 @@ TEST(DeepSeekDialect, RepetitionPenaltySameWithSpeculationOnAndOffOnTheRealBinar
     ServeProcess p;
     std::vector<std::string> extra;
     if (spec) extra = {"--speculative", "dspark"};
-    ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve" + std::to_string(spec) + ".log", extra));
+    ASSERT_TRUE(p.start(tiny, dir.path() + "/serve" + std::to_string(spec) + ".log", extra));
     httplib::Client c("127.0.0.1", p.port);
     c.set_read_timeout(60, 0);
     for (const std::string& b : bodies)
@@ -657,15 +708,13 @@ TEST(DeepSeekDialect, RepetitionPenaltySameWithSpeculationOnAndOffOnTheRealBinar
 // makes copies the file beside the converted weights.
 TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
   dsv41::testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/tiny";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
   const std::string config = R"({"bos_token_id": 0, "do_sample": true, "temperature": 0.6,
       "top_p": 0.95, "max_new_tokens": 5})";
-  std::ofstream(mt.out_dir + "/generation_config.json") << config;
+  std::ofstream(tiny + "/generation_config.json") << config;
   ServeProcess p;
-  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log",
+  ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log",
                       {"--override-generation-config", R"({"top_p": 0.5, "top_k": 20})"}));
   httplib::Client c("127.0.0.1", p.port);
   c.set_read_timeout(60, 0);
@@ -681,9 +730,22 @@ TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
   kill(p.pid, SIGTERM);
   EXPECT_EQ(p.wait_exit(), 0);
-  std::ifstream copied(mt.out_dir + ".dsv41-converted/generation_config.json");
+  std::ifstream copied(tiny + ".dsv41-converted/generation_config.json");
   ASSERT_TRUE(copied.good());
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(copied), {}), config);
+  // An explicit --default-max-tokens 0 (no cap) wins over the file's max_new_tokens, and
+  // /v1/models shows no default max_tokens.
+  ServeProcess uncapped;
+  ASSERT_TRUE(uncapped.start(tiny, dir.path() + "/serve0.log", {"--default-max-tokens", "0"}));
+  httplib::Client c0("127.0.0.1", uncapped.port);
+  c0.set_read_timeout(60, 0);
+  auto models0 = c0.Get("/v1/models");
+  ASSERT_TRUE(models0);
+  EXPECT_EQ(dialect_json(models0->body)["data"][0]["default_sampling"],
+            dialect_json(R"({"temperature": 0.6, "top_p": 0.95})"))
+      << models0->body;
+  kill(uncapped.pid, SIGTERM);
+  EXPECT_EQ(uncapped.wait_exit(), 0);
 }
 
 TEST(DeepSeekDialect, OfficialClientsOnTheRealBinary) {

@@ -29,6 +29,7 @@
 #include "engine/scripted_runner.h"
 #include "io/test_util.h"
 #include "model/tiny_checkpoint.h"
+#include "model/tiny_converted.h"
 #include "server/generation_protocol.h"
 #include "server/http_server.h"
 #include "text/chat.h"
@@ -458,12 +459,10 @@ inline void expect_node_client_passes(int port, const std::string& model, const 
 // then SIGTERM must end it with status 0.
 inline void expect_node_client_passes_on_real_binary(const std::string& script) {
   dsv41::testing::TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/tiny";
-  mt.preset = "tiny";
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
   ServeProcess p;
-  ASSERT_TRUE(p.start(mt.out_dir, dir.path() + "/serve.log"));
+  ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log"));
   expect_node_client_passes(p.port, "tiny", "basic", script);
   kill(p.pid, SIGTERM);
   EXPECT_EQ(p.wait_exit(), 0);

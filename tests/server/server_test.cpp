@@ -1214,10 +1214,7 @@ class RealServer : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
-    MakeTinyOptions mt;
-    mt.out_dir = dir_->path() + "/tiny";
-    mt.preset = "tiny";
-    ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
+    ASSERT_TRUE(testing::make_tiny_official(dir_->path() + "/tiny").is_ok());
   }
   static void TearDownTestSuite() { delete dir_; }
   static testing::TempDir* dir_;

@@ -3,7 +3,8 @@
 // one; in chat completions, Messages and Responses the streamed argument pieces arrive in several
 // events and concatenate to the whole response's arguments byte for byte. The same server then
 // answers the official clients (tests/js/tool_stream_test.mjs). A call that began streaming and
-// then proved malformed ends, in every API, as the whole response says.
+// then proved malformed ends, in every API, as the whole response says, and the stream numbers the
+// calls after it on from it.
 #include <gtest/gtest.h>
 
 #include "server_harness.h"
@@ -48,6 +49,22 @@ struct ToolServer {
     return std::move(*e);
   }
 };
+
+// Chat completions, Messages and Responses, whose writers the tests drive directly.
+std::vector<std::unique_ptr<GenerationApi>> three_apis() {
+  std::vector<std::unique_ptr<GenerationApi>> apis;
+  apis.push_back(openai_chat_api());
+  apis.push_back(anthropic_messages_api());
+  apis.push_back(openai_responses_api());
+  return apis;
+}
+
+// A chat job that extracts tool calls, the model answering without thinking.
+GenerationJob tools_job_thinking_off() {
+  GenerationJob job = reasoning_tools_job();
+  job.thinking = false;
+  return job;
+}
 
 TEST(ToolStream, ArgumentsStreamInPiecesThatConcatenateToTheWholeArgumentsInEveryApi) {
   ToolServer server({{"1", "write_file", stream_args()}});
@@ -138,13 +155,8 @@ TEST(ToolStream, ACallThatProvesMalformedAfterItBeganEndsAsTheWholeResponseSays)
       "calls>";
   const std::string begun_args = R"({"a": "abc")";
   const auto tok = tiny_tokenizer();
-  GenerationJob job = reasoning_tools_job();
-  job.thinking = false;
-  std::vector<std::unique_ptr<GenerationApi>> apis;
-  apis.push_back(openai_chat_api());
-  apis.push_back(anthropic_messages_api());
-  apis.push_back(openai_responses_api());
-  for (const auto& api : apis) {
+  const GenerationJob job = tools_job_thinking_off();
+  for (const auto& api : three_apis()) {
     const std::string name = api->endpoint();
     const OJson whole = whole_body(*api, job, *tok, whole_output(text));
     std::string content;  // the whole response's text
@@ -221,6 +233,72 @@ TEST(ToolStream, ACallThatProvesMalformedAfterItBeganEndsAsTheWholeResponseSays)
                      : name == "/v1/messages"       ? "end_turn"
                                                     : "completed")
           << label;
+    }
+  }
+}
+
+// A call after one that began streaming and then proved malformed: the aborted call keeps its
+// place in the stream's numbering, so the later call's index and ids are not the whole response's
+// (docs/server.md says which). Chat: the stream counts every call that began, the whole response
+// the complete ones. Messages and Responses: the stream's blocks (items) are the aborted call's
+// and the malformed text's own after it, where the whole response has that text in the text
+// block before.
+TEST(ToolStream, ACallAfterAnAbortedOneIsNumberedOnInTheStream) {
+  const std::string text =
+      "Let me check.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"w\">\n<｜DSML｜ parameter "
+      "name=\"a\" string=\"true\">abc</｜DSML｜ parameter>\noops</｜DSML｜ invoke>\n<｜DSML｜ "
+      "invoke name=\"v\">\n<｜DSML｜ parameter name=\"b\" string=\"true\">x</｜DSML｜ "
+      "parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  const auto tok = tiny_tokenizer();
+  const GenerationJob job = tools_job_thinking_off();
+  for (const auto& api : three_apis()) {
+    const std::string name = api->endpoint();
+    const OJson whole = whole_body(*api, job, *tok, whole_output(text));
+    // The later call "v" as the whole response numbers it, and as the stream must: its index
+    // (block, output item) and its ids.
+    OJson whole_v, streamed_v;
+    if (name == "/v1/chat/completions") {
+      ASSERT_EQ(whole["choices"][0]["message"]["tool_calls"].size(), 1u) << whole.dump();
+      whole_v = whole["choices"][0]["message"]["tool_calls"][0];
+      EXPECT_EQ(whole_v["id"], "call_chatcmpl-x_0");
+      streamed_v = {{"index", 1}, {"id", "call_chatcmpl-x_1"}};
+    } else if (name == "/v1/messages") {
+      ASSERT_EQ(whole["content"].size(), 2u) << whole.dump();
+      whole_v = whole["content"][1];
+      EXPECT_EQ(whole_v["id"], "toolu_x_1");
+      streamed_v = {{"index", 3}, {"id", "toolu_x_3"}};
+    } else {
+      ASSERT_EQ(whole["output"].size(), 2u) << whole.dump();
+      whole_v = whole["output"][1];
+      EXPECT_EQ(whole_v["id"], "fc_x_1");
+      EXPECT_EQ(whole_v["call_id"], "call_x_1");
+      streamed_v = {{"index", 3}, {"id", "fc_x_3"}, {"call_id", "call_x_3"}};
+    }
+    EXPECT_EQ(whole_v.contains("function") ? whole_v["function"]["name"] : whole_v["name"], "v");
+    Rng rng(36);
+    for (int trial = 0; trial < 20; ++trial) {
+      const std::string label = name + " trial " + std::to_string(trial);
+      auto s = api->writer(job, *tok, "x", 0);
+      std::string body;
+      for (const std::string& f : stream_in_chunks(*s, text, trial, rng)) body += f;
+      std::vector<OJson> opened;  // each call as it opened: its index and ids
+      for (const OJson& p : sse_payloads(body)) {
+        if (name == "/v1/chat/completions") {
+          if (p["choices"].empty() || !p["choices"][0]["delta"].contains("tool_calls")) continue;
+          const OJson& c = p["choices"][0]["delta"]["tool_calls"][0];
+          if (c.contains("id")) opened.push_back({{"index", c["index"]}, {"id", c["id"]}});
+        } else if (name == "/v1/messages") {
+          if (p["type"] == "content_block_start" && p["content_block"]["type"] == "tool_use")
+            opened.push_back({{"index", p["index"]}, {"id", p["content_block"]["id"]}});
+        } else if (p["type"] == "response.output_item.added" &&
+                   p["item"]["type"] == "function_call") {
+          opened.push_back({{"index", p["output_index"]},
+                            {"id", p["item"]["id"]},
+                            {"call_id", p["item"]["call_id"]}});
+        }
+      }
+      ASSERT_EQ(opened.size(), 2u) << label << "\n" << body;  // the aborted call "w", then "v"
+      EXPECT_EQ(opened[1], streamed_v) << label;
     }
   }
 }

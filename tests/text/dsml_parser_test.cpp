@@ -299,15 +299,32 @@ TEST(Dsml, MalformedBlockThenARealOneGivesTheSameInEveryChunking) {
 }
 
 // A stream's tool calls as a client sees them: per call its name, the concatenated argument pieces
-// and how many pieces came; the complete calls; the aborted ones.
+// and how many pieces came; the complete calls; the aborted ones. It owns the (non-thinking) parser
+// the test feeds, and takes the events after each piece.
 struct StreamedCalls {
+  AssistantStreamParser parser{false};
   std::vector<std::string> names, texts;
   std::vector<int> pieces;
   std::vector<DsmlToolCall> calls;
   int aborts = 0;
   std::string content;
-  void take(std::vector<AssistantEvent>& events) {
-    for (auto& e : events) {
+
+  void feed(std::string_view text) {
+    parser.feed(text, events_);
+    take();
+  }
+  void feed_bytes(std::string_view text) {
+    for (char c : text) feed(std::string_view(&c, 1));
+  }
+  void finish() {
+    parser.finish(events_);
+    take();
+  }
+
+ private:
+  std::vector<AssistantEvent> events_;
+  void take() {
+    for (auto& e : events_) {
       switch (e.kind) {
         case AssistantEvent::Kind::kToolCallBegin:
           names.push_back(e.call.name);
@@ -333,7 +350,7 @@ struct StreamedCalls {
           break;
       }
     }
-    events.clear();
+    events_.clear();
   }
 };
 
@@ -361,21 +378,14 @@ TEST(Dsml, ToolArgumentsStreamPieceByPieceAndConcatenateToTheWholeArguments) {
   ASSERT_EQ(whole.tool_calls.size(), 2u);
   // Every split point in two, then byte by byte.
   for (std::size_t split = 0; split <= gen.size() + 1; ++split) {
-    AssistantStreamParser parser(false);
-    std::vector<AssistantEvent> events;
     StreamedCalls s;
     if (split <= gen.size()) {
-      parser.feed(std::string_view(gen).substr(0, split), events);
-      s.take(events);
-      parser.feed(std::string_view(gen).substr(split), events);
+      s.feed(std::string_view(gen).substr(0, split));
+      s.feed(std::string_view(gen).substr(split));
     } else {
-      for (char c : gen) {
-        parser.feed(std::string_view(&c, 1), events);
-        s.take(events);
-      }
+      s.feed_bytes(gen);
     }
-    parser.finish(events);
-    s.take(events);
+    s.finish();
     const std::string label = "split " + std::to_string(split);
     ASSERT_EQ(s.calls.size(), 2u) << label;
     ASSERT_EQ(s.names.size(), 2u) << label;
@@ -397,19 +407,15 @@ TEST(Dsml, ToolArgumentsStreamBeforeTheInvokeCloses) {
       "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"w\">\n<｜DSML｜ parameter name=\"n\" "
       "string=\"false\">{ \"a\" :  1.50 }</｜DSML｜ parameter>\n<｜DSML｜ parameter "
       "name=\"text\" string=\"true\">say \"hi\"</｜DSML｜ par";
-  AssistantStreamParser parser(false);
-  std::vector<AssistantEvent> events;
   StreamedCalls s;
-  parser.feed(head, events);
-  s.take(events);
+  s.feed(head);
   ASSERT_EQ(s.names, std::vector<std::string>{"w"});
   // The raw JSON value re-serialised when it closed; the string's text so far, the look-alike of
   // the closing tag held back.
   EXPECT_EQ(s.texts[0], R"({"n": {"a": 1.5}, "text": "say \"hi\")");
   EXPECT_TRUE(s.calls.empty());
-  parser.feed("se>x</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>", events);
-  parser.finish(events);
-  s.take(events);
+  s.feed("se>x</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
+  s.finish();
   ASSERT_EQ(s.calls.size(), 1u);
   EXPECT_EQ(s.texts[0], R"({"n": {"a": 1.5}, "text": "say \"hi\"</｜DSML｜ parse>x"})");
   EXPECT_EQ(s.calls[0].arguments_json(), s.texts[0]);
@@ -423,32 +429,23 @@ TEST(Dsml, ToolCallCutOrMalformedAfterItBeganIsAborted) {
       "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"w\">\n<｜DSML｜ parameter name=\"a\" "
       "string=\"true\">abc</｜DSML｜ parameter>\n";
   {
-    AssistantStreamParser parser(false);
-    std::vector<AssistantEvent> events;
     StreamedCalls s;
-    parser.feed(open, events);
-    parser.finish(events);
-    s.take(events);
+    s.feed(open);
+    s.finish();
     EXPECT_EQ(s.names.size(), 1u);
     EXPECT_EQ(s.aborts, 1);
     EXPECT_TRUE(s.calls.empty());
-    EXPECT_TRUE(parser.calls_truncated());
+    EXPECT_TRUE(s.parser.calls_truncated());
   }
   {
     const std::string gen = open + "junk</｜DSML｜ invoke>\n</｜DSML｜ calls>";
-    AssistantStreamParser parser(false);
-    std::vector<AssistantEvent> events;
     StreamedCalls s;
-    for (char c : gen) {
-      parser.feed(std::string_view(&c, 1), events);
-      s.take(events);
-    }
-    parser.finish(events);
-    s.take(events);
+    s.feed_bytes(gen);
+    s.finish();
     EXPECT_EQ(s.aborts, 1);
     EXPECT_TRUE(s.calls.empty());
     EXPECT_EQ(s.content, parse_assistant_text(gen, false).content);
-    EXPECT_EQ(parser.malformed_calls(), 1);
+    EXPECT_EQ(s.parser.malformed_calls(), 1);
   }
 }
 
@@ -547,13 +544,10 @@ TEST(Dsml, ToolArgumentsStreamTheSameInAnyChunking) {
 TEST(Dsml, SingleCallDropsTheLaterCallsEvents) {
   const Turn t{"", "", {{"a", R"({"x": 1})"}, {"b", R"({"y": "z"})"}}};
   const std::string gen = generated_text(t, false);
-  AssistantStreamParser parser(false);
-  parser.set_single_call(true);
-  std::vector<AssistantEvent> events;
   StreamedCalls s;
-  parser.feed(gen, events);
-  parser.finish(events);
-  s.take(events);
+  s.parser.set_single_call(true);
+  s.feed(gen);
+  s.finish();
   EXPECT_EQ(s.names, std::vector<std::string>{"a"});
   ASSERT_EQ(s.calls.size(), 1u);
   EXPECT_EQ(s.texts[0], R"({"x": 1})");
