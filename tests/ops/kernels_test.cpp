@@ -1066,10 +1066,10 @@ TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
     std::vector<int64_t> ms;
   };
   // (160 rows: 80 gate/up pairs, past aq_mxfp4_gate_up's 64 pairs a pass)
-  const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 7, 16, 64, 500}},
-                                     {160, 128, {1, 2, 7, 64}},
-                                     {64, 2304, {1, 2, 3, 7, 16, 64}},
-                                     {22, 5120, {1, 3, 7, 16, 500}},
+  const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                     {160, 128, {1, 2, 5, 7, 64}},
+                                     {64, 2304, {1, 2, 3, 4, 6, 7, 16, 64}},
+                                     {22, 5120, {1, 3, 5, 7, 16, 500}},
                                      {18, 96, {1, 2, 7, 16}},
                                      {10, 32, {1, 3, 7}}};
   for (const auto& sh : shapes) {

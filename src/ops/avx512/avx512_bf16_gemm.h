@@ -587,6 +587,50 @@ inline void aq4_direct_tile(const AqFp4Decoder& dec, const uint8_t* w, const uin
     for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
 }
 
+// Straight from memory for 3-6 tokens: R rows x NT tokens, each 64 bytes of a row decoded once and
+// run over the NT tokens, whose activations are loaded from L1 where they are used (preloading
+// them, as aq4_direct_tile does for 1-2 tokens, does not fit the registers from 3 tokens on).
+// The same sequence per (row, token) as aq4_direct_tile and the panel tiles. 16 streams give each
+// expert about two tokens, many 3-6, which went through the panel path (decode into L1, 4 x 3
+// tiles) or, at 3, a tile that spilled. Real-shape, avx512_bf16, alternated: `bench kernels` a
+// 6-token call 2.97-3.45x -> 2.23-2.76x one token's time; 16-stream decode 695-750 -> 531-547 ms
+// a step.
+#ifndef DSV41_AQ4_WIDE_ROWS
+#define DSV41_AQ4_WIDE_ROWS 2
+#endif
+constexpr int kAq4WideRows = DSV41_AQ4_WIDE_ROWS;
+constexpr int64_t kAq4DirectMaxTokens = 6;
+template <int R, int NT>
+inline void aq4_direct_tile_wide(const AqFp4Decoder& dec, const uint8_t* w, const uint8_t* scale,
+                                 int64_t in, const uint16_t* xp, int64_t xst, float* y,
+                                 int64_t ldy) {
+  const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < st; c += 128) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = w + r * rb;
+      _mm_prefetch(reinterpret_cast<const char*>(row + c / 2 + kAqPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + c / 2 + R * rb), _MM_HINT_T1);
+      __m512i wv[4];
+      dec.decode(aq_load_bytes(row + c / 2, rb - c / 2), wv);
+      const __m512 sc = dec.scales(scale + r * nblocks, nblocks, c / 128);
+      for (int t = 0; t < NT; ++t) {
+        const uint16_t* xt = xp + t * xst + c;
+        __m512 tmp =
+            _mm512_dpbf16_ps(_mm512_setzero_ps(), as_bh(wv[0]), as_bh(_mm512_loadu_si512(xt)));
+        tmp = _mm512_dpbf16_ps(tmp, as_bh(wv[1]), as_bh(_mm512_loadu_si512(xt + 32)));
+        tmp = _mm512_dpbf16_ps(tmp, as_bh(wv[2]), as_bh(_mm512_loadu_si512(xt + 64)));
+        tmp = _mm512_dpbf16_ps(tmp, as_bh(wv[3]), as_bh(_mm512_loadu_si512(xt + 96)));
+        acc[r][t] = _mm512_fmadd_ps(tmp, sc, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
+}
+
 // The panel of R rows: their unscaled words (R x st, the decoders' order), then their chunk scales
 // (R x st / 128 vectors of 16 floats).
 template <int R>
@@ -754,19 +798,32 @@ inline void aq_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t o
                                const uint16_t* xp, int64_t ntok, float* y, int64_t ldy) {
   const AqFp4Decoder dec;
   const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
-  if (ntok <= kAqDirectMaxTokens) {
-    auto rows = [&]<int NT>(const uint16_t* xt, float* yt) {
-      constexpr int R = NT == 1 ? kAqDirectRows1 : NT == 2 ? kAqDirectRows2 : 4;
+  if (ntok <= 2) {  // the activations preloaded in registers
+    auto rows = [&]<int NT>() {
+      constexpr int R = NT == 1 ? kAqDirectRows1 : kAqDirectRows2;
       int64_t r = 0;
       for (; r + R <= out; r += R)
-        aq4_direct_tile<R, NT>(dec, w + r * rb, scale + r * nblocks, in, xt, st, yt + r, ldy);
+        aq4_direct_tile<R, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
       for (; r < out; ++r)
-        aq4_direct_tile<1, NT>(dec, w + r * rb, scale + r * nblocks, in, xt, st, yt + r, ldy);
+        aq4_direct_tile<1, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
     };
-    int64_t t = 0;
-    for (; t + 3 <= ntok; t += 3) rows.template operator()<3>(xp + t * st, y + t * ldy);
-    if (ntok - t == 2) rows.template operator()<2>(xp + t * st, y + t * ldy);
-    if (ntok - t == 1) rows.template operator()<1>(xp + t * st, y + t * ldy);
+    if (ntok == 1) rows.template operator()<1>();
+    if (ntok == 2) rows.template operator()<2>();
+    return;
+  }
+  if (ntok <= kAq4DirectMaxTokens) {  // 3-6 tokens: one pass over the weights
+    auto rows = [&]<int NT>() {
+      constexpr int R = kAq4WideRows;
+      int64_t r = 0;
+      for (; r + R <= out; r += R)
+        aq4_direct_tile_wide<R, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
+      for (; r < out; ++r)
+        aq4_direct_tile_wide<1, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
+    };
+    if (ntok == 3) rows.template operator()<3>();
+    if (ntok == 4) rows.template operator()<4>();
+    if (ntok == 5) rows.template operator()<5>();
+    if (ntok == 6) rows.template operator()<6>();
     return;
   }
   // A group of kAqGroupRows rows decoded once per token block: 4-row panels of words and their
