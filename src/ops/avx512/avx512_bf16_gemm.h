@@ -262,6 +262,39 @@ inline void aq_direct_tile(const AqDecoder& dec, const uint8_t* w, int64_t in, c
     for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
 }
 
+// Straight from memory for 4-6 tokens (as aq4_direct_tile_wide for MXFP4): R rows x NT tokens,
+// 64 bytes of each row decoded once for all NT tokens, whose activations are loaded from L1 where
+// they are used (NT x 2 preloaded vectors and R x NT accumulators do not fit the registers); the
+// same dot sequence per (row, token) as aq_direct_tile.
+constexpr int kAqWideRows = 2;
+constexpr int64_t kAqWideMaxTokens = 6;
+template <int R, int NT>
+inline void aq_direct_tile_wide(const AqDecoder& dec, const uint8_t* w, int64_t in,
+                                const uint8_t* srow, const uint16_t* xp, int64_t xst, float* y,
+                                int64_t ldy) {
+  const int64_t st = aq_act_stride_impl(in, AqFormat::kFp8), nblocks = (in + 31) / 32;
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < st; c += 64) {
+    const __m512i add = aq_scale_add(srow, nblocks, c / 64);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* row = w + r * in;
+      _mm_prefetch(reinterpret_cast<const char*>(row + c + kAqPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + c + R * in), _MM_HINT_T1);  // next tile
+      __m512i w0, w1;
+      dec.decode(aq_load_bytes(row + c, in - c), add, w0, w1);
+      for (int t = 0; t < NT; ++t) {
+        const uint16_t* xt = xp + t * xst + c;
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w0), as_bh(_mm512_loadu_si512(xt)));
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w1), as_bh(_mm512_loadu_si512(xt + 32)));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
+}
+
 // R rows of one scale group decoded into a bf16 panel (R x st words, the decoder's order). The
 // rows come from memory once per token block: prefetched as the direct tiles do (the panel
 // GEMMs at 16-100 tokens ran 5-15% faster with it, two Zen 5 threads, cold weights).
@@ -460,6 +493,24 @@ inline void aq_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out
                              const uint16_t* xp, int64_t ntok, float* y, int64_t ldy) {
   const AqDecoder dec;
   const int64_t st = aq_act_stride_impl(in, AqFormat::kFp8), sin = (in + 31) / 32;
+  if (ntok > kAqDirectMaxTokens && ntok <= kAqWideMaxTokens) {  // one pass over the weights
+    auto groups = [&]<int NT>() {
+      for (int64_t g = 0; g * 32 < out; ++g) {
+        const int64_t o0 = g * 32, nrows = std::min<int64_t>(out, o0 + 32) - o0;
+        const uint8_t* wg = w + o0 * in;
+        const uint8_t* srow = scale + g * sin;
+        int64_t r = 0;
+        for (; r + kAqWideRows <= nrows; r += kAqWideRows)
+          aq_direct_tile_wide<kAqWideRows, NT>(dec, wg + r * in, in, srow, xp, st, y + o0 + r, ldy);
+        for (; r < nrows; ++r)
+          aq_direct_tile_wide<1, NT>(dec, wg + r * in, in, srow, xp, st, y + o0 + r, ldy);
+      }
+    };
+    if (ntok == 4) groups.template operator()<4>();
+    if (ntok == 5) groups.template operator()<5>();
+    if (ntok == 6) groups.template operator()<6>();
+    return;
+  }
   if (ntok <= kAqDirectMaxTokens) {
     for (int64_t g = 0; g * 32 < out; ++g) {
       const int64_t o0 = g * 32, nrows = std::min<int64_t>(out, o0 + 32) - o0;
