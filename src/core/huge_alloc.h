@@ -17,6 +17,7 @@ namespace dsv41 {
 template <typename T>
 struct HugePageAllocator {
   using value_type = T;
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "small blocks use operator new");
   static constexpr std::size_t kHuge = std::size_t(2) << 20;
 
   HugePageAllocator() = default;

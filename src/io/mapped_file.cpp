@@ -70,6 +70,7 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
 }
 
 void MappedFile::release(const uint8_t* ptr, std::size_t len) const {
+  DSV41_CHECK_MSG(!moved_.load(), "release() after make_resident_huge() would drop the copy");
   const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
   const uintptr_t b = (uintptr_t(ptr) + page - 1) & ~(page - 1),
                   e = (uintptr_t(ptr) + len) & ~(page - 1);
@@ -83,7 +84,10 @@ Result<std::size_t> MappedFile::make_resident_huge(const uint8_t* ptr, std::size
   if (e <= b) return std::size_t(0);
   const std::size_t n = e - b;
   const auto off = off_t(b - uintptr_t(data_));
-  // Open the file again before touching the mapping, so any failure leaves the range as it was.
+  // Open the file again before touching the mapping; once it is touched, any failure maps the
+  // file back over the range (a failed MAP_FIXED may already have removed the old mapping on
+  // older kernels), so the range reads the file's bytes again; if even that fails the mapping is
+  // unusable and the process stops.
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::error(path_ + ": cannot open again: " + std::strerror(errno));
   struct stat st {};
@@ -94,8 +98,13 @@ Result<std::size_t> MappedFile::make_resident_huge(const uint8_t* ptr, std::size
   }
   void* a = ::mmap(reinterpret_cast<void*>(b), n, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  auto map_back = [&] {
+    void* back = ::mmap(reinterpret_cast<void*>(b), n, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, off);
+    DSV41_CHECK_MSG(back != MAP_FAILED, path_.c_str());
+  };
   if (a == MAP_FAILED) {
     const int err = errno;
+    map_back();
     ::close(fd);
     return Status::error(path_ + ": cannot map memory for a huge-page copy: " + std::strerror(err));
   }
@@ -111,14 +120,14 @@ Result<std::size_t> MappedFile::make_resident_huge(const uint8_t* ptr, std::size
     }
     got += std::size_t(r);
   }
-  // On failure the range holds part of a copy: map the file back over it, as it was.
-  if (!failure.empty()) ::mmap(a, n, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, off);
+  if (!failure.empty()) map_back();  // the range held part of a copy
   ::close(fd);
   if (!failure.empty()) {
     return Status::error(path_ + ": reading bytes " + std::to_string(off) + ".." +
                          std::to_string(off + off_t(n)) + " again: " + failure);
   }
   ::mprotect(a, n, PROT_READ);
+  moved_.store(true);
   return n;
 }
 

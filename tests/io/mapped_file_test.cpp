@@ -79,6 +79,8 @@ TEST(MappedFile, HugePageCopyKeepsTheBytesAndMovesOnlyWholeHugePages) {
   ASSERT_TRUE(none);
   EXPECT_EQ(*none, 0u);
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(base), n), bytes);
+  // Dropping pages of a file whose pages were copied would drop the copy: a programmer error.
+  EXPECT_DEATH((*f)->release(base + kHuge, kHuge), "make_resident_huge");
 }
 
 TEST(MappedFile, HugePageCopyRefusesAFileReplacedSinceItWasMapped) {

@@ -991,9 +991,9 @@ std::vector<double> mxfp4_term_sums(const std::vector<uint8_t>& w, const std::ve
 
 // The act-quant GEMM (aq_fp8_gemm, tiers with a bf16 dot): on E4M3-rounded activations every
 // product is exact, so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV)
-// up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 7, 16, 64,
-// 500} (direct and panel paths, token blocks, tiles with remainders), rows past the tiles'
-// multiples, widths with a tail inside a 32-block and past the last 64-value chunk.
+// up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 4, 5, 6, 7,
+// 16, 64, 500} (direct, wide and panel paths, token blocks, tiles with remainders), rows past the
+// tiles' multiples, widths with a tail inside a 32-block and past the last 64-value chunk.
 TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
   if (!k_->aq_fp8_gemm) GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
   ASSERT_TRUE(k_->aq_pack_act && k_->aq_act_stride && k_->aq_mxfp4_gemm && k_->aq_mxfp4_gate_up);
@@ -1007,7 +1007,7 @@ TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
                                      {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
                                      {40, 5120, {1, 2, 5, 7, 16, 500}},
                                      {35, 4096 + 40, {1, 3, 16}},
-                                     {3, 7, {1, 2, 7}},
+                                     {3, 7, {1, 2, 4, 5, 6, 7}},
                                      {8, 1280 + 32, {1, 7, 64}}};
   for (const auto& sh : shapes) {
     const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;
@@ -1070,7 +1070,8 @@ TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
                                      {160, 128, {1, 2, 5, 7, 64}},
                                      {64, 2304, {1, 2, 3, 4, 6, 7, 16, 64}},
                                      {22, 5120, {1, 3, 5, 7, 16, 500}},
-                                     {18, 96, {1, 2, 7, 16}},
+                                     {18, 96, {1, 2, 4, 6, 7, 16}},
+                                     {35, 96, {3, 4, 5, 6}},
                                      {10, 32, {1, 3, 7}}};
   for (const auto& sh : shapes) {
     const int64_t out = sh.out, in = sh.in;

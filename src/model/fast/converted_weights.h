@@ -44,10 +44,11 @@ class ConvertedWeights {
   // first steps do not fault the weights in from disk one page at a time; logs progress.
   // huge_pages: first the whole 2 MB pages of the ranges are replaced in place by copies on
   // transparent huge pages (MappedFile::make_resident_huge; skipped, with the reason logged, when
-  // the kernel has THP off or MemAvailable cannot hold the copy). One-token decode reads every
-  // weight once per step: with 4 KB pages each new page of a stream is a TLB miss, and the
-  // kernels ran 1.5-2.5x slower (real-shape preset, docs/perf.md). Then one byte of every page is
-  // read. Returns the bytes touched and the bytes moved to huge pages.
+  // the kernel has THP off or MemAvailable cannot hold the copy; a range whose copy fails stays
+  // file-mapped, logged). One-token decode reads every weight once per step: with 4 KB pages each
+  // new page of a stream is a TLB miss (real-shape one-stream steps ran 3-5x longer file-mapped,
+  // docs/perf.md). Then one byte of every page is read. Returns the bytes touched and the bytes
+  // moved to huge pages (merged gaps between ranges included).
   using Range = std::pair<const uint8_t*, uint64_t>;
   struct Warmed {
     uint64_t touched = 0, huge = 0;

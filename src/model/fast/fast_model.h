@@ -40,8 +40,8 @@ struct FastOptions {
   // Fault every weight page in at load (the Engram tables excepted), so steps do not wait on disk.
   bool warm = false;
   // With warm: the weights this process reads are first copied in place onto transparent huge
-  // pages (ConvertedWeights::warm): fewer TLB misses, one-token decode up to 2x faster on the
-  // real-shape preset (docs/perf.md). Off: they are read through the file mapping (shared with
+  // pages (ConvertedWeights::warm): fewer TLB misses, one-token decode several times faster on
+  // the real-shape preset (docs/perf.md). Off: they are read through the file mapping (shared with
   // the page cache, no copy at load).
   bool huge_pages = true;
   // Load the DSpark drafter (mtp.* stages): every step then also writes each stage's window row
@@ -97,7 +97,9 @@ struct FastStats {
   // Split over processes: the weight bytes this process reads (its share; the Engram tables are
   // not counted: only hashed rows are read), the collectives it took part in and their payload.
   int64_t share_weight_bytes = 0;
-  int64_t huge_page_weight_bytes = 0;  // of them, copied onto transparent huge pages at load
+  // Copied onto transparent huge pages at load (the share's whole 2 MB pages and the gaps of less
+  // than 2 MB between its ranges).
+  int64_t huge_page_weight_bytes = 0;
   int64_t collectives = 0, collective_bytes = 0;
   int64_t replayed_slices = 0;  // slices that ran the decoder on their last window + margin only
   int64_t replay_skipped_rows = 0;  // token rows the decoder layers did not run on

@@ -8,7 +8,7 @@
 //     acc = vdpbf16ps(acc, W[o, c], X[t, c])        (16 lanes, each adds 2 products)
 //   y[t, o] = the fixed horizontal sum of acc's 16 lanes.
 // That sequence is the same whatever the number of tokens M, the tile that holds (o, t), or the
-// path (weights decoded straight from memory for M <= 3, through a bf16 panel for more), so every
+// path (weights decoded straight from memory for M <= 6, through a bf16 panel for more), so every
 // token gets the same bits alone or among 499 others (batch invariance by construction, not by a
 // GEMV shape). vdpbf16ps treats bf16 denormal inputs as zero and flushes denormal results:
 // act-quant activations are never denormal (at least 2^-31: scale 2^-22 times the E4M3 step
@@ -38,7 +38,8 @@
 namespace dsv41::ops {
 namespace {
 
-// Rows per tile straight from memory (one and two tokens; three: 4) and the software prefetch
+// Rows per tile straight from memory (one and two tokens; FP8 three: 4; the wide tiles for more:
+// 2) and the software prefetch
 // distance in each row's stream. Measured on Zen 5: one thread streaming 168-335 MB of weights
 // gained from more concurrent row streams (FP8 one token 14 GB/s at 4 rows, 21 at 8, 23-26 at 16),
 // but with both threads streaming (`bench kernels`, one run each) 16 one-token rows took 1.4-1.6x
