@@ -18,6 +18,7 @@
 #include "model/convert/converter.h"
 #include "model/reference/reference_runner.h"
 #include "model/tiny_checkpoint.h"
+#include "model/tiny_converted.h"
 
 // Counts heap allocations of this test program (the hot-path test reads the counter). Every
 // unaligned form is replaced, plain and array, throwing and nothrow (std::stable_sort's buffer is a
@@ -380,15 +381,10 @@ TEST(FastModel, BatchInvariantBitForBit) {
 // small preset, whose expert files hold whole 2 MB pages (the tiny one's files are smaller).
 TEST(FastModel, HugePageWeightsGiveTheLogitsOfFileMappedOnes) {
   TempDir dir;
-  MakeTinyOptions mt;
-  mt.out_dir = dir.path() + "/m";
-  mt.preset = "small";
-  mt.seed = 5;
-  ASSERT_TRUE(make_tiny_checkpoint(mt).is_ok());
-  ConvertOptions co;
-  co.from = mt.out_dir;
-  co.to = dir.path() + "/c";
-  ASSERT_TRUE(convert_checkpoint(co).is_ok());
+  const std::string converted = dir.path() + "/c";
+  const Status made =
+      testing::make_tiny_official_and_converted(dir.path() + "/m", converted, 5, "small");
+  ASSERT_TRUE(made.is_ok()) << made.message();
   std::vector<float> logits[2];
   int64_t huge[2] = {0, 0};
   for (int on : {0, 1}) {
@@ -397,7 +393,7 @@ TEST(FastModel, HugePageWeightsGiveTheLogitsOfFileMappedOnes) {
     o.huge_pages = on == 1;
     o.act_quant = true;
     o.kv_cache_bytes = int64_t(64) << 20;
-    auto m = FastModel::load(co.to, o);
+    auto m = FastModel::load(converted, o);
     ASSERT_TRUE(m.is_ok()) << m.status().message();
     logits[on] = run(**m, 1, random_tokens(11, 9, int32_t((*m)->vocab_size())), 4);
     huge[on] = (*m)->stats().huge_page_weight_bytes;

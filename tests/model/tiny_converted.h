@@ -15,18 +15,20 @@ namespace dsv41::testing {
 
 // The official-layout checkpoint at `out_dir`: what the reference path and `dsv41 serve` (which
 // converts it itself) take as it is.
-inline Status make_tiny_official(const std::string& out_dir, uint64_t seed = 0) {
+inline Status make_tiny_official(const std::string& out_dir, uint64_t seed = 0,
+                                 const std::string& preset = "tiny") {
   MakeTinyOptions mt;
   mt.out_dir = out_dir;
-  mt.preset = "tiny";
+  mt.preset = preset;
   mt.seed = seed;
   return make_tiny_checkpoint(mt).status();
 }
 
 // The official checkpoint at `official` and its conversion at `converted`.
 inline Status make_tiny_official_and_converted(const std::string& official,
-                                               const std::string& converted, uint64_t seed = 0) {
-  DSV41_RETURN_IF_ERROR(make_tiny_official(official, seed));
+                                               const std::string& converted, uint64_t seed = 0,
+                                               const std::string& preset = "tiny") {
+  DSV41_RETURN_IF_ERROR(make_tiny_official(official, seed, preset));
   ConvertOptions co;
   co.from = official;
   co.to = converted;

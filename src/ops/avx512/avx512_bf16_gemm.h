@@ -850,28 +850,24 @@ inline void aq_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t o
                                const uint16_t* xp, int64_t ntok, float* y, int64_t ldy) {
   const AqFp4Decoder dec;
   const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
-  if (ntok <= 2) {  // the activations preloaded in registers
+  if (ntok <= kAq4DirectMaxTokens) {  // one pass over the weights: R-row tiles, then single rows
     auto rows = [&]<int NT>() {
-      constexpr int R = NT == 1 ? kAqDirectRows1 : kAqDirectRows2;
+      // 1-2 tokens with their activations preloaded in registers, 3-6 loading them from L1.
+      constexpr bool wide = NT > 2;
+      constexpr int R = wide ? kAq4WideRows : NT == 1 ? kAqDirectRows1 : kAqDirectRows2;
+      auto tile = [&]<int RR>(int64_t r) {
+        if constexpr (wide)
+          aq4_direct_tile_wide<RR, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r,
+                                       ldy);
+        else
+          aq4_direct_tile<RR, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
+      };
       int64_t r = 0;
-      for (; r + R <= out; r += R)
-        aq4_direct_tile<R, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
-      for (; r < out; ++r)
-        aq4_direct_tile<1, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
+      for (; r + R <= out; r += R) tile.template operator()<R>(r);
+      for (; r < out; ++r) tile.template operator()<1>(r);
     };
     if (ntok == 1) rows.template operator()<1>();
     if (ntok == 2) rows.template operator()<2>();
-    return;
-  }
-  if (ntok <= kAq4DirectMaxTokens) {  // 3-6 tokens: one pass over the weights
-    auto rows = [&]<int NT>() {
-      constexpr int R = kAq4WideRows;
-      int64_t r = 0;
-      for (; r + R <= out; r += R)
-        aq4_direct_tile_wide<R, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
-      for (; r < out; ++r)
-        aq4_direct_tile_wide<1, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
-    };
     if (ntok == 3) rows.template operator()<3>();
     if (ntok == 4) rows.template operator()<4>();
     if (ntok == 5) rows.template operator()<5>();
