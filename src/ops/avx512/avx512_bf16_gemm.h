@@ -232,53 +232,28 @@ inline __m512i aq_load_bytes(const uint8_t* p, int64_t valid) {
 }
 
 // Straight from memory: R rows (one scale group) x NT tokens, each step decodes 64 bytes per row
-// and runs the NT tokens' dots on them.
-template <int R, int NT>
-inline void aq_direct_tile(const AqDecoder& dec, const uint8_t* w, int64_t in, const uint8_t* srow,
-                           const uint16_t* xp, int64_t xst, float* y, int64_t ldy) {
-  const int64_t st = aq_act_stride_impl(in, AqFormat::kFp8), nblocks = (in + 31) / 32;
-  __m512 acc[R][NT];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < st; c += 64) {
-    const __m512i add = aq_scale_add(srow, nblocks, c / 64);
-    __m512i x0[NT], x1[NT];
-    for (int t = 0; t < NT; ++t) {
-      x0[t] = _mm512_loadu_si512(xp + t * xst + c);
-      x1[t] = _mm512_loadu_si512(xp + t * xst + c + 32);
-    }
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = w + r * in;
-      _mm_prefetch(reinterpret_cast<const char*>(row + c + kAqPrefetch), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(row + c + R * in), _MM_HINT_T1);  // next tile
-      __m512i w0, w1;
-      dec.decode(aq_load_bytes(row + c, in - c), add, w0, w1);
-      for (int t = 0; t < NT; ++t) {
-        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w0), as_bh(x0[t]));
-        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w1), as_bh(x1[t]));
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
-}
-
-// Straight from memory for 4-6 tokens (as aq4_direct_tile_wide for MXFP4): R rows x NT tokens,
-// 64 bytes of each row decoded once for all NT tokens, whose activations are loaded from L1 where
-// they are used (NT x 2 preloaded vectors and R x NT accumulators do not fit the registers); the
-// same dot sequence per (row, token) as aq_direct_tile.
+// and runs the NT tokens' dots on them. Up to 3 tokens their activations are preloaded in
+// registers for the step; 4-6 tokens (the wide tiles, kAqWideRows rows) load them from L1 where
+// they are used (NT x 2 preloaded vectors and R x NT accumulators would not fit the registers).
+// The same dot sequence per (row, token) either way.
 constexpr int kAqWideRows = 2;
 constexpr int64_t kAqWideMaxTokens = 6;
 template <int R, int NT>
-inline void aq_direct_tile_wide(const AqDecoder& dec, const uint8_t* w, int64_t in,
-                                const uint8_t* srow, const uint16_t* xp, int64_t xst, float* y,
-                                int64_t ldy) {
+inline void aq_direct_tile(const AqDecoder& dec, const uint8_t* w, int64_t in, const uint8_t* srow,
+                           const uint16_t* xp, int64_t xst, float* y, int64_t ldy) {
+  constexpr bool kPreload = NT <= 3;
   const int64_t st = aq_act_stride_impl(in, AqFormat::kFp8), nblocks = (in + 31) / 32;
   __m512 acc[R][NT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t c = 0; c < st; c += 64) {
     const __m512i add = aq_scale_add(srow, nblocks, c / 64);
+    __m512i x0[kPreload ? NT : 1], x1[kPreload ? NT : 1];
+    if constexpr (kPreload)
+      for (int t = 0; t < NT; ++t) {
+        x0[t] = _mm512_loadu_si512(xp + t * xst + c);
+        x1[t] = _mm512_loadu_si512(xp + t * xst + c + 32);
+      }
     for (int r = 0; r < R; ++r) {
       const uint8_t* row = w + r * in;
       _mm_prefetch(reinterpret_cast<const char*>(row + c + kAqPrefetch), _MM_HINT_T0);
@@ -286,9 +261,10 @@ inline void aq_direct_tile_wide(const AqDecoder& dec, const uint8_t* w, int64_t 
       __m512i w0, w1;
       dec.decode(aq_load_bytes(row + c, in - c), add, w0, w1);
       for (int t = 0; t < NT; ++t) {
-        const uint16_t* xt = xp + t * xst + c;
-        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w0), as_bh(_mm512_loadu_si512(xt)));
-        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w1), as_bh(_mm512_loadu_si512(xt + 32)));
+        const __m512i a = kPreload ? x0[t] : _mm512_loadu_si512(xp + t * xst + c);
+        const __m512i b = kPreload ? x1[t] : _mm512_loadu_si512(xp + t * xst + c + 32);
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w0), as_bh(a));
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w1), as_bh(b));
       }
     }
   }
@@ -502,9 +478,9 @@ inline void aq_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out
         const uint8_t* srow = scale + g * sin;
         int64_t r = 0;
         for (; r + kAqWideRows <= nrows; r += kAqWideRows)
-          aq_direct_tile_wide<kAqWideRows, NT>(dec, wg + r * in, in, srow, xp, st, y + o0 + r, ldy);
+          aq_direct_tile<kAqWideRows, NT>(dec, wg + r * in, in, srow, xp, st, y + o0 + r, ldy);
         for (; r < nrows; ++r)
-          aq_direct_tile_wide<1, NT>(dec, wg + r * in, in, srow, xp, st, y + o0 + r, ldy);
+          aq_direct_tile<1, NT>(dec, wg + r * in, in, srow, xp, st, y + o0 + r, ldy);
       }
     };
     if (ntok == 4) groups.template operator()<4>();
@@ -613,18 +589,29 @@ inline __m512 aq4_chunk(__m512 acc, const __m512i* w, const __m512i* x, __m512 s
   return _mm512_fmadd_ps(tmp, sc, acc);
 }
 
-// Straight from memory: R rows x NT tokens, 64 bytes (128 weights) of each row per step.
+// Straight from memory: R rows x NT tokens, 64 bytes (128 weights) of each row per step. Up to
+// 2 tokens their activations are preloaded in registers for the step; 3-6 tokens (the wide tiles,
+// kAq4WideRows rows) load them from L1 where they are used (preloading does not fit the registers
+// from 3 tokens on). The same sequence per (row, token) either way, and as the panel tiles'.
+// 16 streams give each expert about two tokens, many 3-6, which went through the panel path
+// (decode into L1, 4 x 3 tiles) or, at 3, a preloading tile that spilled. Real-shape,
+// avx512_bf16, alternated: `bench kernels` a 6-token call 2.97-3.45x -> 2.23-2.76x one token's
+// time; 16-stream decode 695-750 -> 531-547 ms a step.
+constexpr int kAq4WideRows = 2;
+constexpr int64_t kAq4DirectMaxTokens = 6;
 template <int R, int NT>
 inline void aq4_direct_tile(const AqFp4Decoder& dec, const uint8_t* w, const uint8_t* scale,
                             int64_t in, const uint16_t* xp, int64_t xst, float* y, int64_t ldy) {
+  constexpr bool kPreload = NT <= 2;
   const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
   __m512 acc[R][NT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t c = 0; c < st; c += 128) {
-    __m512i xv[NT][4];
-    for (int t = 0; t < NT; ++t)
-      for (int z = 0; z < 4; ++z) xv[t][z] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
+    __m512i xv[kPreload ? NT : 1][4];
+    if constexpr (kPreload)
+      for (int t = 0; t < NT; ++t)
+        for (int z = 0; z < 4; ++z) xv[t][z] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
     for (int r = 0; r < R; ++r) {
       const uint8_t* row = w + r * rb;
       _mm_prefetch(reinterpret_cast<const char*>(row + c / 2 + kAqPrefetch), _MM_HINT_T0);
@@ -632,50 +619,14 @@ inline void aq4_direct_tile(const AqFp4Decoder& dec, const uint8_t* w, const uin
       __m512i wv[4];
       dec.decode(aq_load_bytes(row + c / 2, rb - c / 2), wv);
       const __m512 sc = dec.scales(scale + r * nblocks, nblocks, c / 128);
-      for (int t = 0; t < NT; ++t) acc[r][t] = aq4_chunk(acc[r][t], wv, xv[t], sc);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
-}
-
-// Straight from memory for 3-6 tokens: R rows x NT tokens, each 64 bytes of a row decoded once and
-// run over the NT tokens, whose activations are loaded from L1 where they are used (preloading
-// them, as aq4_direct_tile does for 1-2 tokens, does not fit the registers from 3 tokens on).
-// The same sequence per (row, token) as aq4_direct_tile and the panel tiles. 16 streams give each
-// expert about two tokens, many 3-6, which went through the panel path (decode into L1, 4 x 3
-// tiles) or, at 3, a tile that spilled. Real-shape, avx512_bf16, alternated: `bench kernels` a
-// 6-token call 2.97-3.45x -> 2.23-2.76x one token's time; 16-stream decode 695-750 -> 531-547 ms
-// a step.
-#ifndef DSV41_AQ4_WIDE_ROWS
-#define DSV41_AQ4_WIDE_ROWS 2
-#endif
-constexpr int kAq4WideRows = DSV41_AQ4_WIDE_ROWS;
-constexpr int64_t kAq4DirectMaxTokens = 6;
-template <int R, int NT>
-inline void aq4_direct_tile_wide(const AqFp4Decoder& dec, const uint8_t* w, const uint8_t* scale,
-                                 int64_t in, const uint16_t* xp, int64_t xst, float* y,
-                                 int64_t ldy) {
-  const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
-  __m512 acc[R][NT];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < st; c += 128) {
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* row = w + r * rb;
-      _mm_prefetch(reinterpret_cast<const char*>(row + c / 2 + kAqPrefetch), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(row + c / 2 + R * rb), _MM_HINT_T1);
-      __m512i wv[4];
-      dec.decode(aq_load_bytes(row + c / 2, rb - c / 2), wv);
-      const __m512 sc = dec.scales(scale + r * nblocks, nblocks, c / 128);
       for (int t = 0; t < NT; ++t) {
-        const uint16_t* xt = xp + t * xst + c;
-        __m512 tmp =
-            _mm512_dpbf16_ps(_mm512_setzero_ps(), as_bh(wv[0]), as_bh(_mm512_loadu_si512(xt)));
-        tmp = _mm512_dpbf16_ps(tmp, as_bh(wv[1]), as_bh(_mm512_loadu_si512(xt + 32)));
-        tmp = _mm512_dpbf16_ps(tmp, as_bh(wv[2]), as_bh(_mm512_loadu_si512(xt + 64)));
-        tmp = _mm512_dpbf16_ps(tmp, as_bh(wv[3]), as_bh(_mm512_loadu_si512(xt + 96)));
-        acc[r][t] = _mm512_fmadd_ps(tmp, sc, acc[r][t]);
+        if constexpr (kPreload) {
+          acc[r][t] = aq4_chunk(acc[r][t], wv, xv[t], sc);
+        } else {
+          __m512i x[4];
+          for (int z = 0; z < 4; ++z) x[z] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
+          acc[r][t] = aq4_chunk(acc[r][t], wv, x, sc);
+        }
       }
     }
   }
@@ -852,15 +803,9 @@ inline void aq_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t o
   const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
   if (ntok <= kAq4DirectMaxTokens) {  // one pass over the weights: R-row tiles, then single rows
     auto rows = [&]<int NT>() {
-      // 1-2 tokens with their activations preloaded in registers, 3-6 loading them from L1.
-      constexpr bool wide = NT > 2;
-      constexpr int R = wide ? kAq4WideRows : NT == 1 ? kAqDirectRows1 : kAqDirectRows2;
+      constexpr int R = NT > 2 ? kAq4WideRows : NT == 1 ? kAqDirectRows1 : kAqDirectRows2;
       auto tile = [&]<int RR>(int64_t r) {
-        if constexpr (wide)
-          aq4_direct_tile_wide<RR, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r,
-                                       ldy);
-        else
-          aq4_direct_tile<RR, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
+        aq4_direct_tile<RR, NT>(dec, w + r * rb, scale + r * nblocks, in, xp, st, y + r, ldy);
       };
       int64_t r = 0;
       for (; r + R <= out; r += R) tile.template operator()<R>(r);
