@@ -67,6 +67,11 @@ constexpr RefusedField kRefusedFields[] = {
     {"kv_transfer_params", nullptr, "disaggregated serving is not implemented"},
     {"vllm_xargs", nullptr, "not supported"},
     {"mm_processor_kwargs", nullptr, "this server runs the text model"},
+    // vLLM's default is false for chat (the template adds BOS) and true for completions; here
+    // neither adds special tokens beyond the chat encoding's BOS and FIM's, so only false is a
+    // no-op.
+    {"add_special_tokens", "false",
+     "prompts are tokenized as they are (chat: the V4.1 encoding adds BOS itself)"},
 };
 constexpr RefusedField kRefusedChatFields[] = {
     {"chat_template", nullptr, "the V4.1 chat encoding is built in"},
@@ -184,6 +189,14 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
                  "is not supported (include_usage sends the usage after the last choice)");
   }
   if (auto e = refuse_unsupported(body, job.chat)) return e;
+  if (const OJson* rid = f.get("request_id")) {
+    // It goes out in a header and in log lines: visible ASCII only, bounded.
+    const std::string v = rid->is_string() ? rid->get<std::string>() : "";
+    if (v.empty() || v.size() > 128 ||
+        !std::all_of(v.begin(), v.end(), [](char c) { return c > ' ' && c < 0x7f; }))
+      return bad("request_id", "must be a string of 1-128 visible ASCII characters (no spaces)");
+    job.request_id = v;
+  }
   if (auto e = parse_vllm_fields(f, tok, job)) return e;
   if (!f.number("temperature", 0, 2, false, s.temperature)) return f.err;
   if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;

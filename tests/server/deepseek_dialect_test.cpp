@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -371,12 +372,39 @@ TEST(DeepSeekDialect, VllmOutputFieldsAreHonoured) {
            {R"("use_beam_search":true)", "use_beam_search"},
            {R"("guided_json":{"type":"object"})", "guided_json"},
            {R"("chat_template":"x")", "chat_template"},
-           {R"("min_tokens":40,"max_tokens":30)", "min_tokens"}}) {
+           {R"("min_tokens":40,"max_tokens":30)", "min_tokens"},
+           {R"("add_special_tokens":true)", "add_special_tokens"},
+           {R"("request_id":"")", "request_id"},
+           {R"("request_id":"a b")", "request_id"},
+           {R"("request_id":7)", "request_id"}}) {
     const OJson e = dialect_post(c, "/v1/chat/completions", q + field + "}", 400);
     EXPECT_EQ(e["error"]["param"], param) << field;
   }
+  const OJson e = dialect_post(
+      c, "/v1/completions",
+      R"({"model":"scripted","prompt":"the one","max_tokens":2,"add_special_tokens":true})", 400);
+  EXPECT_EQ(e["error"]["param"], "add_special_tokens");
   dialect_post(c, "/v1/chat/completions",
-               q + R"("max_tokens":2,"use_beam_search":false,"length_penalty":1.0,"priority":0})");
+               q + R"("max_tokens":2,"use_beam_search":false,"length_penalty":1.0,"priority":0,)"
+                   R"("add_special_tokens":false})");
+  // request_id (vLLM's): the caller's id is the response's id and its X-Request-Id, streamed too.
+  for (const auto& [path, body, want] : std::vector<std::array<std::string, 3>>{
+           {"/v1/chat/completions", q + R"("max_tokens":2,"request_id":"job-7.a")",
+            "chatcmpl-job-7.a"},
+           {"/v1/completions",
+            R"({"model":"scripted","prompt":"the one","max_tokens":2,"request_id":"job-7.a")",
+            "cmpl-job-7.a"}}) {
+    auto r = c.Post(path, body + "}", "application/json");
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->get_header_value("X-Request-Id"), "job-7.a") << path;
+    EXPECT_EQ(dialect_json(r->body)["id"], want) << path;
+    auto st = c.Post(path, body + R"(,"stream":true})", "application/json");
+    ASSERT_TRUE(st) << path;
+    const auto chunks = sse_payloads(st->body);
+    ASSERT_FALSE(chunks.empty()) << path;
+    for (const OJson& p : chunks) EXPECT_EQ(p["id"], want) << path;
+  }
 }
 
 // parallel_tool_calls: false (Anthropic: tool_choice.disable_parallel_tool_use) returns the first
