@@ -834,6 +834,12 @@ OJson model_json(const ServedModel& model, int64_t created) {
   // The sampling a request starts from (--generation-config, --override-generation-config); the
   // engine's own defaults for the keys not listed.
   m["default_sampling"] = model.sampling_defaults.to_json();
+  // The other server-wide defaults (issue 36 item 8), so a client sees all of them here:
+  // --default-chat-template-kwargs ({} when none), --reasoning-budget (null when none), and
+  // --served-model-name's names after the first (which is `id`).
+  m["default_chat_template_kwargs"] = model.default_chat_template_kwargs;
+  m["reasoning_budget"] = model.reasoning_budget < 0 ? OJson() : OJson(model.reasoning_budget);
+  m["aliases"] = model.aliases;
   return m;
 }
 

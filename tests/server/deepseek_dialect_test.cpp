@@ -489,6 +489,7 @@ TEST(DeepSeekDialect, ServedModelNamesAndDefaultChatTemplateKwargs) {
   InProcess s(dialect_engine(tiny_tokenizer(), "the one and two"), [](ServerOptions& o) {
     o.model_aliases = {"deepseek-chat", "deepseek-v4-flash"};
     o.default_chat_template_kwargs = {{"thinking", false}};
+    o.reasoning_budget = 5;
   });
   auto c = s.client();
   std::string answer;
@@ -511,6 +512,15 @@ TEST(DeepSeekDialect, ServedModelNamesAndDefaultChatTemplateKwargs) {
   auto got = c.Get("/v1/models/deepseek-chat");
   ASSERT_TRUE(got);
   EXPECT_EQ(got->status, 200);
+  // Every server-wide default is visible in /v1/models (issue 36 item 8).
+  auto listed = c.Get("/v1/models");
+  ASSERT_TRUE(listed);
+  for (const OJson& m : {dialect_json(listed->body)["data"][0], dialect_json(got->body)}) {
+    EXPECT_EQ(m["id"], "scripted");
+    EXPECT_EQ(m["aliases"], dialect_json(R"(["deepseek-chat","deepseek-v4-flash"])"));
+    EXPECT_EQ(m["default_chat_template_kwargs"], dialect_json(R"({"thinking":false})"));
+    EXPECT_EQ(m["reasoning_budget"], 5);
+  }
   const OJson own = dialect_post(c, "/v1/chat/completions",
                                  R"({"model":"scripted","max_tokens":3,"messages":[{"role":"user",)"
                                  R"("content":"q"}],"chat_template_kwargs":{"thinking":true}})");
@@ -621,6 +631,10 @@ TEST(DeepSeekDialect, GenerationConfigDefaultsApplyUnlessTheRequestSetsTheField)
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(dialect_json(models->body)["data"][0]["default_sampling"], d.to_json());
+  // The defaults not set here show as none.
+  EXPECT_EQ(dialect_json(models->body)["data"][0]["default_chat_template_kwargs"], OJson::object());
+  EXPECT_TRUE(dialect_json(models->body)["data"][0]["reasoning_budget"].is_null());
+  EXPECT_EQ(dialect_json(models->body)["data"][0]["aliases"], OJson::array());
   const OJson r = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q"})");
   EXPECT_EQ(r["temperature"], 0.25);
   EXPECT_EQ(r["top_p"], 0.5);
@@ -774,6 +788,35 @@ TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
       << models0->body;
   kill(uncapped.pid, SIGTERM);
   EXPECT_EQ(uncapped.wait_exit(), 0);
+}
+
+// The real binary's flags for the server-wide defaults (issue 36 item 8) reach /v1/models: the
+// first --served-model-name is the id, the others are aliases a request may name; the reasoning
+// cap and the default chat-template kwargs are shown.
+TEST(DeepSeekDialect, ServerWideDefaultsOnTheRealBinary) {
+  dsv41::testing::TempDir dir;
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
+  ServeProcess p;
+  ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log",
+                      {"--served-model-name", "tiny", "deepseek-chat", "--reasoning-budget", "3",
+                       "--default-chat-template-kwargs", R"({"thinking":false})"}));
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(60, 0);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const OJson listed = dialect_json(models->body)["data"];
+  ASSERT_EQ(listed.size(), 1u) << models->body;
+  EXPECT_EQ(listed[0]["id"], "tiny");
+  EXPECT_EQ(listed[0]["aliases"], dialect_json(R"(["deepseek-chat"])"));
+  EXPECT_EQ(listed[0]["reasoning_budget"], 3);
+  EXPECT_EQ(listed[0]["default_chat_template_kwargs"], dialect_json(R"({"thinking":false})"));
+  const OJson r = dialect_post(c, "/v1/chat/completions",
+                               R"({"model":"deepseek-chat","max_tokens":2,)"
+                               R"("messages":[{"role":"user","content":"q"}]})");
+  EXPECT_EQ(r["model"], "tiny");
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
 }
 
 TEST(DeepSeekDialect, OfficialClientsOnTheRealBinary) {
