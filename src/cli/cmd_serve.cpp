@@ -65,10 +65,12 @@ void add_serve(CLI::App& app, Runner* run) {
       ->check(CLI::Range(0, 65535));
   sub->add_option("--served-model-name", a->names,
                   "Model names clients may send, one or several (responses report the first; "
-                  "default: the checkpoint directory's name; dsv41-demo)");
+                  "default: the checkpoint directory's name; dsv41-demo; GET /v1/models lists the "
+                  "others as \"aliases\")");
   sub->add_option("--default-chat-template-kwargs", a->default_kwargs,
                   "JSON object every chat request's chat_template_kwargs start from (its own keys "
-                  "win), e.g. '{\"thinking\": false}' for clients that cannot send them");
+                  "win), e.g. '{\"thinking\": false}' for clients that cannot send them; shown in "
+                  "GET /v1/models (\"default_chat_template_kwargs\")");
   sub->add_option("--generation-config", a->generation_config,
                   "auto: sampling defaults from the checkpoint's generation_config.json when it "
                   "has one (vLLM's keys: temperature, top_p, top_k, min_p, repetition_penalty, "
@@ -93,7 +95,7 @@ void add_serve(CLI::App& app, Runner* run) {
                   "Reasoning tokens a request may generate at most before the engine ends the "
                   "reasoning itself (</think>) and the answer follows; a request's "
                   "thinking_token_budget (Messages: thinking.budget_tokens) may only lower it "
-                  "(-1: no cap)")
+                  "(-1: no cap); shown in GET /v1/models (\"reasoning_budget\")")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 30));
   sub->add_option("--max-context", a->max_context, "Context limit in tokens (0: the model's)")

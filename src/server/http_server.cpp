@@ -652,7 +652,10 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
         return fail(make_error(400, m, "invalid_request_error", m.substr(0, m.find(':'))));
     }
   }
-  const std::string id = fmt::format("{:x}{:04x}", nonce & 0xffffffffu, handles->front().id());
+  const std::string id =
+      !st->job.request_id.empty()
+          ? st->job.request_id
+          : fmt::format("{:x}{:04x}", nonce & 0xffffffffu, handles->front().id());
   st->choices.resize(handles->size());
   for (std::size_t c = 0; c < handles->size(); ++c) st->choices[c].handle = (*handles)[c];
   st->writer = api.writer(st->job, tok, id, static_cast<int64_t>(std::time(nullptr)));

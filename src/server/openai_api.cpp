@@ -67,6 +67,11 @@ constexpr RefusedField kRefusedFields[] = {
     {"kv_transfer_params", nullptr, "disaggregated serving is not implemented"},
     {"vllm_xargs", nullptr, "not supported"},
     {"mm_processor_kwargs", nullptr, "this server runs the text model"},
+    // vLLM's default is false for chat (the template adds BOS) and true for completions; here
+    // neither adds special tokens beyond the chat encoding's BOS and FIM's, so only false is a
+    // no-op.
+    {"add_special_tokens", "false",
+     "prompts are tokenized as they are (chat: the V4.1 encoding adds BOS itself)"},
 };
 constexpr RefusedField kRefusedChatFields[] = {
     {"chat_template", nullptr, "the V4.1 chat encoding is built in"},
@@ -184,6 +189,14 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
                  "is not supported (include_usage sends the usage after the last choice)");
   }
   if (auto e = refuse_unsupported(body, job.chat)) return e;
+  if (const OJson* rid = f.get("request_id")) {
+    // It goes out in a header and in log lines: visible ASCII only, bounded.
+    const std::string v = rid->is_string() ? rid->get<std::string>() : "";
+    if (v.empty() || v.size() > 128 ||
+        !std::all_of(v.begin(), v.end(), [](char c) { return c > ' ' && c < 0x7f; }))
+      return bad("request_id", "must be a string of 1-128 visible ASCII characters (no spaces)");
+    job.request_id = v;
+  }
   if (auto e = parse_vllm_fields(f, tok, job)) return e;
   if (!f.number("temperature", 0, 2, false, s.temperature)) return f.err;
   if (!f.number("top_p", 0, 1, true, s.top_p)) return f.err;
@@ -821,6 +834,12 @@ OJson model_json(const ServedModel& model, int64_t created) {
   // The sampling a request starts from (--generation-config, --override-generation-config); the
   // engine's own defaults for the keys not listed.
   m["default_sampling"] = model.sampling_defaults.to_json();
+  // The other server-wide defaults (issue 36 item 8), so a client sees all of them here:
+  // --default-chat-template-kwargs ({} when none), --reasoning-budget (null when none), and
+  // --served-model-name's names after the first (which is `id`).
+  m["default_chat_template_kwargs"] = model.default_chat_template_kwargs;
+  m["reasoning_budget"] = model.reasoning_budget < 0 ? OJson() : OJson(model.reasoning_budget);
+  m["aliases"] = model.aliases;
   return m;
 }
 

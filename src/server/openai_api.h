@@ -84,6 +84,10 @@ struct GenerationJob {
   // parallel_tool_calls: false (Anthropic: disable_parallel_tool_use): at most one tool call is
   // returned; later ones are dropped.
   bool single_tool_call = false;
+  // vLLM's request_id (completions, chat): the response's id is "cmpl-"/"chatcmpl-" + it and the
+  // X-Request-Id header is it, so a caller's own id finds the request in its logs. Empty: the
+  // server makes one.
+  std::string request_id;
 };
 
 // The reasoning cap of a request (every API): its own budget (`asked`, -1: none) lowered to the

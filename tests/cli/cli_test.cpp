@@ -683,6 +683,10 @@ TEST(Cli, ServeRefusesAMalformedGenerationConfig) {
   EXPECT_NE(help.find("--override-generation-config"), std::string::npos);
   EXPECT_NE(help.find("repetition_penalty"), std::string::npos);
   EXPECT_NE(help.find("default_sampling"), std::string::npos);
+  // The other server-wide defaults say where /v1/models shows them.
+  EXPECT_NE(help.find("default_chat_template_kwargs"), std::string::npos) << help;
+  EXPECT_NE(help.find("\"reasoning_budget\""), std::string::npos) << help;
+  EXPECT_NE(help.find("\"aliases\""), std::string::npos) << help;
   // --default-max-tokens: 0 is a value (no cap) that wins over max_new_tokens, not "unset".
   EXPECT_NE(help.find("0 for the rest of the context"), std::string::npos) << help;
   EXPECT_NE(help.find("wins over the generation config's max_new_tokens"), std::string::npos)

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -371,12 +372,39 @@ TEST(DeepSeekDialect, VllmOutputFieldsAreHonoured) {
            {R"("use_beam_search":true)", "use_beam_search"},
            {R"("guided_json":{"type":"object"})", "guided_json"},
            {R"("chat_template":"x")", "chat_template"},
-           {R"("min_tokens":40,"max_tokens":30)", "min_tokens"}}) {
+           {R"("min_tokens":40,"max_tokens":30)", "min_tokens"},
+           {R"("add_special_tokens":true)", "add_special_tokens"},
+           {R"("request_id":"")", "request_id"},
+           {R"("request_id":"a b")", "request_id"},
+           {R"("request_id":7)", "request_id"}}) {
     const OJson e = dialect_post(c, "/v1/chat/completions", q + field + "}", 400);
     EXPECT_EQ(e["error"]["param"], param) << field;
   }
+  const OJson e = dialect_post(
+      c, "/v1/completions",
+      R"({"model":"scripted","prompt":"the one","max_tokens":2,"add_special_tokens":true})", 400);
+  EXPECT_EQ(e["error"]["param"], "add_special_tokens");
   dialect_post(c, "/v1/chat/completions",
-               q + R"("max_tokens":2,"use_beam_search":false,"length_penalty":1.0,"priority":0})");
+               q + R"("max_tokens":2,"use_beam_search":false,"length_penalty":1.0,"priority":0,)"
+                   R"("add_special_tokens":false})");
+  // request_id (vLLM's): the caller's id is the response's id and its X-Request-Id, streamed too.
+  for (const auto& [path, body, want] : std::vector<std::array<std::string, 3>>{
+           {"/v1/chat/completions", q + R"("max_tokens":2,"request_id":"job-7.a")",
+            "chatcmpl-job-7.a"},
+           {"/v1/completions",
+            R"({"model":"scripted","prompt":"the one","max_tokens":2,"request_id":"job-7.a")",
+            "cmpl-job-7.a"}}) {
+    auto r = c.Post(path, body + "}", "application/json");
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->get_header_value("X-Request-Id"), "job-7.a") << path;
+    EXPECT_EQ(dialect_json(r->body)["id"], want) << path;
+    auto st = c.Post(path, body + R"(,"stream":true})", "application/json");
+    ASSERT_TRUE(st) << path;
+    const auto chunks = sse_payloads(st->body);
+    ASSERT_FALSE(chunks.empty()) << path;
+    for (const OJson& p : chunks) EXPECT_EQ(p["id"], want) << path;
+  }
 }
 
 // parallel_tool_calls: false (Anthropic: tool_choice.disable_parallel_tool_use) returns the first
@@ -461,6 +489,7 @@ TEST(DeepSeekDialect, ServedModelNamesAndDefaultChatTemplateKwargs) {
   InProcess s(dialect_engine(tiny_tokenizer(), "the one and two"), [](ServerOptions& o) {
     o.model_aliases = {"deepseek-chat", "deepseek-v4-flash"};
     o.default_chat_template_kwargs = {{"thinking", false}};
+    o.reasoning_budget = 5;
   });
   auto c = s.client();
   std::string answer;
@@ -483,6 +512,15 @@ TEST(DeepSeekDialect, ServedModelNamesAndDefaultChatTemplateKwargs) {
   auto got = c.Get("/v1/models/deepseek-chat");
   ASSERT_TRUE(got);
   EXPECT_EQ(got->status, 200);
+  // Every server-wide default is visible in /v1/models (issue 36 item 8).
+  auto listed = c.Get("/v1/models");
+  ASSERT_TRUE(listed);
+  for (const OJson& m : {dialect_json(listed->body)["data"][0], dialect_json(got->body)}) {
+    EXPECT_EQ(m["id"], "scripted");
+    EXPECT_EQ(m["aliases"], dialect_json(R"(["deepseek-chat","deepseek-v4-flash"])"));
+    EXPECT_EQ(m["default_chat_template_kwargs"], dialect_json(R"({"thinking":false})"));
+    EXPECT_EQ(m["reasoning_budget"], 5);
+  }
   const OJson own = dialect_post(c, "/v1/chat/completions",
                                  R"({"model":"scripted","max_tokens":3,"messages":[{"role":"user",)"
                                  R"("content":"q"}],"chat_template_kwargs":{"thinking":true}})");
@@ -593,6 +631,10 @@ TEST(DeepSeekDialect, GenerationConfigDefaultsApplyUnlessTheRequestSetsTheField)
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(dialect_json(models->body)["data"][0]["default_sampling"], d.to_json());
+  // The defaults not set here show as none.
+  EXPECT_EQ(dialect_json(models->body)["data"][0]["default_chat_template_kwargs"], OJson::object());
+  EXPECT_TRUE(dialect_json(models->body)["data"][0]["reasoning_budget"].is_null());
+  EXPECT_EQ(dialect_json(models->body)["data"][0]["aliases"], OJson::array());
   const OJson r = dialect_post(c, "/v1/responses", R"({"model":"scripted","input":"q"})");
   EXPECT_EQ(r["temperature"], 0.25);
   EXPECT_EQ(r["top_p"], 0.5);
@@ -746,6 +788,35 @@ TEST(DeepSeekDialect, GenerationConfigOnTheRealBinary) {
       << models0->body;
   kill(uncapped.pid, SIGTERM);
   EXPECT_EQ(uncapped.wait_exit(), 0);
+}
+
+// The real binary's flags for the server-wide defaults (issue 36 item 8) reach /v1/models: the
+// first --served-model-name is the id, the others are aliases a request may name; the reasoning
+// cap and the default chat-template kwargs are shown.
+TEST(DeepSeekDialect, ServerWideDefaultsOnTheRealBinary) {
+  dsv41::testing::TempDir dir;
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
+  ServeProcess p;
+  ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log",
+                      {"--served-model-name", "tiny", "deepseek-chat", "--reasoning-budget", "3",
+                       "--default-chat-template-kwargs", R"({"thinking":false})"}));
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(60, 0);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const OJson listed = dialect_json(models->body)["data"];
+  ASSERT_EQ(listed.size(), 1u) << models->body;
+  EXPECT_EQ(listed[0]["id"], "tiny");
+  EXPECT_EQ(listed[0]["aliases"], dialect_json(R"(["deepseek-chat"])"));
+  EXPECT_EQ(listed[0]["reasoning_budget"], 3);
+  EXPECT_EQ(listed[0]["default_chat_template_kwargs"], dialect_json(R"({"thinking":false})"));
+  const OJson r = dialect_post(c, "/v1/chat/completions",
+                               R"({"model":"deepseek-chat","max_tokens":2,)"
+                               R"("messages":[{"role":"user","content":"q"}]})");
+  EXPECT_EQ(r["model"], "tiny");
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
 }
 
 TEST(DeepSeekDialect, OfficialClientsOnTheRealBinary) {

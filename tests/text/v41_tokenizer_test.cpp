@@ -49,6 +49,10 @@ TEST(V41Tokenizer, ReproducesTheReleasedEngramMap) {
   EXPECT_EQ(table->id_of(tokens::kDsml), 128825);
   EXPECT_EQ(table->id_of(tokens::kImage), 129264);
   EXPECT_EQ(table->id_of(tokens::kUser), 128803);
+  // FIM (/v1/completions suffix): the ids docs/server.md and special_tokens.h promise.
+  EXPECT_EQ(table->id_of(tokens::kFimHole), 128800);
+  EXPECT_EQ(table->id_of(tokens::kFimBegin), 128801);
+  EXPECT_EQ(table->id_of(tokens::kFimEnd), 128802);
   auto map = build_engram_token_map(table->texts);
   ASSERT_TRUE(map.is_ok());
   EXPECT_EQ(map->size, 99092);
