@@ -171,6 +171,17 @@ Result<nlohmann::ordered_json> decode_point(BenchModel& bm, ReadProbe& probe, in
 
 namespace {
 
+// A rank's memory in `bench decode`'s per_rank list (its collectives added when split).
+nlohmann::ordered_json rank_json(const parallel::RankReport& r) {
+  return {{"rank", r.rank},
+          {"weight_bytes", r.share_weight_bytes},
+          {"rss_bytes", r.rss_bytes},
+          {"rss_file_bytes", r.rss_file_bytes},
+          {"huge_page_weight_bytes", r.huge_page_weight_bytes},
+          {"anon_huge_bytes", r.anon_huge_bytes},
+          {"kv_pool_bytes", r.kv_pool_bytes}};
+}
+
 int run_bench_decode(const BenchArgs& a) {
   if (a.speculative == "on") return run_bench_speculative(a);
   auto streams = parse_list(a.streams, "--streams");
@@ -212,30 +223,19 @@ int run_bench_decode(const BenchArgs& a) {
     j["tp"] = m->lead->split().tp;
     j["ep"] = m->lead->split().ep;
     nlohmann::ordered_json rj = nlohmann::ordered_json::array();
-    for (const auto& r : *reps)
-      rj.push_back({{"rank", r.rank},
-                    {"weight_bytes", r.share_weight_bytes},
-                    {"rss_bytes", r.rss_bytes},
-                    {"rss_file_bytes", r.rss_file_bytes},
-                    {"huge_page_weight_bytes", r.huge_page_weight_bytes},
-                    {"anon_huge_bytes", r.anon_huge_bytes},
-                    {"kv_pool_bytes", r.kv_pool_bytes},
-                    {"collectives", r.collectives},
-                    {"collective_bytes", r.collective_bytes},
-                    {"collective_seconds", r.collective_seconds}});
+    for (const auto& r : *reps) {
+      nlohmann::ordered_json x = rank_json(r);
+      x["collectives"] = r.collectives;
+      x["collective_bytes"] = r.collective_bytes;
+      x["collective_seconds"] = r.collective_seconds;
+      rj.push_back(std::move(x));
+    }
     j["per_rank"] = rj;
   } else {
     j["ranks"] = 1;
     j["tp"] = 1;
     j["ep"] = 1;
-    const parallel::RankReport r = parallel::own_report(*m->local, 0);
-    j["per_rank"] = nlohmann::ordered_json::array({{{"rank", 0},
-                                                    {"weight_bytes", r.share_weight_bytes},
-                                                    {"rss_bytes", r.rss_bytes},
-                                                    {"rss_file_bytes", r.rss_file_bytes},
-                                                    {"huge_page_weight_bytes", r.huge_page_weight_bytes},
-                                                    {"anon_huge_bytes", r.anon_huge_bytes},
-                                                    {"kv_pool_bytes", r.kv_pool_bytes}}});
+    j["per_rank"] = nlohmann::ordered_json::array({rank_json(parallel::own_report(*m->local, 0))});
   }
   std::printf("%s\n", j.dump(2).c_str());
   return kExitOk;

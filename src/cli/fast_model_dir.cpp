@@ -86,12 +86,13 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
                   "FP8/FP4 linear), off = model-faithful")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
-  sub->add_option("--huge-pages", a->huge_pages,
-                  "fast path: on = copy the weights this process reads onto transparent huge pages at "
-                  "load (fewer TLB misses: one-token decode several times faster; the copy is "
-                  "anonymous memory, no longer shared with the page cache; skipped with a "
-                  "message when the kernel has THP off or memory is short) | off = read them "
-                  "through the file mapping")
+  sub->add_option(
+         "--huge-pages", a->huge_pages,
+         "fast path: on = copy the weights this process reads onto transparent huge pages at "
+         "load (fewer TLB misses: one-token decode several times faster; the copy is "
+         "anonymous memory, no longer shared with the page cache; skipped with a "
+         "message when the kernel has THP off or memory is short) | off = read them "
+         "through the file mapping")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   sub->add_option("--isolation-check", a->isolation,

@@ -14,11 +14,14 @@
 
 namespace dsv41 {
 
+// The x86-64 transparent huge page (PMD) size.
+constexpr std::size_t kHugePageBytes = std::size_t(2) << 20;
+
 template <typename T>
 struct HugePageAllocator {
   using value_type = T;
   static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "small blocks use operator new");
-  static constexpr std::size_t kHuge = std::size_t(2) << 20;
+  static constexpr std::size_t kHuge = kHugePageBytes;
 
   HugePageAllocator() = default;
   template <typename U>

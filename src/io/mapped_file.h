@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "core/huge_alloc.h"
 #include "core/status.h"
 
 namespace dsv41 {
@@ -35,7 +36,7 @@ class MappedFile {
   // completes): call it at load, before the weights are used. On failure the range maps the file
   // again. release() aborts once anything moved (it would drop the copy).
   Result<std::size_t> make_resident_huge(const uint8_t* ptr, std::size_t len) const;
-  static constexpr std::size_t kHugePage = std::size_t(2) << 20;
+  static constexpr std::size_t kHugePage = kHugePageBytes;
 
  private:
   MappedFile() = default;

@@ -41,7 +41,7 @@ struct RankReport {
   // Weights copied onto transparent huge pages at load (FastStats::huge_page_weight_bytes) and
   // the anonymous memory the kernel backs with huge pages now (AnonHugePages of smaps_rollup).
   int64_t huge_page_weight_bytes = 0, anon_huge_bytes = 0;
-  int64_t kv_pool_bytes = 0;       // the KV pool's size
+  int64_t kv_pool_bytes = 0;  // the KV pool's size
   int64_t collectives = 0, collective_bytes = 0;
   double collective_seconds = 0;
 };

@@ -81,6 +81,8 @@ void run_logged(std::size_t n, std::size_t threads, uint64_t total, const char* 
   for (auto& t : pool) t.join();
 }
 
+}  // namespace
+
 int64_t mem_available_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;
@@ -91,8 +93,6 @@ int64_t mem_available_bytes() {
   }
   return -1;
 }
-
-}  // namespace
 
 // The ranges' whole 2 MB pages, merged per file where they touch or leave less than a huge page
 // between them (that gap is copied too: the same bytes), cut into pieces of at most 64 MB on
@@ -137,23 +137,20 @@ std::vector<std::pair<const MappedFile*, ConvertedWeights::Range>> ConvertedWeig
   return pieces;
 }
 
-Result<ConvertedWeights::Warmed> ConvertedWeights::warm(const std::vector<Range>& todo,
-                                                        std::size_t threads,
-                                                        bool huge_pages) const {
+ConvertedWeights::Warmed ConvertedWeights::warm(const std::vector<Range>& todo, std::size_t threads,
+                                                bool huge_pages) const {
   Warmed out;
   for (const Range& r : todo) out.touched += r.second;
-  if (huge_pages) {
-    const Status thp = transparent_huge_pages_available();
-    const int64_t avail = mem_available_bytes();
-    const int64_t margin = int64_t(1) << 30;
+  const Status thp = huge_pages ? transparent_huge_pages_available() : Status::ok();
+  if (!thp.is_ok()) log::info("weights stay file-mapped on 4 KB pages: {}", thp.message());
+  if (huge_pages && thp.is_ok()) {
     const auto pieces = huge_pieces(todo);
     uint64_t total = 0;
     for (const auto& p : pieces) total += p.second.second;
     // MemAvailable as this process sees it: ranks of one mpirun job on the same host each see it
     // before the others copy (docs/parallel.md: --huge-pages off there when memory is tight).
-    if (!thp.is_ok()) {
-      log::info("weights stay file-mapped on 4 KB pages: {}", thp.message());
-    } else if (avail >= 0 && int64_t(total) + margin > avail) {
+    const int64_t avail = mem_available_bytes(), margin = int64_t(1) << 30;
+    if (avail >= 0 && int64_t(total) + margin > avail) {
       log::warn(
           "weights stay file-mapped on 4 KB pages: copying {:.2f} GB onto huge pages would leave "
           "less than 1 GB of MemAvailable ({:.2f} GB); --huge-pages off skips the copy silently",

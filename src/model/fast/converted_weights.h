@@ -53,7 +53,7 @@ class ConvertedWeights {
   struct Warmed {
     uint64_t touched = 0, huge = 0;
   };
-  Result<Warmed> warm(const std::vector<Range>& ranges, std::size_t threads, bool huge_pages) const;
+  Warmed warm(const std::vector<Range>& ranges, std::size_t threads, bool huge_pages) const;
   // Every tensor by name, in no particular order.
   const std::unordered_map<std::string, WeightSpan>& spans() const { return spans_; }
 
@@ -66,5 +66,9 @@ class ConvertedWeights {
   std::vector<std::shared_ptr<MappedFile>> files_;
   std::unordered_map<std::string, WeightSpan> spans_;
 };
+
+// MemAvailable of /proc/meminfo in bytes (-1 when it cannot be read): what the huge-page copy
+// (ConvertedWeights::warm) and the default KV budget (FastModel::default_kv_budget) size by.
+int64_t mem_available_bytes();
 
 }  // namespace dsv41

@@ -24,14 +24,8 @@ constexpr int64_t kDecodeScratchTokens = 64;
 
 // A quarter of MemAvailable, at least 64 MB.
 int64_t FastModel::default_kv_budget() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  while (f >> key >> kb) {
-    if (key == "MemAvailable:") return std::max<int64_t>(int64_t(64) << 20, kb * 1024 / 4);
-    f.ignore(1 << 10, '\n');
-  }
-  return int64_t(1) << 30;
+  const int64_t avail = mem_available_bytes();
+  return avail < 0 ? int64_t(1) << 30 : std::max<int64_t>(int64_t(64) << 20, avail / 4);
 }
 
 namespace {
@@ -187,9 +181,8 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   const std::vector<ConvertedWeights::Range> mine = im.share_ranges();
   for (const auto& r : mine) im.stats.share_weight_bytes += int64_t(r.second);
   if (opt.warm) {
-    auto warmed = im.wts->warm(mine, im.pool->size(), opt.huge_pages);
-    if (!warmed) return warmed.status().with_context(dir + ": ");
-    im.stats.huge_page_weight_bytes = int64_t(warmed->huge);
+    im.stats.huge_page_weight_bytes =
+        int64_t(im.wts->warm(mine, im.pool->size(), opt.huge_pages).huge);
   }
   const RopeScaling rs = tc.rope_scaling.value_or(RopeScaling{});
   im.rope_swa = ref::Rope<float>::make(tc.qk_rope_head_dim, tc.rope_theta, false, 1, 1, 1, 1);
