@@ -1131,6 +1131,41 @@ TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
   }
 }
 
+// The greatest scale mxfp4_aq_scales_ok allows (252: the scale fold subtracts nothing) beside
+// the least, on activations small enough that the sums stay finite: against the exact sum, at
+// M = 1 and through the panel path.
+TEST_P(KernelTier, AqMxfp4ExtremeScales) {
+  if (!k_->aq_mxfp4_gemm)
+    GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
+  const int64_t out = 8, in = 96, m = 9;
+  std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+      s(static_cast<std::size_t>(out * in / 32));
+  for (auto& b : w) b = g_.byte();
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = i % 3 == 0 ? 252 : i % 3 == 1 ? 33 : 127;
+  ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
+  std::vector<float> x(static_cast<std::size_t>(m * in));
+  // ~2^-20 (act-quant's floor keeps values from 2^-31 on): products up to ~2^108 at scale 252
+  for (auto& v : x) v = std::ldexp(g_.normal(), -20);
+  for (int64_t t = 0; t < m; ++t) ref::fake_fp8_pow2(x.data() + t * in, in, 32);
+  const int64_t st = k_->aq_act_stride(in, AqFormat::kMxfp4);
+  std::vector<uint16_t> xp(static_cast<std::size_t>(m * st));
+  k_->aq_pack_act(x.data(), m, in, AqFormat::kMxfp4, xp.data());
+  std::vector<float> y(static_cast<std::size_t>(m * out), NAN), one(static_cast<std::size_t>(out)),
+      want(static_cast<std::size_t>(out));
+  k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), out);
+  for (int64_t t = 0; t < m; ++t) {
+    k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data(), out);
+    ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+    expect_close(one, want, mxfp4_term_sums(w, s, out, in, x.data() + t * in), sum_tol(in),
+                 "extreme scales t" + std::to_string(t));
+    for (int64_t o = 0; o < out; ++o) {
+      ASSERT_TRUE(std::isfinite(one[std::size_t(o)]) && std::fabs(want[std::size_t(o)]) > 1e20f)
+          << "t" << t << " row " << o << " " << want[std::size_t(o)];
+      ASSERT_EQ(bits_of_float(y[std::size_t(t * out + o)]), bits_of_float(one[std::size_t(o)]));
+    }
+  }
+}
+
 // act_quant_fp8 is the reference's fake_fp8_pow2<float> bit for bit on every tier: magnitudes
 // from 1e-9 to 1e9 (tiny blocks below the 1e-4 floor, E4M3 subnormals after scaling), exact ties
 // between E4M3 neighbours, zeros of both signs, partial last blocks, a block with an infinity, in

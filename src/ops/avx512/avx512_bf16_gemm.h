@@ -1,9 +1,9 @@
-// The avx512_bf16 tier's act-quant GEMM family (Kernels::aq_*): FP8 block-scaled weights times
-// activations already rounded to E4M3 with a power-of-two scale per 32 (act-quant on), on
-// vdpbf16ps. Both factors are exact in bf16 (an E4M3 value has 4 significant bits; the FP8 block
-// scale is a power of two folded into the weight's exponent, the activation's scale is already in
-// its value), and vdpbf16ps forms their products exactly, so the only rounding left is the fp32
-// sums, in one fixed order per output element:
+// The avx512_bf16 tier's act-quant GEMM family (Kernels::aq_*): FP8 block-scaled and MXFP4
+// weights times activations already rounded to E4M3 with a power-of-two scale per 32 (act-quant
+// on), on vdpbf16ps. Both factors are exact in bf16 (an E4M3 or E2M1 value has at most 4
+// significant bits; the weight's block scale is a power of two folded into its exponent, the
+// activation's scale is already in its value), and vdpbf16ps forms their products exactly, so the
+// only rounding left is the fp32 sums, in one fixed order per output element:
 //   acc = 0; for each 32-value chunk c of the (permuted, zero-padded) row, in order:
 //     acc = vdpbf16ps(acc, W[o, c], X[t, c])        (16 lanes, each adds 2 products)
 //   y[t, o] = the fixed horizontal sum of acc's 16 lanes.
@@ -454,6 +454,40 @@ inline void aq_panel_group(const uint16_t* panel, int64_t st, int64_t nrows, con
   }
 }
 
+// The panel path of both formats: each group of kAqGroupRows rows (FP8: one scale group) is
+// decoded into bf16 words with the scales folded in (decode.template operator()<R>(o, panel)
+// writes rows o .. o + R - 1 at panel, R x st words) once per token block, then run over the
+// block's tokens. Few tokens or short rows: 4-row panels used while they are in L1; otherwise the
+// whole group, then aq_panel_group's token tiles, K blocks and row tiles.
+template <class Decode>
+inline void aq_panel_gemm(int64_t out, int64_t st, const uint16_t* xp, int64_t ntok, float* y,
+                          int64_t ldy, const Decode& decode) {
+  uint16_t* panel = aq_panel_scratch(kAqGroupRows * st);
+  const int64_t tb = aq_token_block(st, ntok);
+  for (int64_t t0 = 0; t0 < ntok; t0 += tb) {
+    const int64_t nt = std::min(tb, ntok - t0);
+    for (int64_t o0 = 0; o0 < out; o0 += kAqGroupRows) {
+      const int64_t nrows = std::min(kAqGroupRows, out - o0);
+      int64_t r = 0;
+      if (nt <= kAqPanelOuterMaxTokens || st <= 2 * kAqKBlockWords) {  // panels used in L1
+        for (; r + kAqPanelRows <= nrows; r += kAqPanelRows) {
+          decode.template operator()<kAqPanelRows>(o0 + r, panel);
+          aq_panel_tokens<kAqPanelRows>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
+        }
+        for (; r < nrows; ++r) {
+          decode.template operator()<1>(o0 + r, panel);
+          aq_panel_tokens<1>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
+        }
+        continue;
+      }
+      for (; r + kAqPanelRows <= nrows; r += kAqPanelRows)
+        decode.template operator()<kAqPanelRows>(o0 + r, panel + r * st);
+      for (; r < nrows; ++r) decode.template operator()<1>(o0 + r, panel + r * st);
+      aq_panel_group(panel, st, nrows, xp + t0 * st, nt, y + t0 * ldy + o0, ldy);
+    }
+  }
+}
+
 template <int NT>
 inline void aq_direct_group(const AqDecoder& dec, const uint8_t* w, int64_t nrows, int64_t in,
                             const uint8_t* srow, const uint16_t* xp, int64_t xst, float* y,
@@ -503,101 +537,103 @@ inline void aq_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out
     }
     return;
   }
-  uint16_t* panel = aq_panel_scratch(kAqGroupRows * st);
-  const int64_t tb = aq_token_block(st, ntok);
-  for (int64_t t0 = 0; t0 < ntok; t0 += tb) {
-    const int64_t nt = std::min(tb, ntok - t0);
-    for (int64_t g = 0; g * 32 < out; ++g) {
-      const int64_t o0 = g * 32, nrows = std::min<int64_t>(out, o0 + 32) - o0;
-      const uint8_t* srow = scale + g * sin;
-      int64_t r = 0;
-      if (nt <= kAqPanelOuterMaxTokens || st <= 2 * kAqKBlockWords) {  // panels used in L1
-        for (; r + kAqPanelRows <= nrows; r += kAqPanelRows) {
-          aq_decode_panel<kAqPanelRows>(dec, w + (o0 + r) * in, in, srow, panel);
-          aq_panel_tokens<kAqPanelRows>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
-        }
-        for (; r < nrows; ++r) {
-          aq_decode_panel<1>(dec, w + (o0 + r) * in, in, srow, panel);
-          aq_panel_tokens<1>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
-        }
-        continue;
-      }
-      for (; r + kAqPanelRows <= nrows; r += kAqPanelRows)
-        aq_decode_panel<kAqPanelRows>(dec, w + (o0 + r) * in, in, srow, panel + r * st);
-      for (; r < nrows; ++r) aq_decode_panel<1>(dec, w + (o0 + r) * in, in, srow, panel + r * st);
-      aq_panel_group(panel, st, nrows, xp + t0 * st, nt, y + t0 * ldy + o0, ldy);
-    }
-  }
+  aq_panel_gemm(out, st, xp, ntok, y, ldy, [&]<int R>(int64_t o, uint16_t* panel) {
+    aq_decode_panel<R>(dec, w + o * in, in, scale + (o / 32) * sin, panel);
+  });
 }
 
 // ---- MXFP4 ----------------------------------------------------------------------------------
 // 64 bytes of a row are 128 E2M1 weights, four 32-blocks, one per 128-bit lane. vpshufb looks up
-// the bf16 high and low bytes of each nibble (the sign is bit 3 of the code) and four byte unpacks
-// form the words (registers A..D, aq_element_of): unscaled E2M1 values. The row scales stay out of
-// the bf16 words (a per-word exponent add would cost a test and a masked add per register, most of
-// a one-token step): each lane of a dot holds one block's products, so a chunk's four dots go into
-// a fresh sum that is then multiplied by its lanes' block scales (powers of two: exact) and added:
-//   acc = 0; for each 128-value chunk c: tmp = dots(A..D) from 0; acc = fma(tmp, scale_c, acc)
-// for every token count and path alike.
+// the two bytes of each nibble's bf16 word with its exponent raised by kAq4Bias (the sign is bit 3
+// of the code; both zeros give the word 0), four byte unpacks form the words (registers A..D,
+// aq_element_of), and one saturating 16-bit subtract per register puts the lane's block scale in:
+// (kAq4Bias + 127 - s) << 7 off the word, which leaves a zero word zero (it saturates) and gives
+// any other the bf16 of its value times 2^(s - 127), exactly. mxfp4_aq_scales_ok keeps s in
+// [33, 252], so the subtrahend is never negative, the exponent lands in 32..254 (no borrow into
+// the sign, no denormal word) and every product with an act-quant activation (at least 2^-31)
+// stays at or above 2^-126. The words are then FP8's: the same dot sequence
+//   acc = 0; for each 32-word register of the (permuted, zero-padded) row: acc = vdpbf16ps(acc, W,
+//   X)
+// and the same panel tiles. (Keeping the scales out of the words cost each 128-value chunk four
+// dots from zero and an fma per (row, token), so the panel tile had 12 chunk sums beside 12
+// accumulators; the masked exponent add of FP8's decoder costs two operations a register where
+// this subtract costs one.)
+constexpr int kAq4Bias = 125;
+
+struct Aq4Lut {
+  alignas(16) uint8_t hi[16], lo[16];
+};
+
+constexpr Aq4Lut make_aq4_lut() {
+  Aq4Lut t{};
+  // E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: bf16 exponent fields and mantissa bits.
+  constexpr int kExp[8] = {0, 126, 127, 127, 128, 128, 129, 129};
+  constexpr int kMant[8] = {0, 0, 0, 0x40, 0, 0x40, 0, 0x40};
+  for (int n = 0; n < 16; ++n) {
+    const int m = n & 7;
+    const int word = m == 0 ? 0 : ((n >> 3) << 15) | ((kExp[m] + kAq4Bias) << 7) | kMant[m];
+    t.hi[n] = static_cast<uint8_t>(word >> 8);
+    t.lo[n] = static_cast<uint8_t>(word & 0xFF);
+  }
+  return t;
+}
+
+alignas(64) constexpr Aq4Lut kAq4Lut = make_aq4_lut();
 
 struct AqFp4Decoder {
-  __m512i thi, tlo, nib, lane_dword;
+  __m512i thi, tlo, nib, lane_of_word, top;
   AqFp4Decoder()
-      : thi(_mm512_broadcast_i32x4(
-            _mm_setr_epi8(0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, static_cast<char>(0x80),
-                          static_cast<char>(0xBF), static_cast<char>(0xBF), static_cast<char>(0xBF),
-                          static_cast<char>(0xC0), static_cast<char>(0xC0), static_cast<char>(0xC0),
-                          static_cast<char>(0xC0)))),
-        tlo(_mm512_broadcast_i32x4(
-            _mm_setr_epi8(0x00, 0x00, static_cast<char>(0x80), static_cast<char>(0xC0), 0x00, 0x40,
-                          static_cast<char>(0x80), static_cast<char>(0xC0), 0x00, 0x00,
-                          static_cast<char>(0x80), static_cast<char>(0xC0), 0x00, 0x40,
-                          static_cast<char>(0x80), static_cast<char>(0xC0)))),
+      : thi(_mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kAq4Lut.hi)))),
+        tlo(_mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kAq4Lut.lo)))),
         nib(_mm512_set1_epi8(0x0F)),
-        lane_dword(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)) {}
-  // The scales of blocks 4j .. 4j + 3 of a row as floats, block L in lanes 4L .. 4L + 3
-  // (2^(s - 127) from the E8M0 bits by a shift: s >= 2 here, mxfp4_aq_scales_ok); past the row's
-  // last block 0 (its weights are zero too).
-  __m512 scales(const uint8_t* srow, int64_t nblocks, int64_t j) const {
+        // byte 2i of the scale lookup: the lane of word i (8 words a lane); odd bytes masked off
+        lane_of_word(_mm512_set_epi64(0x0303030303030303, 0x0303030303030303, 0x0202020202020202,
+                                      0x0202020202020202, 0x0101010101010101, 0x0101010101010101, 0,
+                                      0)),
+        top(_mm512_set1_epi16(kAq4Bias + 127)) {}
+  // The subtrahends of blocks 4j .. 4j + 3 of a row: (kAq4Bias + 127 - s) << 7 in every word of
+  // block L's lane (past the row's last block s reads 0: its words are zero and stay zero).
+  __m512i scale_sub(const uint8_t* srow, int64_t nblocks, int64_t j) const {
     const int64_t b0 = 4 * j, nb = std::min<int64_t>(4, nblocks - b0);
     uint32_t four = 0;
     if (nb >= 4)
       std::memcpy(&four, srow + b0, 4);
     else
       for (int64_t i = 0; i < nb; ++i) four |= uint32_t(srow[b0 + i]) << (8 * i);
-    const __m512i d = _mm512_cvtepu8_epi32(_mm_cvtsi32_si128(int(four)));  // dwords 0-3
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_permutexvar_epi32(lane_dword, d), 23));
+    const __m512i s = _mm512_maskz_permutexvar_epi8(
+        0x5555555555555555ull, lane_of_word, _mm512_castsi128_si512(_mm_cvtsi32_si128(int(four))));
+    return _mm512_slli_epi16(_mm512_sub_epi16(top, s), 7);
   }
-  void decode(__m512i b, __m512i w[4]) const {
+  void decode(__m512i b, __m512i sub, __m512i w[4]) const {
     const __m512i lo_n = _mm512_and_si512(b, nib);
     const __m512i hi_n = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
     const __m512i lh = _mm512_shuffle_epi8(thi, lo_n), ll = _mm512_shuffle_epi8(tlo, lo_n);
     const __m512i hh = _mm512_shuffle_epi8(thi, hi_n), hl = _mm512_shuffle_epi8(tlo, hi_n);
-    w[0] = _mm512_unpacklo_epi8(ll, lh);
-    w[1] = _mm512_unpackhi_epi8(ll, lh);
-    w[2] = _mm512_unpacklo_epi8(hl, hh);
-    w[3] = _mm512_unpackhi_epi8(hl, hh);
+    w[0] = _mm512_subs_epu16(_mm512_unpacklo_epi8(ll, lh), sub);
+    w[1] = _mm512_subs_epu16(_mm512_unpackhi_epi8(ll, lh), sub);
+    w[2] = _mm512_subs_epu16(_mm512_unpacklo_epi8(hl, hh), sub);
+    w[3] = _mm512_subs_epu16(_mm512_unpackhi_epi8(hl, hh), sub);
   }
 };
 
-// One chunk of one (row, token): the four dots from zero, scaled, added to acc.
-inline __m512 aq4_chunk(__m512 acc, const __m512i* w, const __m512i* x, __m512 sc) {
-  __m512 tmp = _mm512_dpbf16_ps(_mm512_setzero_ps(), as_bh(w[0]), as_bh(x[0]));
-  tmp = _mm512_dpbf16_ps(tmp, as_bh(w[1]), as_bh(x[1]));
-  tmp = _mm512_dpbf16_ps(tmp, as_bh(w[2]), as_bh(x[2]));
-  tmp = _mm512_dpbf16_ps(tmp, as_bh(w[3]), as_bh(x[3]));
-  return _mm512_fmadd_ps(tmp, sc, acc);
+// One chunk of one (row, token): its four registers' dots, in order (written out: GCC kept the
+// accumulators of a z loop in memory).
+inline __m512 aq4_dots(__m512 acc, const __m512i* w, const __m512i* x) {
+  acc = _mm512_dpbf16_ps(acc, as_bh(w[0]), as_bh(x[0]));
+  acc = _mm512_dpbf16_ps(acc, as_bh(w[1]), as_bh(x[1]));
+  acc = _mm512_dpbf16_ps(acc, as_bh(w[2]), as_bh(x[2]));
+  return _mm512_dpbf16_ps(acc, as_bh(w[3]), as_bh(x[3]));
 }
 
-// Straight from memory: R rows x NT tokens, 64 bytes (128 weights) of each row per step. Up to
-// 2 tokens their activations are preloaded in registers for the step; 3-6 tokens (the wide tiles,
-// kAq4WideRows rows) load them from L1 where they are used (preloading does not fit the registers
-// from 3 tokens on). The same sequence per (row, token) either way, and as the panel tiles'.
-// 16 streams give each expert about two tokens, many 3-6, which went through the panel path
-// (decode into L1, 4 x 3 tiles) or, at 3, a preloading tile that spilled. Real-shape,
-// avx512_bf16, alternated: `bench kernels` a 6-token call 2.97-3.45x -> 2.23-2.76x one token's
-// time; 16-stream decode 695-750 -> 531-547 ms a step.
-constexpr int kAq4WideRows = 2;
+// Straight from memory: R rows x NT tokens, 64 bytes (128 weights, four registers) of each row per
+// step. Up to 2 tokens their activations are preloaded in registers for the step; 3-6 tokens (the
+// wide tiles, kAq4WideRows rows) load them from L1 where they are used. The same sequence per
+// (row, token) either way, and as the panel tiles'. (16 streams give each expert about two
+// tokens, many 3-6: one pass over the weights for them, not a panel decode.)
+#ifndef DSV41_AQ4_WIDE
+#define DSV41_AQ4_WIDE 2
+#endif
+constexpr int kAq4WideRows = DSV41_AQ4_WIDE;
 constexpr int64_t kAq4DirectMaxTokens = 6;
 template <int R, int NT>
 inline void aq4_direct_tile(const AqFp4Decoder& dec, const uint8_t* w, const uint8_t* scale,
@@ -612,20 +648,22 @@ inline void aq4_direct_tile(const AqFp4Decoder& dec, const uint8_t* w, const uin
     if constexpr (kPreload)
       for (int t = 0; t < NT; ++t)
         for (int z = 0; z < 4; ++z) xv[t][z] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const uint8_t* row = w + r * rb;
       _mm_prefetch(reinterpret_cast<const char*>(row + c / 2 + kAqPrefetch), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(row + c / 2 + R * rb), _MM_HINT_T1);  // next tile
       __m512i wv[4];
-      dec.decode(aq_load_bytes(row + c / 2, rb - c / 2), wv);
-      const __m512 sc = dec.scales(scale + r * nblocks, nblocks, c / 128);
+      dec.decode(aq_load_bytes(row + c / 2, rb - c / 2),
+                 dec.scale_sub(scale + r * nblocks, nblocks, c / 128), wv);
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
         if constexpr (kPreload) {
-          acc[r][t] = aq4_chunk(acc[r][t], wv, xv[t], sc);
+          acc[r][t] = aq4_dots(acc[r][t], wv, xv[t]);
         } else {
           __m512i x[4];
           for (int z = 0; z < 4; ++z) x[z] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
-          acc[r][t] = aq4_chunk(acc[r][t], wv, x, sc);
+          acc[r][t] = aq4_dots(acc[r][t], wv, x);
         }
       }
     }
@@ -634,166 +672,20 @@ inline void aq4_direct_tile(const AqFp4Decoder& dec, const uint8_t* w, const uin
     for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
 }
 
-// The panel of R rows: their unscaled words (R x st, the decoders' order), then their chunk scales
-// (R x st / 128 vectors of 16 floats).
+// R rows decoded into a panel of R x st words (the decoder's order, scales folded in), as
+// aq_decode_panel does for FP8.
 template <int R>
 inline void aq4_decode_panel(const AqFp4Decoder& dec, const uint8_t* w, const uint8_t* scale,
                              int64_t in, uint16_t* panel) {
   const int64_t st = aq_act_stride_impl(in, AqFormat::kMxfp4), nblocks = in / 32, rb = in / 2;
-  float* sp = reinterpret_cast<float*>(panel + R * st);
   for (int64_t c = 0; c < st; c += 128)
     for (int r = 0; r < R; ++r) {
       __m512i wv[4];
       _mm_prefetch(reinterpret_cast<const char*>(w + r * rb + c / 2 + kAqPrefetch), _MM_HINT_T0);
-      dec.decode(aq_load_bytes(w + r * rb + c / 2, rb - c / 2), wv);
+      dec.decode(aq_load_bytes(w + r * rb + c / 2, rb - c / 2),
+                 dec.scale_sub(scale + r * nblocks, nblocks, c / 128), wv);
       for (int z = 0; z < 4; ++z) _mm512_store_si512(panel + r * st + c + 32 * z, wv[z]);
-      _mm512_store_ps(sp + (r * (st / 128) + c / 128) * 16,
-                      dec.scales(scale + r * nblocks, nblocks, c / 128));
     }
-}
-
-// The panel's R rows x NT tokens over the words [c0, c1) (whole 128-value chunks): the same
-// sequence as aq4_direct_tile, cut into K blocks with the accumulators waiting in `spill`.
-template <int R, int NT>
-inline void aq4_panel_tile(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t xst,
-                           int64_t c0, int64_t c1, float* spill, float* y, int64_t ldy) {
-  const float* sp = reinterpret_cast<const float*>(panel + R * st);
-  __m512 acc[R][NT];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t)
-      acc[r][t] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(spill + (r * NT + t) * 16);
-  for (int64_t c = c0; c < c1; c += 128) {
-    __m512 tmp[R][NT];
-    for (int z = 0; z < 4; ++z) {
-      __m512i xv[NT];
-      for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
-      for (int r = 0; r < R; ++r) {
-        const __m512i wv = _mm512_load_si512(panel + r * st + c + 32 * z);
-        for (int t = 0; t < NT; ++t)
-          tmp[r][t] =
-              _mm512_dpbf16_ps(z == 0 ? _mm512_setzero_ps() : tmp[r][t], as_bh(wv), as_bh(xv[t]));
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512 sc = _mm512_load_ps(sp + (r * (st / 128) + c / 128) * 16);
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(tmp[r][t], sc, acc[r][t]);
-    }
-  }
-  if (c1 == st) {
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
-  } else {
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < NT; ++t) _mm512_store_ps(spill + (r * NT + t) * 16, acc[r][t]);
-  }
-}
-
-constexpr int kAq4PanelRows = 4;  // 4 x 3 tile: 12 accumulators, 12 chunk sums
-constexpr int kAq4PanelTokens = 3;
-
-// Words a panel of R rows takes: R x st words, then R x st / 128 vectors of 16 floats.
-constexpr int64_t aq4_panel_words(int64_t rows, int64_t st) {
-  return rows * st + rows * (st / 128) * 32;
-}
-
-// The panel's R rows x NT tokens over the whole K (few tokens: kAqPanelOuterMaxTokens); apart
-// from the K-blocked aq4_panel_tile for the reason given at aq_panel_tile_whole.
-template <int R, int NT>
-inline void aq4_panel_tile_whole(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t xst,
-                                 float* y, int64_t ldy) {
-  const float* sp = reinterpret_cast<const float*>(panel + R * st);
-  __m512 acc[R][NT];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < st; c += 128) {
-    __m512 tmp[R][NT];
-    for (int z = 0; z < 4; ++z) {
-      __m512i xv[NT];
-      for (int t = 0; t < NT; ++t) xv[t] = _mm512_loadu_si512(xp + t * xst + c + 32 * z);
-      for (int r = 0; r < R; ++r) {
-        const __m512i wv = _mm512_load_si512(panel + r * st + c + 32 * z);
-        for (int t = 0; t < NT; ++t)
-          tmp[r][t] =
-              _mm512_dpbf16_ps(z == 0 ? _mm512_setzero_ps() : tmp[r][t], as_bh(wv), as_bh(xv[t]));
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512 sc = _mm512_load_ps(sp + (r * (st / 128) + c / 128) * 16);
-      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(tmp[r][t], sc, acc[r][t]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) y[t * ldy + r] = aq_hsum(acc[r][t]);
-}
-
-template <int R>
-inline void aq4_panel_tokens(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t nt,
-                             float* y, int64_t ldy) {
-  int64_t t = 0;
-  for (; t + kAq4PanelTokens <= nt; t += kAq4PanelTokens)
-    aq4_panel_tile_whole<R, kAq4PanelTokens>(panel, st, xp + t * st, st, y + t * ldy, ldy);
-  if (nt - t == 2) aq4_panel_tile_whole<R, 2>(panel, st, xp + t * st, st, y + t * ldy, ldy);
-  if (nt - t == 1) aq4_panel_tile_whole<R, 1>(panel, st, xp + t * st, st, y + t * ldy, ldy);
-}
-
-// A decoded group of nrows rows (4-row panels, then single-row ones, back to back) for the NT
-// tokens at xp over the words [c0, c1), as aq_panel_rows.
-template <int NT>
-inline void aq4_panel_rows(const uint16_t* panel, int64_t st, int64_t nrows, const uint16_t* xp,
-                           int64_t c0, int64_t c1, float* spill, float* y, int64_t ldy) {
-  constexpr int64_t kSlot = kAq4PanelRows * kAq4PanelTokens * 16;
-  int64_t r = 0, slot = 0;
-  for (; r + kAq4PanelRows <= nrows; r += kAq4PanelRows, ++slot) {
-    aq4_panel_tile<kAq4PanelRows, NT>(panel, st, xp, st, c0, c1, spill + slot * kSlot, y + r, ldy);
-    panel += aq4_panel_words(kAq4PanelRows, st);
-  }
-  for (; r < nrows; ++r, ++slot) {
-    aq4_panel_tile<1, NT>(panel, st, xp, st, c0, c1, spill + slot * kSlot, y + r, ldy);
-    panel += aq4_panel_words(1, st);
-  }
-}
-
-// The group for nt tokens. Rows of up to 4,096 words: panel by panel, each over all token tiles
-// (a 4-row panel, at most 40 KB, stays in L1 and feeds 4 rows x 3 tokens with 4 of its loads
-// against 3 of the activations'); longer rows as aq_panel_group: token tiles, K blocks of 1,024
-// words, row tiles. One Zen 5 core, [1024, k]: k = 5120 +9-18% over the panel-by-panel order at
-// 64-240 tokens; k = 2304 10-20% slower in the blocked order.
-inline void aq4_panel_group(const uint16_t* panel, int64_t st, int64_t nrows, const uint16_t* xp,
-                            int64_t nt, float* y, int64_t ldy) {
-  alignas(64) static thread_local float spill[kAqGroupRows * kAq4PanelRows * kAq4PanelTokens * 16];
-  if (st <= 4 * kAqKBlockWords) {
-    int64_t r = 0;
-    auto tokens = [&]<int R>() {
-      int64_t t = 0;
-      for (; t + kAq4PanelTokens <= nt; t += kAq4PanelTokens)
-        aq4_panel_tile<R, kAq4PanelTokens>(panel, st, xp + t * st, st, 0, st, spill,
-                                           y + t * ldy + r, ldy);
-      if (nt - t == 2)
-        aq4_panel_tile<R, 2>(panel, st, xp + t * st, st, 0, st, spill, y + t * ldy + r, ldy);
-      if (nt - t == 1)
-        aq4_panel_tile<R, 1>(panel, st, xp + t * st, st, 0, st, spill, y + t * ldy + r, ldy);
-      panel += aq4_panel_words(R, st);
-    };
-    for (; r + kAq4PanelRows <= nrows; r += kAq4PanelRows)
-      tokens.template operator()<kAq4PanelRows>();
-    for (; r < nrows; ++r) tokens.template operator()<1>();
-    return;
-  }
-  const int64_t kb = kAqKBlockWords;
-  for (int64_t t = 0; t < nt; t += kAq4PanelTokens) {
-    const int64_t n = std::min<int64_t>(kAq4PanelTokens, nt - t);
-    const uint16_t* xt = xp + t * st;
-    float* yt = y + t * ldy;
-    for (int64_t c0 = 0; c0 < st; c0 += kb) {
-      const int64_t c1 = std::min(st, c0 + kb);
-      if (n == 3)
-        aq4_panel_rows<3>(panel, st, nrows, xt, c0, c1, spill, yt, ldy);
-      else if (n == 2)
-        aq4_panel_rows<2>(panel, st, nrows, xt, c0, c1, spill, yt, ldy);
-      else
-        aq4_panel_rows<1>(panel, st, nrows, xt, c0, c1, spill, yt, ldy);
-    }
-  }
 }
 
 // Rows [0, out) of an MXFP4 matrix (in a multiple of 32) for ntok packed tokens.
@@ -819,39 +711,9 @@ inline void aq_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t o
     if (ntok == 6) rows.template operator()<6>();
     return;
   }
-  // A group of kAqGroupRows rows decoded once per token block: 4-row panels of words and their
-  // scales (1.25 x st words a row: a 128-value chunk's 256 bytes of words and 64 of scales).
-  uint16_t* panel = aq_panel_scratch(aq4_panel_words(kAqGroupRows, st));
-  const int64_t tb = aq_token_block(st, ntok);
-  for (int64_t t0 = 0; t0 < ntok; t0 += tb) {
-    const int64_t nt = std::min(tb, ntok - t0);
-    for (int64_t o0 = 0; o0 < out; o0 += kAqGroupRows) {
-      const int64_t nrows = std::min(kAqGroupRows, out - o0);
-      uint16_t* p = panel;
-      int64_t r = 0;
-      if (nt <= kAqPanelOuterMaxTokens) {  // each 4-row panel used while it is in L1
-        for (; r + kAq4PanelRows <= nrows; r += kAq4PanelRows) {
-          aq4_decode_panel<kAq4PanelRows>(dec, w + (o0 + r) * rb, scale + (o0 + r) * nblocks, in,
-                                          panel);
-          aq4_panel_tokens<kAq4PanelRows>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
-        }
-        for (; r < nrows; ++r) {
-          aq4_decode_panel<1>(dec, w + (o0 + r) * rb, scale + (o0 + r) * nblocks, in, panel);
-          aq4_panel_tokens<1>(panel, st, xp + t0 * st, nt, y + t0 * ldy + o0 + r, ldy);
-        }
-        continue;
-      }
-      for (; r + kAq4PanelRows <= nrows; r += kAq4PanelRows) {
-        aq4_decode_panel<kAq4PanelRows>(dec, w + (o0 + r) * rb, scale + (o0 + r) * nblocks, in, p);
-        p += aq4_panel_words(kAq4PanelRows, st);
-      }
-      for (; r < nrows; ++r) {
-        aq4_decode_panel<1>(dec, w + (o0 + r) * rb, scale + (o0 + r) * nblocks, in, p);
-        p += aq4_panel_words(1, st);
-      }
-      aq4_panel_group(panel, st, nrows, xp + t0 * st, nt, y + t0 * ldy + o0, ldy);
-    }
-  }
+  aq_panel_gemm(out, st, xp, ntok, y, ldy, [&]<int R>(int64_t o, uint16_t* panel) {
+    aq4_decode_panel<R>(dec, w + o * rb, scale + o * nblocks, in, panel);
+  });
 }
 
 // Fused gate/up over the interleaved w13 (row 2j gate, 2j + 1 up): kAqGateUpPairs pairs at a time
