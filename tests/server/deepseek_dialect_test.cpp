@@ -828,10 +828,29 @@ TEST(DeepSeekDialect, ServerWideDefaultsOnTheRealBinary) {
 // The official clients on the real binary serving the demo model, made as `serve` makes it on
 // first use (the V4.1 tokenizer derived from DeepSeek-V3's, with the FIM tokens): the dialect
 // (tests/js/deepseek_dialect_test.mjs, mode basic), then the same model served with the
-// server-wide defaults of issue 36 item 8 (mode defaults). SIGTERM ends each with status 0.
+// server-wide defaults of issue 36 item 8 (mode defaults) and `--speculative dspark` (the demo has
+// a drafter): greedy output with and without repetition_penalty is the same token for token as
+// without speculation, and the penalty changes it. SIGTERM ends each server with status 0.
 TEST(DeepSeekDialect, OfficialClientsOnTheDemoModel) {
   dsv41::testing::TempDir dir;
   const std::string cache = dir.path() + "/cache";
+  const std::string base =
+      R"({"model":"dsv41-demo","prompt":"hello world","max_tokens":12,"temperature":0,)"
+      R"("ignore_eos":true,"return_token_ids":true)";
+  // Greedy demo output repeats no token, so 1 < penalty changes nothing there: a penalty below 1
+  // does; a bias that makes token 500 the argmax everywhere, with and without a strong penalty.
+  const std::vector<std::string> bodies = {
+      base + "}", base + R"(,"repetition_penalty":0.5})", base + R"(,"logit_bias":{"500":30}})",
+      base + R"(,"logit_bias":{"500":30},"repetition_penalty":100})"};
+  auto greedy = [&](int port) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    std::vector<OJson> ids;
+    for (const std::string& b : bodies)
+      ids.push_back(dialect_post(c, "/v1/completions", b)["choices"][0]["token_ids"]);
+    return ids;
+  };
+  std::vector<OJson> plain;
   {
     ServeProcess p;
     ASSERT_TRUE(p.start_demo(cache, dir.path() + "/serve.log"));
@@ -839,16 +858,32 @@ TEST(DeepSeekDialect, OfficialClientsOnTheDemoModel) {
     const std::string said(std::istreambuf_iterator<char>(log), {});
     EXPECT_NE(said.find("demo model: deriving the V4.1 tokenizer"), std::string::npos) << said;
     expect_node_client_passes(p.port, "dsv41-demo", "basic", "deepseek_dialect_test.mjs");
+    plain = greedy(p.port);
     kill(p.pid, SIGTERM);
     EXPECT_EQ(p.wait_exit(), 0);
   }
   ServeProcess p;
-  ASSERT_TRUE(
-      p.start_demo(cache, dir.path() + "/serve_defaults.log",
-                   {"--served-model-name", "dsv41-demo", "deepseek-chat", "--reasoning-budget", "3",
-                    "--default-chat-template-kwargs", R"({"reasoning_effort":"max"})",
-                    "--override-generation-config", R"({"max_new_tokens":6})"}));
+  ASSERT_TRUE(p.start_demo(
+      cache, dir.path() + "/serve_defaults.log",
+      {"--served-model-name", "dsv41-demo", "deepseek-chat", "--reasoning-budget", "3",
+       "--default-chat-template-kwargs", R"({"reasoning_effort":"max"})",
+       "--override-generation-config", R"({"max_new_tokens":6})", "--speculative", "dspark"}));
   expect_node_client_passes(p.port, "dsv41-demo", "defaults", "deepseek_dialect_test.mjs");
+  const std::vector<OJson> speculated = greedy(p.port);
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(60, 0);
+  const std::string m = metrics_once_they_hold(c, "dsv41_spec_draft_tokens_total");
+  const std::size_t at = m.find("\ndsv41_spec_draft_tokens_total ");
+  ASSERT_NE(at, std::string::npos) << m;
+  EXPECT_GT(std::stoll(m.substr(at + 31)), 0);  // the verify steps ran
+  for (std::size_t i = 0; i < bodies.size(); ++i) {
+    EXPECT_EQ(plain[i].size(), 12u) << bodies[i];
+    EXPECT_EQ(plain[i], speculated[i]) << bodies[i];
+  }
+  EXPECT_NE(plain[0], plain[1]);
+  auto count = [](const OJson& a) { return std::count(a.begin(), a.end(), OJson(500)); };
+  EXPECT_EQ(count(plain[2]), 12);
+  EXPECT_EQ(count(plain[3]), 1);
   kill(p.pid, SIGTERM);
   EXPECT_EQ(p.wait_exit(), 0);
 }
