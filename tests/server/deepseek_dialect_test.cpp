@@ -837,8 +837,8 @@ TEST(DeepSeekDialect, OfficialClientsOnTheDemoModel) {
   const std::string base =
       R"({"model":"dsv41-demo","prompt":"hello world","max_tokens":12,"temperature":0,)"
       R"("ignore_eos":true,"return_token_ids":true)";
-  // Greedy demo output repeats no token, so 1 < penalty changes nothing there: a penalty below 1
-  // does; a bias that makes token 500 the argmax everywhere, with and without a strong penalty.
+  // Greedy demo output repeats no token, so a penalty above 1 changes nothing there; one below 1
+  // does, and so does 100 against a bias that makes token 500 the argmax everywhere.
   const std::vector<std::string> bodies = {
       base + "}", base + R"(,"repetition_penalty":0.5})", base + R"(,"logit_bias":{"500":30}})",
       base + R"(,"logit_bias":{"500":30},"repetition_penalty":100})"};

@@ -281,6 +281,7 @@ struct ServeProcess {
                   const std::vector<std::string>& extra = {}) {
     return launch({}, log, extra, cache);
   }
+  // `model`: --model and its value, or nothing (the demo); `cache`: DSV41_CACHE when not empty.
   bool launch(const std::vector<std::string>& model, const std::string& log,
               const std::vector<std::string>& extra, const std::string& cache) {
     log_path = log;
