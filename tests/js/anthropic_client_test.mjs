@@ -55,7 +55,7 @@ async function basic() {
   check(count.input_tokens === prompt(sys.usage), `count_tokens equals the prompt (${count.input_tokens})`);
 
   const think = await client.messages.create({
-    model, max_tokens: 2048, temperature: 0, messages, thinking: { type: 'enabled', budget_tokens: 1024 },
+    model, max_tokens: 1025, temperature: 0, messages, thinking: { type: 'enabled', budget_tokens: 1024 },
     stop_sequences: ['\u0000never'],
   });
   check(prompt(think.usage) !== prompt(m.usage), 'thinking enabled changes the prompt');

@@ -2,8 +2,9 @@
 // for the three APIs, DeepSeek's thinking switch, the reasoning cap (per request and the server's),
 // usage with the cache and the reasoning, chat prefix completion and the /beta paths, FIM
 // completion, vLLM's sampling and output fields, parallel_tool_calls false, and the policy that a
-// documented field is honoured or refused naming it. Scripted models here; the official clients on
-// the real binary in tests/js/deepseek_dialect_test.mjs.
+// documented field is honoured or refused naming it. Scripted models here; the official clients
+// (tests/js/deepseek_dialect_test.mjs) on the real binary serving the demo model, and on the
+// scripted servers where the demo model cannot show a case (no FIM tokens, two tool calls).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -326,6 +327,8 @@ TEST(DeepSeekDialect, FimCompletionPutsTheFimTokensAroundPromptAndSuffix) {
                    R"({"model":"scripted","prompt":"a","suffix":"b","max_tokens":2})", 400);
   EXPECT_EQ(e["error"]["param"], "suffix");
   EXPECT_NE(e["error"]["message"].get<std::string>().find(tokens::kFimBegin), std::string::npos);
+  // The same 400 through the official client (FIM's success: OfficialClientsOnTheDemoModel).
+  expect_node_client_passes(plain.port, "scripted", "fim-missing", "deepseek_dialect_test.mjs");
 }
 
 // vLLM's output fields: include_stop_str_in_output, skip_special_tokens, truncate_prompt_tokens,
@@ -459,6 +462,9 @@ TEST(DeepSeekDialect, ParallelToolCallsFalseKeepsOneCall) {
       "tools":[{"name":"get_weather","input_schema":{"type":"object"}}]})");
   ASSERT_EQ(m["content"].size(), 1u);
   EXPECT_EQ(m["content"][0]["type"], "tool_use");
+  // The official clients: two calls without the field, the first only with it (the demo model
+  // writes no tool calls, so this runs on the scripted one).
+  expect_node_client_passes(s.port, "scripted", "parallel", "deepseek_dialect_test.mjs");
 }
 
 // Claude Code's first system block "x-anthropic-billing-header: ..." changes on every request: it
@@ -819,8 +825,67 @@ TEST(DeepSeekDialect, ServerWideDefaultsOnTheRealBinary) {
   EXPECT_EQ(p.wait_exit(), 0);
 }
 
-TEST(DeepSeekDialect, OfficialClientsOnTheRealBinary) {
-  expect_node_client_passes_on_real_binary("deepseek_dialect_test.mjs");
+// The official clients on the real binary serving the demo model, made as `serve` makes it on
+// first use (the V4.1 tokenizer derived from DeepSeek-V3's, with the FIM tokens): the dialect
+// (tests/js/deepseek_dialect_test.mjs, mode basic), then the same model served with the
+// server-wide defaults of issue 36 item 8 (mode defaults) and `--speculative dspark` (the demo has
+// a drafter): greedy output with and without repetition_penalty is the same token for token as
+// without speculation, and the penalty changes it. SIGTERM ends each server with status 0.
+TEST(DeepSeekDialect, OfficialClientsOnTheDemoModel) {
+  dsv41::testing::TempDir dir;
+  const std::string cache = dir.path() + "/cache";
+  const std::string base =
+      R"({"model":"dsv41-demo","prompt":"hello world","max_tokens":12,"temperature":0,)"
+      R"("ignore_eos":true,"return_token_ids":true)";
+  // Greedy demo output repeats no token, so a penalty above 1 changes nothing there; one below 1
+  // does, and so does 100 against a bias that makes token 500 the argmax everywhere.
+  const std::vector<std::string> bodies = {
+      base + "}", base + R"(,"repetition_penalty":0.5})", base + R"(,"logit_bias":{"500":30}})",
+      base + R"(,"logit_bias":{"500":30},"repetition_penalty":100})"};
+  auto greedy = [&](int port) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    std::vector<OJson> ids;
+    for (const std::string& b : bodies)
+      ids.push_back(dialect_post(c, "/v1/completions", b)["choices"][0]["token_ids"]);
+    return ids;
+  };
+  std::vector<OJson> plain;
+  {
+    ServeProcess p;
+    ASSERT_TRUE(p.start_demo(cache, dir.path() + "/serve.log"));
+    std::ifstream log(p.log_path);
+    const std::string said(std::istreambuf_iterator<char>(log), {});
+    EXPECT_NE(said.find("demo model: deriving the V4.1 tokenizer"), std::string::npos) << said;
+    expect_node_client_passes(p.port, "dsv41-demo", "basic", "deepseek_dialect_test.mjs");
+    plain = greedy(p.port);
+    kill(p.pid, SIGTERM);
+    EXPECT_EQ(p.wait_exit(), 0);
+  }
+  ServeProcess p;
+  ASSERT_TRUE(p.start_demo(
+      cache, dir.path() + "/serve_defaults.log",
+      {"--served-model-name", "dsv41-demo", "deepseek-chat", "--reasoning-budget", "3",
+       "--default-chat-template-kwargs", R"({"reasoning_effort":"max"})",
+       "--override-generation-config", R"({"max_new_tokens":6})", "--speculative", "dspark"}));
+  expect_node_client_passes(p.port, "dsv41-demo", "defaults", "deepseek_dialect_test.mjs");
+  const std::vector<OJson> speculated = greedy(p.port);
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(60, 0);
+  const std::string m = metrics_once_they_hold(c, "dsv41_spec_draft_tokens_total");
+  const std::size_t at = m.find("\ndsv41_spec_draft_tokens_total ");
+  ASSERT_NE(at, std::string::npos) << m;
+  EXPECT_GT(std::stoll(m.substr(at + 31)), 0);  // the verify steps ran
+  for (std::size_t i = 0; i < bodies.size(); ++i) {
+    EXPECT_EQ(plain[i].size(), 12u) << bodies[i];
+    EXPECT_EQ(plain[i], speculated[i]) << bodies[i];
+  }
+  EXPECT_NE(plain[0], plain[1]);
+  auto count = [](const OJson& a) { return std::count(a.begin(), a.end(), OJson(500)); };
+  EXPECT_EQ(count(plain[2]), 12);
+  EXPECT_EQ(count(plain[3]), 1);
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -272,21 +273,41 @@ struct ServeProcess {
   // `extra`: further serve flags (--speculative dspark, ...).
   bool start(const std::string& model_dir, const std::string& log,
              const std::vector<std::string>& extra = {}) {
+    return launch({"--model", model_dir}, log, extra, "");
+  }
+  // The demo model, as `serve` without --model makes it on first use (preset demo, the V4.1
+  // tokenizer derived from DeepSeek-V3's), in `cache` (DSV41_CACHE) instead of the user's cache.
+  bool start_demo(const std::string& cache, const std::string& log,
+                  const std::vector<std::string>& extra = {}) {
+    return launch({}, log, extra, cache);
+  }
+  // `model`: --model and its value, or nothing (the demo); `cache`: DSV41_CACHE when not empty.
+  bool launch(const std::vector<std::string>& model, const std::string& log,
+              const std::vector<std::string>& extra, const std::string& cache) {
     log_path = log;
-    std::vector<std::string> args = {
-        "dsv41", "serve", "--model", model_dir, "--port", "0", "--shutdown-timeout", "60"};
+    std::vector<std::string> args = {"dsv41", "serve"};
+    args.insert(args.end(), model.begin(), model.end());
+    for (const char* a : {"--port", "0", "--shutdown-timeout", "60"}) args.push_back(a);
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    // The environment is built before fork (the child only execs): this one's, with DSV41_CACHE.
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e)
+      if (cache.empty() || std::string_view(*e).rfind("DSV41_CACHE=", 0) != 0) env.emplace_back(*e);
+    if (!cache.empty()) env.push_back("DSV41_CACHE=" + cache);
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     pid = fork();
     if (pid == 0) {
       FILE* f = freopen(log.c_str(), "w", stderr);
       (void)f;
-      execv(DSV41_BINARY, argv.data());
+      execve(DSV41_BINARY, argv.data(), envp.data());
       _exit(127);
     }
-    for (int i = 0; i < 600; ++i) {  // up to 60 s for the listening line
+    for (int i = 0; i < 1200; ++i) {  // up to 120 s for the listening line (the demo is made first)
       std::ifstream in(log);
       std::string line;
       while (std::getline(in, line)) {
