@@ -1153,17 +1153,20 @@ TEST_P(KernelTier, AqMxfp4ExtremeScales) {
   std::vector<float> y(static_cast<std::size_t>(m * out), NAN), one(static_cast<std::size_t>(out)),
       want(static_cast<std::size_t>(out));
   k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), out);
+  int large = 0;  // outputs the scale-252 blocks make large: most of the 72
   for (int64_t t = 0; t < m; ++t) {
     k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data(), out);
     ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
     expect_close(one, want, mxfp4_term_sums(w, s, out, in, x.data() + t * in), sum_tol(in),
                  "extreme scales t" + std::to_string(t));
     for (int64_t o = 0; o < out; ++o) {
-      ASSERT_TRUE(std::isfinite(one[std::size_t(o)]) && std::fabs(want[std::size_t(o)]) > 1e20f)
-          << "t" << t << " row " << o << " " << want[std::size_t(o)];
+      ASSERT_TRUE(std::isfinite(one[std::size_t(o)])) << "t" << t << " row " << o;
+      // (a 252 block's 32 products are integer multiples of one unit and can cancel exactly)
+      large += std::fabs(want[std::size_t(o)]) > 1e20f;
       ASSERT_EQ(bits_of_float(y[std::size_t(t * out + o)]), bits_of_float(one[std::size_t(o)]));
     }
   }
+  EXPECT_GE(large, m * out / 2);
 }
 
 // act_quant_fp8 is the reference's fake_fp8_pow2<float> bit for bit on every tier: magnitudes
