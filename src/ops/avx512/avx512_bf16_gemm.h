@@ -348,10 +348,14 @@ inline void aq_panel_tile(const uint16_t* panel, int64_t st, const uint16_t* xp,
   }
 }
 
-constexpr int kAqPanelRows = 4;                 // rows per panel tile (4 x 6: 24 accumulators)
-constexpr int kAqPanelTokens = 6;               // tokens per panel tile
-constexpr int64_t kAqDirectMaxTokens = 3;       // up to here the weights are decoded per token pass
-constexpr int64_t kAqXBlockWords = 256 * 1024;  // a token block's activations: 512 KB, in L2
+constexpr int kAqPanelRows = 4;            // rows per panel tile (4 x 6: 24 accumulators)
+constexpr int kAqPanelTokens = 6;          // tokens per panel tile
+constexpr int64_t kAqDirectMaxTokens = 3;  // up to here the weights are decoded per token pass
+// A token block's activations: up to 2 MB, so a call of a few hundred tokens decodes its weights
+// once (the block streams from L3 once per 32-row group; the decoded group stays in L2). One
+// Zen 5 core per format, both cores busy, 64-256 tokens on [2304, 5120] MXFP4 and [1024, 5120]
+// FP8: 6-12% faster than blocks of 512 KB (in L2 beside the group); 8 MB: no faster.
+constexpr int64_t kAqXBlockWords = 1024 * 1024;
 // FP8 panel path, blocked for the caches: a scale group's 32 rows are decoded into the panel (L2)
 // once per token block; then for each 6-token tile, K block by K block, all the group's row
 // tiles run over that tile's activations (6 x 1,024 words: 12 KB, in L1), their accumulators
@@ -378,10 +382,10 @@ inline uint16_t* aq_panel_scratch(int64_t words) {
                                      ~uintptr_t(63));
 }
 
-// Token blocks whose activations stay in L2 while every row of a call passes over them, all of
-// about one size (64 tokens at 5,120 values: 36 + 28, not 48 + 16: a block of few tokens pays
-// for a whole decode of the weights and runs the slower few-token order; 5-15% on [2304, 5120]
-// and [5120, 8192] at 64 and 100 tokens, two Zen 5 threads).
+// Token blocks of at most kAqXBlockWords activation words while every row of a call passes over
+// them, all of about one size (a block of few tokens pays for a whole decode of the weights and
+// runs the slower few-token order: with 512 KB blocks, 64 tokens at 5,120 values as 36 + 28
+// rather than 48 + 16 ran 5-15% faster on [2304, 5120] and [5120, 8192], two Zen 5 threads).
 inline int64_t aq_token_block(int64_t st, int64_t ntok) {
   const int64_t most =
       std::max<int64_t>(kAqPanelTokens, kAqXBlockWords / st / kAqPanelTokens * kAqPanelTokens);
