@@ -1,7 +1,17 @@
-// ThreadPool implementation: generation counter wakes workers; pending count signals completion.
+// ThreadPool implementation: an atomic generation counter starts a job, an atomic pending count
+// ends it; each side polls its atomic for kSpin, then sleeps on a condition variable. No wake-up
+// is lost: a sleeper checks its condition under mu_, and every change of a condition is followed
+// by taking mu_ before the notify.
 #include "core/thread_pool.h"
 
 #include <algorithm>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DSV41_CPU_RELAX() _mm_pause()
+#else
+#define DSV41_CPU_RELAX() std::this_thread::yield()
+#endif
 
 namespace dsv41 {
 
@@ -12,6 +22,19 @@ std::pair<std::size_t, std::size_t> split(std::size_t n, std::size_t parts, std:
   const std::size_t begin = p * base + std::min(p, extra);
   return {begin, begin + base + (p < extra ? 1 : 0)};
 }
+
+// Polls done() for up to `budget`; true when it held.
+template <class Done>
+bool spin_until(const Done& done, std::chrono::microseconds budget) {
+  const auto until = std::chrono::steady_clock::now() + budget;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      DSV41_CPU_RELAX();
+    }
+    if (std::chrono::steady_clock::now() >= until) return done();
+  }
+}
 }  // namespace
 
 ThreadPool::ThreadPool(std::size_t threads) {
@@ -20,10 +43,8 @@ ThreadPool::ThreadPool(std::size_t threads) {
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
+  stop_.store(true, std::memory_order_release);
+  { std::lock_guard<std::mutex> lock(mu_); }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
@@ -35,39 +56,44 @@ void ThreadPool::parallel_for(
     fn(0, n, 0);
     return;
   }
+  job_ = &fn;
+  job_n_ = n;
+  pending_.store(workers_.size(), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    pending_ = workers_.size();
-    ++generation_;
+    std::lock_guard<std::mutex> lock(mu_);  // a worker between its check and its sleep
   }
   start_cv_.notify_all();
   auto [b, e] = split(n, size(), 0);
   if (b < e) fn(b, e, 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
+  auto done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(done, kSpin)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, done);
+  }
   job_ = nullptr;
 }
 
 void ThreadPool::worker_loop(std::size_t id) {
   std::size_t seen = 0;
   for (;;) {
-    const std::function<void(std::size_t, std::size_t, std::size_t)>* job;
-    std::size_t n;
-    {
+    auto started = [&] {
+      return stop_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(started, kSpin)) {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
+      start_cv_.wait(lock, started);
     }
-    auto [b, e] = split(n, size(), id);
-    if (b < e) (*job)(b, e, id);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    auto [b, e] = split(job_n_, size(), id);
+    if (b < e) (*job_)(b, e, id);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);  // the caller between its check and its sleep
+      }
+      done_cv_.notify_one();
     }
   }
 }

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <set>
+#include <thread>
 #include <vector>
 
 namespace dsv41 {
@@ -40,6 +42,26 @@ TEST(ThreadPool, ReusedManyTimesAndUsesParticipants) {
   }
   EXPECT_EQ(sum.load(), 2000L * (63 * 64 / 2));
   EXPECT_EQ(participants.size(), 4u);
+}
+
+// Jobs further apart than the spin (the workers asleep on the condition variable) and parts that
+// outlast it (the caller asleep waiting for a worker): each job still sees every index once and
+// parallel_for returns only after the last part.
+TEST(ThreadPool, WakesAfterSleepingOnBothSides) {
+  ThreadPool pool(3);
+  const auto pause = ThreadPool::kSpin * 5;
+  for (int rep = 0; rep < 6; ++rep) {
+    std::this_thread::sleep_for(pause);
+    std::vector<std::atomic<int>> hits(9);
+    std::atomic<int> finished{0};
+    pool.parallel_for(9, [&](std::size_t b, std::size_t e, std::size_t p) {
+      if (p != 0 && rep % 2 == 1) std::this_thread::sleep_for(pause);  // slower than the caller
+      for (std::size_t i = b; i < e; ++i) hits[i]++;
+      finished++;
+    });
+    EXPECT_EQ(finished.load(), 3) << rep;
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1) << rep;
+  }
 }
 
 }  // namespace
