@@ -6,7 +6,8 @@
 // linear, two per routed expert) with single-threaded work between them, and a condition
 // variable's wake-up costs tens of microseconds on a VM (the idle vCPU halts; the futex wake is an
 // inter-processor interrupt). Workers and the caller poll an atomic for up to kSpin before
-// sleeping on the condition variable, so an idle pool costs no CPU after that.
+// sleeping on the condition variable (pausing for the first microseconds, then yielding the core
+// between polls), so an idle pool costs no CPU after that.
 #pragma once
 
 #include <atomic>
