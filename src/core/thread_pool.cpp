@@ -5,6 +5,7 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -48,6 +49,18 @@ bool spin_until(const Done& done, std::chrono::microseconds budget) {
 }
 }  // namespace
 
+std::chrono::microseconds ThreadPool::spin_budget() {
+  static const std::chrono::microseconds budget = [] {
+    const char* env = std::getenv("DSV41_POOL_SPIN_US");
+    if (env == nullptr || *env == '\0') return kSpin;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 0 || v > 1000000) return kSpin;  // malformed: the default
+    return std::chrono::microseconds(v);
+  }();
+  return budget;
+}
+
 ThreadPool::ThreadPool(std::size_t threads) {
   if (threads == 0) threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
   for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
@@ -78,7 +91,7 @@ void ThreadPool::parallel_for(
   auto [b, e] = split(n, size(), 0);
   if (b < e) fn(b, e, 0);
   auto done = [this] { return pending_.load(std::memory_order_acquire) == 0; };
-  if (!spin_until(done, kSpin)) {
+  if (!spin_until(done, spin_)) {
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, done);
   }
@@ -92,7 +105,7 @@ void ThreadPool::worker_loop(std::size_t id) {
       return stop_.load(std::memory_order_acquire) ||
              generation_.load(std::memory_order_acquire) != seen;
     };
-    if (!spin_until(started, kSpin)) {
+    if (!spin_until(started, spin_)) {
       std::unique_lock<std::mutex> lock(mu_);
       start_cv_.wait(lock, started);
     }

@@ -23,8 +23,11 @@ namespace dsv41 {
 
 class ThreadPool {
  public:
-  // How long a waiting thread polls before it sleeps.
+  // How long a waiting thread polls before it sleeps, unless the environment variable
+  // DSV41_POOL_SPIN_US says otherwise (0: sleep at once; for hosts shared with other work, and
+  // the sanitized tests, which run side by side on the cores).
   static constexpr std::chrono::microseconds kSpin{200};
+  static std::chrono::microseconds spin_budget();
 
   // threads = total participants including the caller; 0 means std::thread::hardware_concurrency.
   explicit ThreadPool(std::size_t threads = 0);
@@ -50,6 +53,7 @@ class ThreadPool {
   std::atomic<std::size_t> generation_{0};
   std::atomic<std::size_t> pending_{0};
   std::atomic<bool> stop_{false};
+  const std::chrono::microseconds spin_ = spin_budget();
 };
 
 }  // namespace dsv41
