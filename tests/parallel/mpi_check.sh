@@ -130,14 +130,31 @@ body = json.dumps({"model": "a.conv", "prompt": [1, 2, 3], "max_tokens": 4000, "
                    "stream": not whole}).encode()
 req = urllib.request.Request(f"http://localhost:{port}/v1/completions", body,
                              {"Content-Type": "application/json"})
+def running():
+    with urllib.request.urlopen(f"http://localhost:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("vllm:num_requests_running"):
+                return float(line.split()[-1]) >= 1
+    return False
+
+def kill_while_running(killed):
+    # The kill waits until the request is in the batch (a fixed delay raced a fast machine: the
+    # tiny model can finish 4,000 tokens in 1.4 s).
+    for _ in range(600):
+        if running(): break
+        time.sleep(0.01)
+    time.sleep(0.2)
+    killed.append(time.time())
+    os.kill(pid1, signal.SIGKILL)
+
 def non_streamed():  # the status waits for the outcome: a 503 whose body is the error JSON
-    threading.Timer(1.5, lambda: os.kill(pid1, signal.SIGKILL)).start()
-    t_kill = time.time() + 1.5
+    killed = []
+    threading.Thread(target=kill_while_running, args=(killed,), daemon=True).start()
     try:
         urllib.request.urlopen(req, timeout=60)
     except urllib.error.HTTPError as e:
         assert e.code == 503, f"a non-streamed request answered {e.code} after a rank died"
-        return "503", json.loads(e.read())["error"]["message"], t_kill
+        return "503", json.loads(e.read())["error"]["message"], killed[0]
     raise AssertionError("a non-streamed request answered 200 after a rank died")
 
 def streamed():
