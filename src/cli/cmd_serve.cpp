@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
+#include <tuple>
 
 #include "cli/commands.h"
 #include "cli/demo_model.h"
@@ -45,6 +46,9 @@ void add_serve(CLI::App& app, Runner* run) {
     std::string generation_config = "auto";
     std::string override_generation_config;  // JSON
     int default_max_tokens = 0;              // --default-max-tokens, when given
+    std::vector<std::string> api_keys;       // --api-key (repeatable)
+    std::string api_key_file;
+    std::string allowed_origins, allowed_methods, allowed_headers;  // CORS lists (JSON or a,b)
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
@@ -63,6 +67,28 @@ void add_serve(CLI::App& app, Runner* run) {
   sub->add_option("--port", a->server.port, "Port to listen on (0: any free port)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
+  sub->add_option("--api-key", a->api_keys,
+                  "A key clients must send (Authorization: Bearer KEY, or x-api-key: KEY) on "
+                  "every API route (not /health, nor the chat page's files; /metrics unless "
+                  "--metrics-public); repeatable. Also --api-key-file and the DSV41_API_KEY "
+                  "variable; with none of them every route is open");
+  sub->add_option("--api-key-file", a->api_key_file,
+                  "File of API keys, one a line (blank lines and lines starting with # skipped)");
+  sub->add_flag("--metrics-public", a->server.metrics_public,
+                "/metrics needs no key even when API keys are set (a scraper on the network)");
+  sub->add_option("--allowed-origins", a->allowed_origins,
+                  "CORS: origins whose pages may call the API, as a JSON list ('[\"*\"]', "
+                  "'[\"https://app.example\"]') or comma-separated; default none: no "
+                  "cross-origin access (the built-in page is same-origin)");
+  sub->add_option("--allowed-methods", a->allowed_methods,
+                  "CORS: methods a cross-origin page may use (JSON list or comma-separated; "
+                  "default all)");
+  sub->add_option("--allowed-headers", a->allowed_headers,
+                  "CORS: request headers a cross-origin page may send (JSON list or "
+                  "comma-separated; default all)");
+  sub->add_flag("--allow-credentials", a->server.cors.credentials,
+                "CORS: allow cookies and Authorization on cross-origin requests "
+                "(Access-Control-Allow-Credentials)");
   sub->add_option("--served-model-name", a->names,
                   "Model names clients may send, one or several (responses report the first; "
                   "default: the checkpoint directory's name; dsv41-demo; GET /v1/models lists the "
@@ -153,6 +179,30 @@ void add_serve(CLI::App& app, Runner* run) {
           log::error("serve: {}", o.status().message());
           return kExitUsage;
         }
+      }
+      {
+        const char* env = std::getenv("DSV41_API_KEY");
+        auto keys = ApiKeys::load(a->api_keys, a->api_key_file, env ? env : "");
+        if (!keys) {  // a key file that cannot be read or holds none is an invalid input
+          log::error("serve: {}", keys.status().message());
+          return keys.status().message().starts_with("--api-key-file") ? kExitInvalid : kExitUsage;
+        }
+        a->server.api_keys = std::move(*keys);
+        for (auto [flag, value, out] :
+             {std::tuple{"--allowed-origins", &a->allowed_origins, &a->server.cors.origins},
+              std::tuple{"--allowed-methods", &a->allowed_methods, &a->server.cors.methods},
+              std::tuple{"--allowed-headers", &a->allowed_headers, &a->server.cors.headers}}) {
+          if (value->empty()) continue;
+          if (Status st = CorsPolicy::parse_list(flag, *value, out); !st.is_ok()) {
+            log::error("serve: {}", st.message());
+            return kExitUsage;
+          }
+        }
+        if (!a->server.api_keys.enabled() && !is_loopback_host(a->server.host))
+          log::warn(
+              "serve: listening on {} with no API key: anyone who reaches the port can use the "
+              "model (--api-key, --api-key-file or DSV41_API_KEY)",
+              a->server.host);
       }
       std::string dir = a->model;
       bool demo = dir.empty();

@@ -143,6 +143,7 @@ struct HttpServer::Impl {
   ServedModel model;
   httplib::Server svr;
   Metrics metrics{opt.model_name};  // (opt is initialised before it)
+  CorsPolicy cors{opt.cors};
   std::atomic<bool> draining{false};
   std::atomic<int64_t> in_flight{0};
   int bound_port = -1;
@@ -282,6 +283,34 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
   }
   if (draining.load() && req.path != "/metrics")
     return reject(make_error(503, "the server is shutting down", "service_unavailable"));
+  // CORS: a preflight is answered here (it carries no key); other answers to an allowed origin
+  // get its headers. Without --allowed-origins a preflight gets the 405 below.
+  const std::string origin = req.get_header_value("Origin");
+  if (cors.enabled() && req.method == "OPTIONS" &&
+      req.has_header("Access-Control-Request-Method")) {
+    auto h = cors.preflight(origin, req.get_header_value("Access-Control-Request-Method"),
+                            req.get_header_value("Access-Control-Request-Headers"));
+    res.status = h ? 200 : 400;
+    if (h)
+      for (const auto& [k, v] : *h) res.set_header(k, v);
+    else
+      res.set_content("Disallowed CORS request (origin, method or header not allowed)",
+                      "text/plain");
+    metrics.request_done(label, res.status);
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  for (const auto& [k, v] : cors.response_headers(origin)) res.set_header(k, v);
+  if (opt.api_keys.enabled() && path_needs_key(req.path, opt.metrics_public) &&
+      !opt.api_keys.accepts(req.get_header_value("Authorization"),
+                            req.get_header_value("x-api-key"))) {
+    const bool given = req.has_header("Authorization") || req.has_header("x-api-key");
+    res.set_header("WWW-Authenticate", "Bearer");
+    return reject(make_error(
+        401,
+        given ? "the API key is not valid"
+              : "no API key given: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+        "invalid_request_error", "", "invalid_api_key"));
+  }
   if (route &&
       std::find(route->methods.begin(), route->methods.end(), req.method) == route->methods.end()) {
     std::string allow;

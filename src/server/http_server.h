@@ -14,6 +14,7 @@
 
 #include "core/status.h"
 #include "engine/engine.h"
+#include "server/access_control.h"
 #include "server/generation_defaults.h"
 #include "text/json_ordered.h"
 
@@ -38,6 +39,9 @@ struct ServerOptions {
   // 0: one for every request the engine can hold at once plus a few for other endpoints, so the
   // engine's limits (429 beyond them), not the thread pool, bound concurrency.
   int threads = 0;
+  ApiKeys api_keys;             // none: every route open (issue 37; access_control.h)
+  bool metrics_public = false;  // --metrics-public: /metrics needs no key even with keys set
+  CorsOptions cors;             // no origins: no cross-origin access
 };
 
 class HttpServer {

@@ -4,14 +4,16 @@
 // tests/server/server_harness.h, one sequence at a time with a waiting queue of one (so the test
 // can fill it for a 429); the dashboard against a server on the tiny model's fast path, with a
 // bounded KV pool and the prefix cache.
-// Usage: node browser_test.mjs CHAT_BASE_URL FAST_BASE_URL OUT_DIR HOLD_FILE
+// Last, a third server, scripted and started with the API key `sk-page`: the page asks for the key
+// once (a refused key again), keeps it for the tab, and the dashboard reads /metrics with it.
+// Usage: node browser_test.mjs CHAT_BASE_URL FAST_BASE_URL OUT_DIR HOLD_FILE KEYED_BASE_URL
 // (screenshots go to OUT_DIR; while HOLD_FILE exists the scripted model stops after the third
 // token of an answer: the chat server's ScriptBackend waits for it to go)
 import { chromium } from 'playwright-core';
 import { mkdirSync, unlinkSync, writeFileSync } from 'node:fs';
 import { check } from './check.mjs';
 
-const [base, fastBase, outDir, holdFile] = process.argv.slice(2);
+const [base, fastBase, outDir, holdFile, keyedBase] = process.argv.slice(2);
 // A failed check exits at once: the hold must not outlive the test (the model would wait on it).
 process.on('exit', () => { try { unlinkSync(holdFile); } catch {} });
 const holdModel = () => writeFileSync(holdFile, '');
@@ -257,6 +259,39 @@ try {
   check(!(await page.locator('#status').getAttribute('class')).includes('bad'), 'the dashboard reads /metrics');
   await page.screenshot({ path: `${outDir}/dashboard.png` });
   check(outside.length === 0, `nothing is fetched from anywhere but the server (${outside.join(', ')})`);
+
+  // --- A server with an API key: asked once (again after a refused key), kept for the tab.
+  const kp = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  kp.on('pageerror', (e) => failures.push(`keyed page error: ${e.message}`));
+  kp.on('console', (m) => {
+    if (m.type() === 'error' && !/status of 401/.test(m.text())) failures.push(`keyed console: ${m.text()}`);
+  });
+  const auths = [];  // [path, Authorization] of every API call the keyed pages made
+  kp.on('request', (r) => {
+    const path = new URL(r.url()).pathname;
+    if (!path.startsWith('/web/') && path !== '/' && path !== '/dashboard') auths.push([path, r.headers().authorization]);
+  });
+  await kp.goto(`${keyedBase}/`);
+  await kp.waitForSelector('#api-key-dialog[open]');
+  check((await kp.locator('#api-key-message').textContent()).includes('needs an API key'), 'the page asks for the key on a 401');
+  await kp.fill('#api-key', 'sk-wrong');
+  await kp.click('#api-key-ok');
+  await kp.waitForFunction(() => document.getElementById('api-key-message')?.textContent.includes('refused'));
+  check(true, 'a refused key is asked for again');
+  await kp.fill('#api-key', 'sk-page');
+  await kp.click('#api-key-ok');
+  await kp.waitForFunction(() => document.getElementById('model').textContent === 'scripted');
+  check(await kp.locator('#api-key-dialog').count() === 0, 'the right key closes the dialog and the page loads the model');
+  await kp.fill('#prompt', 'hello');
+  await kp.click('#send');
+  await kp.waitForFunction(() => document.querySelector('.msg.assistant:last-child')?.dataset.finish);
+  const posted = auths.filter(([p]) => p === '/v1/chat/completions');
+  check(posted.length === 1 && posted[0][1] === 'Bearer sk-page', `the chat request carries the key (${JSON.stringify(posted)})`);
+  await kp.goto(`${keyedBase}/dashboard`);
+  await kp.waitForFunction(() => document.getElementById('status').textContent.startsWith('Updated'));
+  check(await kp.locator('#api-key-dialog').count() === 0, 'the dashboard uses the kept key: no second question');
+  check(auths.filter(([p]) => p === '/metrics').every(([, a]) => a === 'Bearer sk-page'), 'the dashboard sends the key to /metrics');
+  await kp.screenshot({ path: `${outDir}/keyed-dashboard.png` });
 } finally {
   await browser.close();
 }

@@ -134,8 +134,10 @@ struct InProcess {
   int port = 0;
   std::shared_ptr<ScriptFaults> faults = std::make_shared<ScriptFaults>();  // scripted backend's
 
+  // `configure`: server options beyond the harness's own (API keys, CORS, ...).
   explicit InProcess(int sleep_ms = 0, std::size_t max_body = 64 << 10, EngineOptions eo = {},
-                     std::string hold_file = {}) {
+                     std::string hold_file = {},
+                     const std::function<void(ServerOptions&)>& configure = {}) {
     auto tok = Tokenizer::from_json(make_tiny_tokenizer().tokenizer_json, "tiny");
     EXPECT_TRUE(tok.is_ok());
     auto script = (*tok)->encode(kScriptText);
@@ -144,7 +146,7 @@ struct InProcess {
     auto e = Engine::create(std::move(backend), std::move(*tok), eo);
     EXPECT_TRUE(e.is_ok());
     engine = std::move(*e);
-    start(max_body);
+    start(max_body, configure);
   }
   // `configure` sets server options beyond the harness's own (--reasoning-budget, ...).
   explicit InProcess(std::unique_ptr<Engine> e,

@@ -2,7 +2,8 @@
 // with a policy that keeps them to this server and nothing to fetch from elsewhere; then the whole
 // page in Debian's chromium, headless (tests/js/browser_test.mjs): a streamed answer with its
 // reasoning folded and a tool call, a 400 naming its parameter, stop, a 429, the dashboard's plots
-// updating. Screenshots go to DSV41_ARTIFACTS_DIR/browser.
+// updating, and a server with an API key (the page asks for it once). Screenshots go to
+// DSV41_ARTIFACTS_DIR/browser.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,10 +100,17 @@ TEST(Web, ChatPageAndDashboardInAHeadlessBrowser) {
   auto fast_engine = Engine::load(fo);
   ASSERT_TRUE(fast_engine.is_ok()) << fast_engine.status().message();
   InProcess fast(std::move(*fast_engine));
+  // A third, scripted, with an API key: the page asks for it and keeps it (issue 37).
+  InProcess keyed(0, 64 << 10, EngineOptions{}, "", [](ServerOptions& so) {
+    auto keys = ApiKeys::load({"sk-page"}, "", "");
+    ASSERT_TRUE(keys.is_ok());
+    so.api_keys = std::move(*keys);
+  });
   const std::string out = std::string(DSV41_ARTIFACTS_DIR) + "/browser";
   const std::string cmd = std::string("node ") + DSV41_JS_DIR +
                           "/browser_test.mjs http://127.0.0.1:" + std::to_string(chat.port) +
-                          " http://127.0.0.1:" + std::to_string(fast.port) + " " + out + " " + hold;
+                          " http://127.0.0.1:" + std::to_string(fast.port) + " " + out + " " +
+                          hold + " http://127.0.0.1:" + std::to_string(keyed.port);
   auto [code, log] = run_command(cmd);
   std::filesystem::remove(hold);  // a test that died holding the model must not stall its engine
   EXPECT_EQ(code, 0) << log;

@@ -43,7 +43,7 @@ async function errorText(res) {
 
 async function loadModel() {
   try {
-    const res = await fetch('/v1/models');
+    const res = await apiFetch('/v1/models');
     if (!res.ok) throw new Error(await errorText(res));
     const j = await res.json();
     state.model = j.data[0].id;
@@ -227,7 +227,7 @@ async function send(text) {
   const out = newAnswer();
   let ending = null;  // 'stopped' or 'failed'
   try {
-    const res = await fetch('/v1/chat/completions', {
+    const res = await apiFetch('/v1/chat/completions', {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify(body), signal: state.controller.signal });
     if (!res.ok) {

@@ -197,7 +197,7 @@ function update(m, t) {
 async function poll() {
   const t = performance.now();
   try {
-    const res = await fetch('/metrics', { cache: 'no-store' });
+    const res = await apiFetch('/metrics', { cache: 'no-store' });
     if (!res.ok) throw new Error(`HTTP ${res.status}`);
     update(parseMetrics(await res.text()), t);
     const s = $('status');
@@ -214,7 +214,7 @@ async function poll() {
 async function init() {
   build();
   try {
-    const j = await (await fetch('/v1/models')).json();
+    const j = await (await apiFetch('/v1/models')).json();
     $('model').textContent = j.data[0].id;
   } catch (err) {
     $('model').textContent = '';

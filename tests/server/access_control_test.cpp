@@ -1,0 +1,262 @@
+// API keys and CORS (issue 37 items 2 and 3): the policy objects alone (server/access_control.h),
+// then the in-process server (401 in each API's shape, open and guarded paths, preflights), then
+// the real binary with its flags, file and variable through the official clients.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <string>
+
+#include "server/access_control.h"
+#include "server/server_harness.h"
+
+namespace dsv41::server_testing {
+namespace {
+
+TEST(ApiKeys, LoadedFromFlagsFileAndVariable) {
+  dsv41::testing::TempDir dir;
+  const std::string file = dir.file("keys");
+  std::ofstream(file) << "# the team's keys\n\n  sk-file-1  \nsk-file-2\n";
+  auto keys = ApiKeys::load({"sk-flag"}, file, "sk-env");
+  ASSERT_TRUE(keys.is_ok()) << keys.status().message();
+  EXPECT_EQ(keys->size(), 4u);
+  for (const char* k : {"sk-flag", "sk-file-1", "sk-file-2", "sk-env"}) {
+    EXPECT_TRUE(keys->accepts(std::string("Bearer ") + k, "")) << k;
+    EXPECT_TRUE(keys->accepts("", k)) << k;
+  }
+  EXPECT_TRUE(keys->accepts("bearer  sk-flag ", ""));  // the scheme is case-insensitive
+  for (const char* bad : {"", "Bearer", "Bearer ", "sk-flag", "Basic sk-flag", "Bearer sk-fla",
+                          "Bearer sk-flagg", "Bearer # the team's keys"})
+    EXPECT_FALSE(keys->accepts(bad, "")) << bad;
+  EXPECT_FALSE(keys->accepts("", "sk-nope"));
+  EXPECT_TRUE(keys->accepts("Bearer wrong", "sk-env"));  // either header may carry it
+
+  auto none = ApiKeys::load({}, "", "");
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_FALSE(none->enabled());
+  EXPECT_TRUE(none->accepts("", ""));
+
+  auto empty_flag = ApiKeys::load({"  "}, "", "");
+  ASSERT_FALSE(empty_flag.is_ok());
+  EXPECT_NE(empty_flag.status().message().find("--api-key"), std::string::npos);
+  auto missing = ApiKeys::load({}, dir.file("absent"), "");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find(dir.file("absent")), std::string::npos);
+  const std::string comments = dir.file("comments");
+  std::ofstream(comments) << "# nothing\n\n";
+  auto no_key = ApiKeys::load({}, comments, "");
+  ASSERT_FALSE(no_key.is_ok());
+  EXPECT_NE(no_key.status().message().find("holds no key"), std::string::npos);
+}
+
+TEST(ApiKeys, GuardedPaths) {
+  for (const char* open : {"/health", "/", "/dashboard", "/web/chat.js", "/web/auth.js"})
+    EXPECT_FALSE(path_needs_key(open, false)) << open;
+  for (const char* guarded :
+       {"/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
+        "/beta/completions", "/tokenize", "/detokenize", "/v1/unknown", "/metrics"})
+    EXPECT_TRUE(path_needs_key(guarded, false)) << guarded;
+  EXPECT_FALSE(path_needs_key("/metrics", true));
+  EXPECT_TRUE(path_needs_key("/v1/models", true));
+}
+
+TEST(Cors, ListsPolicyAndPreflights) {
+  std::vector<std::string> v;
+  ASSERT_TRUE(
+      CorsPolicy::parse_list("--allowed-origins", R"(["https://a.example", "*"])", &v).is_ok());
+  EXPECT_EQ(v, (std::vector<std::string>{"https://a.example", "*"}));
+  ASSERT_TRUE(CorsPolicy::parse_list("--allowed-methods", "GET, POST", &v).is_ok());
+  EXPECT_EQ(v, (std::vector<std::string>{"GET", "POST"}));
+  for (const char* bad : {"[1]", "[\"\"]", "[\"a\"", "a,,b", ""}) {
+    Status st = CorsPolicy::parse_list("--allowed-headers", bad, &v);
+    EXPECT_FALSE(st.is_ok()) << bad;
+    EXPECT_NE(st.message().find("--allowed-headers"), std::string::npos) << st.message();
+  }
+  EXPECT_FALSE(CorsPolicy().enabled());
+  EXPECT_TRUE(CorsPolicy().response_headers("https://a.example").empty());
+
+  CorsOptions o;
+  o.origins = {"https://a.example"};
+  o.methods = {"GET", "POST"};
+  o.headers = {"Content-Type", "Authorization"};
+  const CorsPolicy p(o);
+  EXPECT_TRUE(p.response_headers("https://b.example").empty());
+  EXPECT_TRUE(p.response_headers("").empty());
+  auto h = p.response_headers("https://a.example");
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0], (std::pair<std::string, std::string>{"Access-Control-Allow-Origin",
+                                                       "https://a.example"}));
+  EXPECT_EQ(h[1].first, "Vary");
+  auto pre = p.preflight("https://a.example", "POST", "content-type, authorization");
+  ASSERT_TRUE(pre.has_value());
+  auto find = [&](const std::string& name) {
+    for (const auto& [k, val] : *pre)
+      if (k == name) return val;
+    return std::string("(absent)");
+  };
+  EXPECT_EQ(find("Access-Control-Allow-Methods"), "GET, POST");
+  EXPECT_EQ(find("Access-Control-Allow-Headers"), "Content-Type, Authorization");
+  EXPECT_EQ(find("Access-Control-Allow-Credentials"), "(absent)");
+  EXPECT_FALSE(p.preflight("https://a.example", "DELETE", "").has_value());
+  EXPECT_FALSE(p.preflight("https://a.example", "POST", "x-secret").has_value());
+  EXPECT_FALSE(p.preflight("https://b.example", "POST", "").has_value());
+
+  CorsOptions any;
+  any.origins = {"*"};
+  EXPECT_EQ(CorsPolicy(any).response_headers("https://z.example")[0].second, "*");
+  any.credentials = true;  // a browser refuses "*" with credentials: the origin itself
+  auto ch = CorsPolicy(any).response_headers("https://z.example");
+  ASSERT_EQ(ch.size(), 3u);
+  EXPECT_EQ(ch[0].second, "https://z.example");
+  EXPECT_EQ(ch[1],
+            (std::pair<std::string, std::string>{"Access-Control-Allow-Credentials", "true"}));
+
+  for (const char* lo : {"127.0.0.1", "127.1.2.3", "localhost", "::1"})
+    EXPECT_TRUE(is_loopback_host(lo)) << lo;
+  for (const char* net : {"0.0.0.0", "::", "192.168.1.5", "127.0.0.1.example.com", "example.com"})
+    EXPECT_FALSE(is_loopback_host(net)) << net;
+}
+
+// The in-process server with two keys and one allowed origin.
+TEST(AccessControl, KeysGuardTheApiInEachApisShape) {
+  auto configure = [](bool metrics_public) {
+    return [metrics_public](ServerOptions& so) {
+      auto keys = ApiKeys::load({"sk-a", "sk-b"}, "", "");
+      ASSERT_TRUE(keys.is_ok());
+      so.api_keys = std::move(*keys);
+      so.metrics_public = metrics_public;
+      so.cors.origins = {"https://app.example"};
+    };
+  };
+  InProcess s(0, 64 << 10, EngineOptions{}, "", configure(false));
+  auto c = s.client();
+  const std::string chat =
+      R"({"model":"scripted","max_tokens":3,"messages":[{"role":"user","content":"hi"}]})";
+  auto r = c.Post("/v1/chat/completions", chat, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer");
+  auto j = nlohmann::json::parse(r->body);
+  EXPECT_EQ(j["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("no API key"), std::string::npos);
+
+  auto m = c.Post("/v1/messages", httplib::Headers{{"x-api-key", "sk-c"}},
+                  R"({"model":"scripted","max_tokens":3,"messages":[]})", "application/json");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 401);
+  auto mj = nlohmann::json::parse(m->body);
+  EXPECT_EQ(mj["type"], "error");
+  EXPECT_EQ(mj["error"]["type"], "authentication_error");
+  EXPECT_NE(mj["error"]["message"].get<std::string>().find("not valid"), std::string::npos);
+
+  for (const auto& h : {httplib::Headers{{"Authorization", "Bearer sk-b"}},
+                        httplib::Headers{{"x-api-key", "sk-a"}}}) {
+    auto ok = c.Post("/v1/chat/completions", h, chat, "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << ok->body;
+    auto tk = c.Post("/tokenize", h, R"({"prompt":"hi"})", "application/json");
+    ASSERT_TRUE(tk);
+    EXPECT_EQ(tk->status, 200) << tk->body;
+  }
+  for (const char* open : {"/health", "/", "/dashboard", "/web/auth.js"}) {
+    auto o = c.Get(open);
+    ASSERT_TRUE(o) << open;
+    EXPECT_EQ(o->status, 200) << open;
+  }
+  for (const char* guarded : {"/metrics", "/v1/models", "/v1/nothing"}) {
+    auto g = c.Get(guarded);
+    ASSERT_TRUE(g) << guarded;
+    EXPECT_EQ(g->status, 401) << guarded;
+  }
+  // The page loads auth.js before its own script.
+  auto index = c.Get("/");
+  ASSERT_TRUE(index);
+  EXPECT_LT(index->body.find("/web/auth.js"), index->body.find("/web/chat.js"));
+
+  // CORS: the allowed origin's preflight (no key needed), its answers (a 401 included, so a page
+  // can read it), another origin's refused preflight and answers without CORS headers.
+  auto pre = c.Options("/v1/chat/completions",
+                       httplib::Headers{{"Origin", "https://app.example"},
+                                        {"Access-Control-Request-Method", "POST"},
+                                        {"Access-Control-Request-Headers", "authorization"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 200);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "authorization");
+  auto bad = c.Options("/v1/chat/completions",
+                       httplib::Headers{{"Origin", "https://evil.example"},
+                                        {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_FALSE(bad->has_header("Access-Control-Allow-Origin"));
+  auto cross = c.Get("/v1/models", httplib::Headers{{"Origin", "https://app.example"}});
+  ASSERT_TRUE(cross);
+  EXPECT_EQ(cross->status, 401);
+  EXPECT_EQ(cross->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+  auto other = c.Get("/health", httplib::Headers{{"Origin", "https://evil.example"}});
+  ASSERT_TRUE(other);
+  EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+
+  InProcess pub(0, 64 << 10, EngineOptions{}, "", configure(true));
+  auto pm = pub.client().Get("/metrics");
+  ASSERT_TRUE(pm);
+  EXPECT_EQ(pm->status, 200);
+  auto pv = pub.client().Get("/v1/models");
+  ASSERT_TRUE(pv);
+  EXPECT_EQ(pv->status, 401);
+}
+
+TEST(AccessControl, NoOriginsMeansNoCrossOriginAccess) {
+  InProcess s;
+  auto c = s.client();
+  auto pre = c.Options("/v1/chat/completions",
+                       httplib::Headers{{"Origin", "https://app.example"},
+                                        {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 405);
+  EXPECT_FALSE(pre->has_header("Access-Control-Allow-Origin"));
+  auto r = c.Get("/v1/models", httplib::Headers{{"Origin", "https://app.example"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);  // no keys: open
+  EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+}
+
+// The binary: a key from each source, the official clients, the warning on a network address.
+TEST(AccessControl, OfficialClientsWithKeysOnTheRealBinary) {
+  dsv41::testing::TempDir dir;
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
+  std::ofstream(dir.file("keys")) << "sk-from-file\n";
+  setenv("DSV41_API_KEY", "sk-from-env", 1);
+  ServeProcess p;
+  ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log",
+                      {"--api-key", "sk-from-flag", "--api-key-file", dir.file("keys")}));
+  unsetenv("DSV41_API_KEY");
+  for (const char* key : {"sk-from-flag", "sk-from-file", "sk-from-env"}) {
+    auto [code, out] = run_command(std::string("node ") + DSV41_JS_DIR + "/api_key_test.mjs " +
+                                   "http://127.0.0.1:" + std::to_string(p.port) + " tiny " + key);
+    EXPECT_EQ(code, 0) << key << "\n" << out;
+    EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+  }
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
+  std::ifstream log(p.log_path);
+  const std::string said(std::istreambuf_iterator<char>(log), {});
+  EXPECT_EQ(said.find("with no API key"), std::string::npos) << said;
+
+  // No key on an address other machines reach: a warning (given before the model loads, so a
+  // missing model shows it at once); a bad key file: exit 2 naming it.
+  auto [wcode, wout] = run_command(std::string(DSV41_BINARY) + " serve --model " +
+                                   dir.file("absent") + " --host 0.0.0.0 --port 0 2>&1");
+  EXPECT_NE(wcode, 0) << wout;
+  EXPECT_NE(wout.find("listening on 0.0.0.0 with no API key"), std::string::npos) << wout;
+  auto [code, out] = run_command(std::string(DSV41_BINARY) + " serve --model " + tiny +
+                                 " --port 0 --api-key-file " + dir.file("absent") + " 2>&1");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--api-key-file: cannot read " + dir.file("absent")), std::string::npos)
+      << out;
+}
+
+}  // namespace
+}  // namespace dsv41::server_testing
