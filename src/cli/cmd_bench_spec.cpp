@@ -24,6 +24,7 @@
 #include "cli/bench_model.h"
 #include "cli/commands.h"
 #include "cli/fast_model_dir.h"
+#include "core/cpu_set.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "model/oracle_drafter.h"
@@ -415,7 +416,7 @@ int run_bench_speculative(const BenchArgs& a) {
     return kExitInvalid;
   }
   // Paired: two engines at once share the cores (each its half unless --threads says).
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = int(default_thread_count());
   const int threads = a.spec_paired && a.threads == 0 ? std::max(1, cores / 2) : a.threads;
   const int max_seqs =
       int(std::max<int64_t>(1, *std::max_element(streams->begin(), streams->end())));

@@ -59,12 +59,14 @@ void add_generate(CLI::App& app, Runner* run) {
       const auto t0 = std::chrono::steady_clock::now();
       EngineOptions eo;
       if (Status st = apply_path_options(a->paths, dir, &eo); !st.is_ok()) {
-        log::error("generate: --model: {}", st.message());
+        log::error("generate: {}{}",
+                   st.message().starts_with("--") ? "" : "--model: ", st.message());
         return kExitInvalid;
       }
       auto engine = Engine::load(eo);
       if (!engine) {
-        log::error("generate: --model: {}", engine.status().message());
+        log::error("generate: {}{}", engine.status().message().starts_with("--") ? "" : "--model: ",
+                   engine.status().message());
         return kExitInvalid;
       }
       const auto t1 = std::chrono::steady_clock::now();

@@ -241,7 +241,7 @@ void add_serve(CLI::App& app, Runner* run) {
       const auto t0 = std::chrono::steady_clock::now();
       EngineOptions eo;
       if (Status st = apply_path_options(a->paths, dir, &eo); !st.is_ok()) {
-        log::error("serve: --model: {}", st.message());
+        log::error("serve: {}{}", st.message().starts_with("--") ? "" : "--model: ", st.message());
         return kExitInvalid;
       }
       eo.seed = a->seed;
@@ -251,7 +251,8 @@ void add_serve(CLI::App& app, Runner* run) {
       eo.max_queue = a->max_queue;
       auto engine = Engine::load(eo);
       if (!engine) {
-        log::error("serve: --model: {}", engine.status().message());
+        log::error("serve: {}{}", engine.status().message().starts_with("--") ? "" : "--model: ",
+                   engine.status().message());
         return kExitInvalid;
       }
       log::info("serve: model loaded in {:.1f} s (vocab {}, context {} tokens)",

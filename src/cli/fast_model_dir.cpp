@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "core/cpu_set.h"
 #include "core/log.h"
 #include "io/checkpoint.h"
 #include "model/convert/converted_checkpoint.h"
@@ -76,8 +77,15 @@ void add_path_options(CLI::App* sub, PathArgs* a) {
   sub->add_option("--converted", a->converted,
                   "fast path: where an official-layout model's conversion goes (default: "
                   "DIR.dsv41-converted beside it)");
-  sub->add_option("--threads", a->threads, "fast path: threads (0: every core)")
+  sub->add_option("--threads", a->threads,
+                  "fast path: compute threads (0: one per physical core of the CPUs the process "
+                  "may use: its affinity mask, as taskset or mpirun --bind-to set it, or "
+                  "--cpu-list; SMT siblings are left out)")
       ->check(CLI::Range(0, 4096));
+  sub->add_option("--cpu-list", a->cpu_list,
+                  "fast path: pin the process to these CPUs (\"0-3,8\"; within its affinity "
+                  "mask) before its threads start; the chosen CPUs are logged at load")
+      ->capture_default_str();
   sub->add_option("--kv-cache-gb", a->kv_cache_gb,
                   "fast path: KV pool size in GB (0: a quarter of available memory)")
       ->check(CLI::Range(0.0, 1e6));
@@ -197,6 +205,11 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   if (!dir) return dir.status();
   eo->model_dir = *dir;
   eo->fast.threads = a.threads;
+  if (!a.cpu_list.empty()) {
+    auto cpus = parse_cpu_list(a.cpu_list);
+    if (!cpus) return Status::error("--cpu-list: " + cpus.status().message());
+    eo->fast.cpus = *cpus;
+  }
   eo->fast.kv_cache_gb = a.kv_cache_gb;
   eo->fast.act_quant = a.act_quant == "on";
   eo->fast.huge_pages = a.huge_pages == "on";

@@ -18,6 +18,7 @@ struct PathArgs {
   std::string speculative = "off", spec_probe = "shadow";
   std::string decoder_replay = "off", replay_margin = "12";
   int threads = 0;
+  std::string cpu_list;  // --cpu-list (empty: the affinity mask)
   double kv_cache_gb = 0;
   int tp = 0, ep = 0;  // under mpirun (parallel/): 0 = the default split
   double rank_timeout_s = 60;

@@ -4,6 +4,8 @@
 // by taking mu_ before the notify.
 #include "core/thread_pool.h"
 
+#include "core/cpu_set.h"
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -62,7 +64,7 @@ std::chrono::microseconds ThreadPool::spin_budget() {
 }
 
 ThreadPool::ThreadPool(std::size_t threads) {
-  if (threads == 0) threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  if (threads == 0) threads = default_thread_count();
   for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 

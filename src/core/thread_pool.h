@@ -29,7 +29,8 @@ class ThreadPool {
   static constexpr std::chrono::microseconds kSpin{200};
   static std::chrono::microseconds spin_budget();
 
-  // threads = total participants including the caller; 0 means std::thread::hardware_concurrency.
+  // threads = total participants including the caller; 0: one per physical core of the affinity
+  // mask (core/cpu_set.h default_thread_count).
   explicit ThreadPool(std::size_t threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

@@ -19,6 +19,7 @@ Result<std::unique_ptr<ModelRunner>> load_fast_runner(const std::string& convert
                                                       const FastRunnerOptions& o) {
   FastOptions fo;
   fo.threads = o.threads;
+  fo.cpus = o.cpus;
   fo.act_quant = o.act_quant;
   fo.kv_cache_bytes = int64_t(o.kv_cache_gb * 1e9);
   fo.warm = o.warm;

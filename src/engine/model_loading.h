@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "model/seam.h"
@@ -19,7 +20,8 @@ Result<std::unique_ptr<ModelRunner>> load_reference_runner(const std::string& mo
                                                            bool dspark = false);
 
 struct FastRunnerOptions {
-  int threads = 0;                  // 0: every core
+  int threads = 0;                  // 0: one per physical core of the affinity mask (or cpus)
+  std::vector<int> cpus;            // --cpu-list: pinned to these first (FastOptions::cpus)
   bool act_quant = false;           // DeepSeek's E4M3 activation rounding (spec §3.3)
   double kv_cache_gb = 0;           // 0: a quarter of available memory
   bool warm = true;                 // fault the weights in at load (Engram tables excepted)

@@ -603,6 +603,41 @@ TEST(Cli, GenerateIgnoreEosRunsToMaxTokens) {
   EXPECT_NE(run("generate --help").out.find("--ignore-eos"), std::string::npos);
 }
 
+// --threads 0 is one thread per physical core of the affinity mask (issue 37 item 6): under
+// `taskset -c 0` one, said at load; --cpu-list pins first; CPUs outside the mask are refused.
+TEST(Cli, ThreadsFollowTheAffinityMaskAndCpuList) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  const std::string gen = "generate --model " + dir.path() + "/ck --prompt hi --max-tokens 2 ";
+  CliRun one = run(gen, "", 0, "taskset -c 0");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(
+      one.err.find("fast model: 1 compute threads; CPUs 0 (1 physical cores, the affinity mask)"),
+      std::string::npos)
+      << one.err;
+  CliRun listed = run(gen + "--cpu-list 0");
+  ASSERT_EQ(listed.code, 0) << listed.err;
+  EXPECT_NE(listed.err.find("fast model: 1 compute threads; CPUs 0 (1 physical cores, --cpu-list)"),
+            std::string::npos)
+      << listed.err;
+  CliRun more = run(gen + "--cpu-list 0 --threads 3");
+  ASSERT_EQ(more.code, 0) << more.err;
+  EXPECT_NE(more.err.find("3 compute threads; CPUs 0 (1 physical cores, --cpu-list), --threads"),
+            std::string::npos)
+      << more.err;
+  CliRun outside = run(gen + "--cpu-list 1000");
+  EXPECT_NE(outside.code, 0);
+  EXPECT_NE(
+      outside.err.find("generate: --cpu-list: CPUs 1000 are not in this process's affinity mask"),
+      std::string::npos)
+      << outside.err;
+  CliRun syntax = run(gen + "--cpu-list 2-1");
+  EXPECT_NE(syntax.code, 0);
+  EXPECT_NE(syntax.err.find("generate: --cpu-list: '2-1' is not a CPU number or a range"),
+            std::string::npos)
+      << syntax.err;
+}
+
 TEST(Cli, ServeRefusesABusyPortAndABadModel) {
   TempDir dir;
   ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);

@@ -19,13 +19,15 @@ struct CliRun {
 };
 
 // `env`: optional "NAME=value ..." assignments for the command. `timeout_s` > 0: the command is
-// killed after that many seconds (exit code 124), for commands that must not run on.
-inline CliRun run(const std::string& args, const std::string& env = "", int timeout_s = 0) {
+// killed after that many seconds (exit code 124), for commands that must not run on. `wrapper`: a
+// command the binary runs under ("taskset -c 0").
+inline CliRun run(const std::string& args, const std::string& env = "", int timeout_s = 0,
+                  const std::string& wrapper = "") {
   testing::TempDir tmp;
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") +
-                          (timeout_s > 0 ? "timeout -k 2 " + std::to_string(timeout_s) + " " : "") +
-                          std::string(DSV41_BINARY) + " " + args + " >" + tmp.file("out") + " 2>" +
-                          tmp.file("err");
+  const std::string cmd =
+      (env.empty() ? "" : "env " + env + " ") + (wrapper.empty() ? "" : wrapper + " ") +
+      (timeout_s > 0 ? "timeout -k 2 " + std::to_string(timeout_s) + " " : "") +
+      std::string(DSV41_BINARY) + " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
   const auto t0 = std::chrono::steady_clock::now();
   const int st = std::system(cmd.c_str());
   CliRun r;

@@ -8,6 +8,8 @@
 #include <limits>
 #include <thread>
 
+#include "core/cpu_set.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "model/fast/fast_internal.h"
 #include "model/tensor_names.h"
@@ -141,8 +143,16 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   im.cmap = std::move(*cmap);
   im.hasher = std::make_unique<EngramHasher>(tc);
   im.kern = &ops::kernels();
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  im.pool = std::make_unique<ThreadPool>(opt.threads > 0 ? std::size_t(opt.threads) : hw);
+  if (!opt.cpus.empty()) DSV41_RETURN_IF_ERROR(pin_to_cpus(opt.cpus));
+  {
+    const std::vector<int> mask = allowed_cpus(), cores = one_cpu_per_core(mask);
+    const std::size_t n = opt.threads > 0 ? std::size_t(opt.threads) : cores.size();
+    im.pool = std::make_unique<ThreadPool>(std::max<std::size_t>(1, n));
+    log::info("fast model: {} compute threads; CPUs {} ({} physical cores{}){}", im.pool->size(),
+              format_cpu_list(mask), cores.size(),
+              opt.cpus.empty() ? ", the affinity mask" : ", --cpu-list",
+              opt.threads > 0 ? ", --threads" : "");
+  }
   DSV41_RETURN_IF_ERROR(im.set_share(dir));
   // Decoder replay's split layer: the first ratio-1 layer, when no later layer owns compressed KV
   // (their caches would need every token's decoder state).

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/collective.h"
 #include "core/status.h"
@@ -28,7 +29,10 @@ struct FastOptions {
   // The routed experts' one-token MXFP4 dots over activations rounded to int16 per 32 (faster;
   // fails the short-prefix gate on random weights, docs/decisions.md). Off: fp32 products.
   bool mxfp4_int16 = false;
-  int threads = 0;             // 0: every core
+  int threads = 0;  // 0: one per physical core of the affinity mask (or of `cpus`)
+  // --cpu-list: the loading thread (and every thread created after it: the pool, the engine's,
+  // the server's) is pinned to these CPUs first; empty: the mask the process was started with.
+  std::vector<int> cpus;
   int64_t kv_cache_bytes = 0;  // 0: a quarter of the machine's available memory (at least 64 MB)
   IsolationMode isolation = IsolationMode::kCount;
   int64_t max_rollback = 64;  // truncate() is exact up to this many tokens back (beyond: refused)

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu_set.h"
 #include "core/huge_alloc.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
@@ -131,9 +132,7 @@ WeightCopies weight_copies(bool fp8, int64_t rows, int64_t in, std::size_t min_s
 class Bench {
  public:
   explicit Bench(const KernelBenchOptions& o)
-      : opt_(o),
-        pool_(o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency())),
-        k_(&kernels()) {
+      : opt_(o), pool_(o.threads ? o.threads : default_thread_count()), k_(&kernels()) {
     probe_.resize(o.probe_mb << 18);  // floats
     for (std::size_t i = 0; i < probe_.size(); ++i) probe_[i] = float(i & 1023);
   }
@@ -430,7 +429,7 @@ json indexer_case(const KernelBenchOptions& opt, const Kernels& t) {
     for (int64_t blk = 0; blk < di / 32; ++blk)
       q[static_cast<std::size_t>(h * row + di / 2 + blk)] = 127;
   std::vector<float> w(static_cast<std::size_t>(nh), 0.1f), scores(static_cast<std::size_t>(nkeys));
-  ThreadPool pool(opt.threads ? opt.threads : std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(opt.threads ? opt.threads : default_thread_count());
   const double sec = best_time(opt.reps, [&] {
     pool.parallel_for(static_cast<std::size_t>(nkeys), [&](std::size_t lo, std::size_t hi,
                                                            std::size_t) {
