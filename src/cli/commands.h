@@ -24,6 +24,7 @@ void add_bench_model(CLI::App* bench, Runner* run);
 void add_bench_serve(CLI::App* bench, Runner* run);
 void add_generate(CLI::App& app, Runner* run);
 void add_serve(CLI::App& app, Runner* run);
+void add_run_batch(CLI::App& app, Runner* run);
 void add_convert(CLI::App& app, Runner* run);
 void add_validate(CLI::App& app, Runner* run);
 

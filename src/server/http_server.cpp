@@ -332,6 +332,7 @@ void HttpServer::Impl::routes() {
   // One access-log line per request: generation answers are logged when httplib is done with them
   // (release(), with their token counts and the status the client really got); the rest here.
   svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    if (!opt.access_log) return;
     bool generation = false;
     for (const GenerationApi* api :
          {completions_api.get(), chat_api.get(), messages_api.get(), responses_api.get()})
@@ -564,8 +565,9 @@ void HttpServer::Impl::release(StreamState& st, const std::string& endpoint, int
     metrics.sequence_finished(c.finished ? c.reason : FinishReason::kCancelled);
   const double secs = std::chrono::duration<double>(Clock::now() - st.t0).count();
   metrics.generation_done(endpoint, status, secs);
-  log::info("access: POST {} {} prompt_tokens={} completion_tokens={} {:.3f}s", endpoint, status,
-            st.prompt_tokens, st.completion_tokens, secs);
+  if (opt.access_log)
+    log::info("access: POST {} {} prompt_tokens={} completion_tokens={} {:.3f}s", endpoint, status,
+              st.prompt_tokens, st.completion_tokens, secs);
 }
 
 // Metrics and the choice's state for one output; returns true when every choice has finished.

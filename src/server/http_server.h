@@ -42,6 +42,7 @@ struct ServerOptions {
   ApiKeys api_keys;             // none: every route open (issue 37; access_control.h)
   bool metrics_public = false;  // --metrics-public: /metrics needs no key even with keys set
   CorsOptions cors;             // no origins: no cross-origin access
+  bool access_log = true;       // one `access:` log line per request (run-batch: off)
 };
 
 class HttpServer {
