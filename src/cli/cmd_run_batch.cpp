@@ -248,7 +248,7 @@ int run_batch_main(const RunBatchArgs& a) {
   if (a.names.size() > 1) so.model_aliases.assign(a.names.begin() + 1, a.names.end());
   so.max_body_bytes = std::size_t(1) << 30;  // the lines are the user's own file
   so.threads = concurrency + 4;
-  so.access_log = false;  // the progress line says what happens
+  so.request_log = ServerOptions::RequestLog::kOff;  // the progress line says what happens
   HttpServer server(**engine, so);
   if (Status st = server.bind(); !st.is_ok()) {
     log::error("run-batch: {}", st.message());

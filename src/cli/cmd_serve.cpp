@@ -49,6 +49,7 @@ void add_serve(CLI::App& app, Runner* run) {
     std::vector<std::string> api_keys;       // --api-key (repeatable)
     std::string api_key_file;
     std::string allowed_origins, allowed_methods, allowed_headers;  // CORS lists (JSON or a,b)
+    std::string log_requests = "text";
   };
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand(
@@ -89,6 +90,15 @@ void add_serve(CLI::App& app, Runner* run) {
   sub->add_flag("--allow-credentials", a->server.cors.credentials,
                 "CORS: allow cookies and Authorization on cross-origin requests "
                 "(Access-Control-Allow-Credentials)");
+  sub->add_option("--log-requests", a->log_requests,
+                  "text = one `access:` log line per request | json = generation requests as one "
+                  "JSON line each on stdout (id, api, status, finish_reasons, prompt_tokens, "
+                  "cached_tokens, output_tokens, queue_s, ttft_s, e2e_s, client) | off")
+      ->check(CLI::IsMember({"text", "json", "off"}))
+      ->capture_default_str();
+  sub->add_flag("--log-prompts", a->server.log_prompts,
+                "With --log-requests json: each record also holds the prompt text (off by "
+                "default: prompts may be private)");
   sub->add_option("--served-model-name", a->names,
                   "Model names clients may send, one or several (responses report the first; "
                   "default: the checkpoint directory's name; dsv41-demo; GET /v1/models lists the "
@@ -188,6 +198,13 @@ void add_serve(CLI::App& app, Runner* run) {
           return keys.status().message().starts_with("--api-key-file") ? kExitInvalid : kExitUsage;
         }
         a->server.api_keys = std::move(*keys);
+        a->server.request_log = a->log_requests == "json"  ? ServerOptions::RequestLog::kJson
+                                : a->log_requests == "off" ? ServerOptions::RequestLog::kOff
+                                                           : ServerOptions::RequestLog::kText;
+        if (a->server.log_prompts && a->server.request_log != ServerOptions::RequestLog::kJson) {
+          log::error("serve: --log-prompts needs --log-requests json");
+          return kExitUsage;
+        }
         for (auto [flag, value, out] :
              {std::tuple{"--allowed-origins", &a->allowed_origins, &a->server.cors.origins},
               std::tuple{"--allowed-methods", &a->allowed_methods, &a->server.cors.methods},

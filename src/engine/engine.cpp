@@ -54,7 +54,10 @@ class RequestChannel {
     pending_.text += text;
     // Known from the first admission on, before any token: a stream can report it at its start
     // (Anthropic's message_start usage).
-    if (cached_known_) pending_.cached_prompt_tokens = cached_;
+    if (cached_known_) {
+      pending_.cached_prompt_tokens = cached_;
+      pending_.queue_seconds = queued_;
+    }
     has_news_ = true;
     cv_.notify_all();
   }
@@ -68,6 +71,7 @@ class RequestChannel {
     pending_.prompt_tokens = prompt_tokens;
     pending_.completion_tokens = completion_tokens;
     pending_.cached_prompt_tokens = cached_;
+    pending_.queue_seconds = queued_;
     has_news_ = true;
     cv_.notify_all();
   }
@@ -83,9 +87,15 @@ class RequestChannel {
   // Engine thread only: prompt tokens its first admission found in the prefix cache.
   void set_cached(int64_t n) { cached_ = n; }
   bool cached_known() const { return cached_known_; }
-  void mark_cached_known() { cached_known_ = true; }
+  // ... and the time it waited for that admission.
+  void mark_cached_known() {
+    cached_known_ = true;
+    queued_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - created_).count();
+  }
 
  private:
+  std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
+  double queued_ = -1;
   int64_t cached_ = 0;
   bool cached_known_ = false;
   uint64_t id_;

@@ -69,6 +69,9 @@ struct RequestOutput {
   // Of the prompt, taken from the prefix cache (not computed) by the request's first admission; in
   // every output from the first token on.
   int64_t cached_prompt_tokens = 0;
+  // Seconds from submission to the first admission into a step (the queue time), likewise known
+  // from the first admission on; -1 before it.
+  double queue_seconds = -1;
   // prompt_logprobs: entries for prompt positions 1, 2, ... in order (position 0 has none), as the
   // prompt's chunks are computed.
   std::vector<PromptLogprob> prompt_logprobs;

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -131,6 +133,29 @@ int connection_socket(const httplib::Request& req) {
 bool peer_hung_up(int fd) {
   pollfd p{fd, POLLRDHUP, 0};
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+// The request log's records: one JSON line each on stdout, whole lines however many requests end at
+// once.
+void write_request_record(const OJson& rec) {
+  static std::mutex mu;
+  const std::string line = rec.dump(-1, ' ', false, OJson::error_handler_t::replace) + "\n";
+  std::lock_guard<std::mutex> lock(mu);
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fflush(stdout);
+}
+
+// Now as UTC ISO 8601 with milliseconds (2026-12-07T11:40:00.123Z).
+std::string iso_time_now() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, int(ms));
 }
 
 }  // namespace
@@ -332,7 +357,7 @@ void HttpServer::Impl::routes() {
   // One access-log line per request: generation answers are logged when httplib is done with them
   // (release(), with their token counts and the status the client really got); the rest here.
   svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (!opt.access_log) return;
+    if (opt.request_log == ServerOptions::RequestLog::kOff) return;
     bool generation = false;
     for (const GenerationApi* api :
          {completions_api.get(), chat_api.get(), messages_api.get(), responses_api.get()})
@@ -340,6 +365,16 @@ void HttpServer::Impl::routes() {
     generation =
         generation || req.path == "/beta/completions" || req.path == "/beta/chat/completions";
     if (generation && (res.status == 200 || res.has_header("X-Request-Id"))) return;
+    if (generation && opt.request_log == ServerOptions::RequestLog::kJson) {
+      // Refused before it reached the engine: a record with what is known.
+      write_request_record(
+          OJson{{"time", iso_time_now()},
+                {"id", nullptr},
+                {"api", req.path},
+                {"status", res.status},
+                {"client", req.remote_addr + ":" + std::to_string(req.remote_port)}});
+      return;
+    }
     // An open dashboard scrapes /metrics every second and the page loads its files: at debug.
     const bool polled =
         res.status == 200 && (req.path == "/metrics" || req.path == "/" ||
@@ -507,6 +542,11 @@ struct StreamState {
   bool finished = false;     // every choice finished
   bool failed = false;       // a choice failed: the response reported it, the others are cancelled
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  // For the request log: its id, the client's address, what the engine said of its prompt and
+  // when its first token came (-1: not yet).
+  std::string id, client, prompt_text;
+  int64_t cached_tokens = 0;
+  double queue_s = -1, ttft_s = -1;
   // The next output of any unfinished choice, waiting up to `timeout` in all; false when none
   // arrived. Choices are polled in turn (the first unfinished one is waited on), so no choice
   // starves another.
@@ -565,19 +605,41 @@ void HttpServer::Impl::release(StreamState& st, const std::string& endpoint, int
     metrics.sequence_finished(c.finished ? c.reason : FinishReason::kCancelled);
   const double secs = std::chrono::duration<double>(Clock::now() - st.t0).count();
   metrics.generation_done(endpoint, status, secs);
-  if (opt.access_log)
+  if (opt.request_log == ServerOptions::RequestLog::kText)
     log::info("access: POST {} {} prompt_tokens={} completion_tokens={} {:.3f}s", endpoint, status,
               st.prompt_tokens, st.completion_tokens, secs);
+  if (opt.request_log != ServerOptions::RequestLog::kJson) return;
+  OJson reasons = OJson::array();
+  for (const auto& c : st.choices)
+    reasons.push_back(c.finished ? finish_reason_name(c.reason) : std::string("cancelled"));
+  auto seconds = [](double v) { return v < 0 ? OJson(nullptr) : OJson(std::round(v * 1e6) / 1e6); };
+  OJson rec{{"time", iso_time_now()},
+            {"id", st.id},
+            {"api", endpoint},
+            {"status", status},
+            {"finish_reasons", std::move(reasons)},
+            {"prompt_tokens", st.prompt_tokens},
+            {"cached_tokens", st.cached_tokens},
+            {"output_tokens", st.completion_tokens},
+            {"queue_s", seconds(st.queue_s)},
+            {"ttft_s", seconds(st.ttft_s)},
+            {"e2e_s", seconds(secs)},
+            {"client", st.client}};
+  if (opt.log_prompts) rec["prompt"] = st.prompt_text;
+  write_request_record(rec);
 }
 
 // Metrics and the choice's state for one output; returns true when every choice has finished.
 bool HttpServer::Impl::note(StreamState& st, std::size_t which, const RequestOutput& out) {
   StreamState::Choice& ch = st.choices[which];
   const auto now = Clock::now();
+  if (out.queue_seconds >= 0 && st.queue_s < 0) st.queue_s = out.queue_seconds;
+  st.cached_tokens = std::max(st.cached_tokens, out.cached_prompt_tokens);
   if (!out.tokens.empty()) {
     if (!st.first_token) {
       st.first_token = true;
-      metrics.first_token(std::chrono::duration<double>(now - st.t0).count());
+      st.ttft_s = std::chrono::duration<double>(now - st.t0).count();
+      metrics.first_token(st.ttft_s);
     }
     if (!ch.first_token) {
       ch.first_token = true;
@@ -689,6 +751,12 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
           : fmt::format("{:x}{:04x}", nonce & 0xffffffffu, handles->front().id());
   st->choices.resize(handles->size());
   for (std::size_t c = 0; c < handles->size(); ++c) st->choices[c].handle = (*handles)[c];
+  st->id = id;
+  st->client = req.remote_addr + ":" + std::to_string(req.remote_port);
+  if (opt.request_log == ServerOptions::RequestLog::kJson && opt.log_prompts) {
+    auto text = tok.decode(st->job.request.prompt);
+    st->prompt_text = text ? *text : std::string();
+  }
   st->writer = api.writer(st->job, tok, id, static_cast<int64_t>(std::time(nullptr)));
   in_flight.fetch_add(1);
   // The access log line of a submitted request is release()'s (with its token counts); the header

@@ -42,7 +42,11 @@ struct ServerOptions {
   ApiKeys api_keys;             // none: every route open (issue 37; access_control.h)
   bool metrics_public = false;  // --metrics-public: /metrics needs no key even with keys set
   CorsOptions cors;             // no origins: no cross-origin access
-  bool access_log = true;       // one `access:` log line per request (run-batch: off)
+  // One log record per request: text (`access:` lines), json (a JSON line on stdout per generation
+  // request: id, API, status, finish reasons, prompt / cached / output tokens, queue time, time to
+  // first token, total time, client address; other requests keep their text line) or off.
+  enum class RequestLog { kText, kJson, kOff } request_log = RequestLog::kText;
+  bool log_prompts = false;  // json: each record also holds the prompt text (it may be private)
 };
 
 class HttpServer {

@@ -1,10 +1,12 @@
-// API keys and CORS (issue 37 items 2 and 3): the policy objects alone (server/access_control.h),
-// then the in-process server (401 in each API's shape, open and guarded paths, preflights), then
-// the real binary with its flags, file and variable through the official clients.
+// API keys, CORS and the JSON request log (issue 37 items 2, 3 and 8): the policy objects alone
+// (server/access_control.h), then the in-process server (401 in each API's shape, open and guarded
+// paths, preflights), then the real binary with its flags, file and variable through the official
+// clients.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "server/access_control.h"
@@ -256,6 +258,71 @@ TEST(AccessControl, OfficialClientsWithKeysOnTheRealBinary) {
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--api-key-file: cannot read " + dir.file("absent")), std::string::npos)
       << out;
+}
+
+// --log-requests json: one JSON line on stdout per generation request, with its figures; the
+// prompt only with --log-prompts; a request refused before the engine gets a record too.
+TEST(RequestLog, JsonLinesWithTheRequestsFigures) {
+  for (const bool prompts : {false, true}) {
+    ::testing::internal::CaptureStdout();
+    std::string ids[2];
+    {
+      InProcess s(0, 64 << 10, EngineOptions{}, "", [prompts](ServerOptions& so) {
+        so.request_log = ServerOptions::RequestLog::kJson;
+        so.log_prompts = prompts;
+      });
+      auto c = s.client();
+      auto a = c.Post(
+          "/v1/chat/completions",
+          R"({"model":"scripted","max_tokens":3,"messages":[{"role":"user","content":"secret words"}]})",
+          "application/json");
+      ASSERT_TRUE(a);
+      ASSERT_EQ(a->status, 200);
+      ids[0] = a->get_header_value("X-Request-Id");
+      auto b = c.Post("/v1/completions",
+                      R"({"model":"scripted","prompt":"hi","max_tokens":2,"stream":true})",
+                      "application/json");
+      ASSERT_TRUE(b);
+      ids[1] = b->get_header_value("X-Request-Id");
+      auto bad = c.Post("/v1/completions", R"({"model":"scripted","prompt":"hi","max_tokens":-1})",
+                        "application/json");
+      ASSERT_TRUE(bad);
+      EXPECT_EQ(bad->status, 400);
+      auto h = c.Get("/health");  // not a generation request: no record
+      ASSERT_TRUE(h);
+    }
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    std::vector<nlohmann::json> recs;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) recs.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(recs.size(), 3u) << out;
+    int seen = 0;
+    for (const auto& r : recs) {
+      EXPECT_TRUE(r["time"].get<std::string>().ends_with("Z")) << r;
+      EXPECT_TRUE(r["client"].get<std::string>().starts_with("127.0.0.1:")) << r;
+      if (r["status"] == 400) {
+        EXPECT_TRUE(r["id"].is_null()) << r;
+        EXPECT_EQ(r["api"], "/v1/completions");
+        continue;
+      }
+      ++seen;
+      const bool chat = r["api"] == "/v1/chat/completions";
+      EXPECT_EQ(r["id"], ids[chat ? 0 : 1]) << r;
+      EXPECT_EQ(r["status"], 200);
+      EXPECT_EQ(r["finish_reasons"], nlohmann::json::array({"length"})) << r;
+      EXPECT_GT(r["prompt_tokens"].get<int>(), 0);
+      EXPECT_EQ(r["cached_tokens"], 0);
+      EXPECT_EQ(r["output_tokens"], chat ? 3 : 2);
+      EXPECT_GE(r["queue_s"].get<double>(), 0.0) << r;
+      EXPECT_GE(r["ttft_s"].get<double>(), r["queue_s"].get<double>()) << r;
+      EXPECT_GE(r["e2e_s"].get<double>(), r["ttft_s"].get<double>()) << r;
+      EXPECT_EQ(r.contains("prompt"), prompts) << r;
+      if (prompts && chat)
+        EXPECT_NE(r["prompt"].get<std::string>().find("secret words"), std::string::npos) << r;
+    }
+    EXPECT_EQ(seen, 2);
+    if (!prompts) EXPECT_EQ(out.find("secret words"), std::string::npos);
+  }
 }
 
 }  // namespace
