@@ -30,7 +30,7 @@ Result<std::shared_ptr<const Grammar>> Grammar::from_json_schema(
   Budget budget(options);
   return finish(
       compile_draft(grammar_detail::draft_from_schema(schema_json, options, budget), budget),
-      std::move(vocab));
+      std::move(vocab), options);
 }
 
 Result<std::shared_ptr<const Grammar>> Grammar::any_json_object(
@@ -38,7 +38,7 @@ Result<std::shared_ptr<const Grammar>> Grammar::any_json_object(
   DSV41_RETURN_IF_ERROR(check_options(options));
   Budget budget(options);
   return finish(compile_draft(grammar_detail::draft_any_json_object(options), budget),
-                std::move(vocab));
+                std::move(vocab), options);
 }
 
 Result<std::shared_ptr<const Grammar>> Grammar::from_regex(std::string_view pattern,
@@ -51,7 +51,7 @@ Result<std::shared_ptr<const Grammar>> Grammar::from_regex(std::string_view patt
   auto e = grammar_detail::regex_to_expr(pattern, d.pool, false, true, "regex");
   if (!e.is_ok()) return e.status();
   d.body[0] = e.value();
-  return finish(compile_draft(std::move(d), budget), std::move(vocab));
+  return finish(compile_draft(std::move(d), budget), std::move(vocab), options);
 }
 
 Result<std::shared_ptr<const Grammar>> Grammar::from_choices(
@@ -68,7 +68,7 @@ Result<std::shared_ptr<const Grammar>> Grammar::from_choices(
     alts.push_back(d.pool.lit(c));
   }
   d.body[0] = d.pool.alt(std::move(alts));
-  return finish(compile_draft(std::move(d), budget), std::move(vocab));
+  return finish(compile_draft(std::move(d), budget), std::move(vocab), options);
 }
 
 }  // namespace dsv41

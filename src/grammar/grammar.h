@@ -66,6 +66,9 @@ struct GrammarOptions {
   // Compile budgets: exceeding either returns an error (ErrorKind::kCapacity), never a stall.
   double time_budget_ms = 1000;
   int64_t state_budget = 200000;  // automaton states over all rules
+  // After compiling, the per-state token sets are computed for up to this long (the rest fill on
+  // first use, each costing up to ~1 ms on a 129k vocabulary): trades compile time for mask p99.
+  double precompute_ms = 150;
 };
 
 namespace grammar_detail {
@@ -96,8 +99,9 @@ class Grammar {
 
   const TokenVocab& vocab() const { return *vocab_; }
   int64_t num_states() const;
-  // Computes every state's token sets now (else the first visit of a state pays for its own).
-  void warm() const;
+  // Computes every state's token sets now (else the first visit of a state pays for its own), or
+  // as many as fit in max_ms; returns how many states are left to fill lazily.
+  int64_t warm(double max_ms = 1e300) const;
 
   // Internal (matcher.cpp).
   const grammar_detail::Automaton& automaton() const { return *automaton_; }
@@ -106,7 +110,8 @@ class Grammar {
  private:
   Grammar() = default;
   static Result<std::shared_ptr<const Grammar>> finish(Result<grammar_detail::Automaton> a,
-                                                       std::shared_ptr<const TokenVocab> vocab);
+                                                       std::shared_ptr<const TokenVocab> vocab,
+                                                       const GrammarOptions& options);
   std::shared_ptr<const TokenVocab> vocab_;
   std::unique_ptr<grammar_detail::Automaton> automaton_;
   mutable std::mutex memo_mutex_;

@@ -2,6 +2,7 @@
 // node alone are precomputed once; the few that pop below it are checked against the real stack at
 // each step), the Grammar object and the Matcher that walks the automaton by bytes.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "grammar/grammar_ir.h"
@@ -60,13 +61,21 @@ bool has_final_bottom(const Automaton& a, const std::vector<Stack>& set) {
   return false;
 }
 
-// Accumulates a node's sets during its trie walk.
+// Accumulates a node's sets during its trie walk: accepted ids straight into a bitset (most wide
+// nodes accept most of the vocabulary), listed at the end when few.
 struct MaskBuilder {
   const TokenVocab& vocab;
-  std::vector<int32_t> accept, uncertain;
+  std::vector<uint64_t> bits;
+  std::size_t count = 0;
+  std::vector<int32_t> uncertain;
+  explicit MaskBuilder(const TokenVocab& v) : vocab(v), bits(v.mask_words(), 0) {}
   void accept_at(uint32_t node) {
     const auto& t = vocab.trie();
-    for (uint32_t k = t.tok_begin[node]; k < t.tok_begin[node + 1]; ++k) accept.push_back(t.ids[k]);
+    for (uint32_t k = t.tok_begin[node], e = t.tok_begin[node + 1]; k < e; ++k) {
+      int32_t id = t.ids[k];
+      bits[id >> 6] |= uint64_t{1} << (id & 63);
+      ++count;
+    }
   }
   void uncertain_subtree(uint32_t node) {
     const auto& t = vocab.trie();
@@ -75,11 +84,12 @@ struct MaskBuilder {
   }
   NodeMasks finish() {
     NodeMasks m;
-    if (accept.size() > kListMax) {
-      m.accept_bits.assign(vocab.mask_words(), 0);
-      for (int32_t id : accept) m.accept_bits[id >> 6] |= uint64_t{1} << (id & 63);
+    if (count > kListMax) {
+      m.accept_bits = std::move(bits);
     } else {
-      m.accept_list = std::move(accept);
+      for (std::size_t w = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1)
+          m.accept_list.push_back(static_cast<int32_t>(w * 64 + __builtin_ctzll(b)));
     }
     for (std::size_t i = 0; i < uncertain.size(); ++i) {
       const std::string& cur = vocab.bytes(uncertain[i]);
@@ -95,28 +105,33 @@ struct MaskBuilder {
   }
 };
 
-// A rule without calls: positions are single nodes, so the walk carries one int per depth.
+// A rule without calls: positions are single nodes, so the walk carries one node per depth (with
+// its transition row, so a step is one lookup).
 void walk_leaf(const Automaton& a, const TokenVocab& vocab, uint32_t start, MaskBuilder& mb) {
   const auto& t = vocab.trie();
-  const grammar_detail::ByteSet& follow = a.follow[a.rule_of[start]];
-  std::vector<int32_t> st(vocab.max_depth() + 2, -1);
-  std::vector<uint8_t> up(vocab.max_depth() + 2, 0);
-  st[0] = static_cast<int32_t>(start);
+  const uint32_t rule = a.rule_of[start];
+  const grammar_detail::ByteSet& follow = a.follow[rule];
+  const uint8_t* cls = &a.byte_class[rule * 256];
+  std::vector<const int32_t*> row(vocab.max_depth() + 2, nullptr);
+  std::vector<uint8_t> fin(vocab.max_depth() + 2, 0), up(vocab.max_depth() + 2, 0);
+  row[0] = &a.trans[a.trans_base[start]];
   const uint32_t size = static_cast<uint32_t>(t.byte.size());
+  const uint8_t* bytes = t.byte.data();
+  const uint16_t* depth = t.depth.data();
   for (uint32_t i = 1; i < size;) {
-    int d = t.depth[i];
-    int32_t q = st[d - 1];
-    uint8_t b = t.byte[i];
-    int32_t q2 = q >= 0 ? a.next(static_cast<uint32_t>(q), b) : -1;
-    bool u = up[d - 1] || (d >= 2 && q >= 0 && a.final[q] && follow.test(b));
+    int d = depth[i];
+    uint8_t b = bytes[i];
+    int32_t q2 = row[d - 1][cls[b]];
+    bool u = up[d - 1] || (d >= 2 && fin[d - 1] && follow.test(b));
     if (q2 < 0) {
       if (u) mb.uncertain_subtree(i);
       i = t.end[i];
       continue;
     }
-    st[d] = q2;
+    row[d] = &a.trans[a.trans_base[q2]];
+    fin[d] = a.final[q2];
     up[d] = u;
-    mb.accept_at(i);
+    if (t.tok_begin[i] != t.tok_begin[i + 1]) mb.accept_at(i);
     ++i;
   }
 }
@@ -150,7 +165,7 @@ void walk_generic(const Automaton& a, const TokenVocab& vocab, uint32_t start, M
 
 namespace grammar_detail {
 NodeMasks compute_node_masks(const Automaton& a, const TokenVocab& vocab, uint32_t node) {
-  MaskBuilder mb{vocab, {}, {}};
+  MaskBuilder mb(vocab);
   if (a.rule_is_leaf[a.rule_of[node]])
     walk_leaf(a, vocab, node, mb);
   else
@@ -241,7 +256,8 @@ Result<std::shared_ptr<const TokenVocab>> TokenVocab::from_table(
 Grammar::~Grammar() = default;
 
 Result<std::shared_ptr<const Grammar>> Grammar::finish(Result<grammar_detail::Automaton> a,
-                                                       std::shared_ptr<const TokenVocab> vocab) {
+                                                       std::shared_ptr<const TokenVocab> vocab,
+                                                       const GrammarOptions& options) {
   if (!a.is_ok()) return a.status();
   DSV41_CHECK(vocab != nullptr);
   auto g = std::shared_ptr<Grammar>(new Grammar());
@@ -251,6 +267,7 @@ Result<std::shared_ptr<const Grammar>> Grammar::finish(Result<grammar_detail::Au
   g->memo_ = std::make_unique<std::atomic<const NodeMasks*>[]>(nn);
   for (uint32_t i = 0; i < nn; ++i) g->memo_[i].store(nullptr, std::memory_order_relaxed);
   g->memo_owned_.resize(nn);
+  if (options.precompute_ms > 0) g->warm(options.precompute_ms);
   return std::shared_ptr<const Grammar>(std::move(g));
 }
 
@@ -272,8 +289,16 @@ const NodeMasks& Grammar::node_masks(uint32_t node) const {
   return *memo_owned_[node];
 }
 
-void Grammar::warm() const {
-  for (uint32_t n = 0; n < automaton_->num_nodes(); ++n) (void)node_masks(n);
+int64_t Grammar::warm(double max_ms) const {
+  auto t0 = std::chrono::steady_clock::now();
+  uint32_t nn = automaton_->num_nodes();
+  for (uint32_t n = 0; n < nn; ++n) {
+    if (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() >
+        max_ms)
+      return nn - n;
+    (void)node_masks(n);
+  }
+  return 0;
 }
 
 // ---- Matcher ----
