@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "cli/fast_model_dir.h"
+#include "core/load_progress.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "parallel/world.h"
@@ -222,27 +223,55 @@ void add_serve(CLI::App& app, Runner* run) {
               a->server.host);
       }
       std::string dir = a->model;
-      bool demo = dir.empty();
-      if (demo) {
-        auto d = parallel::World::get().rank0_first(ensure_demo_model);
-        if (!d) {
-          log::error("serve: demo model: {}", d.status().message());
-          return kExitInvalid;
-        }
-        dir = *d;
-        log::info("serve: no --model given: serving the demo model in {}", dir);
-      }
+      const bool demo = dir.empty();
       if (!a->names.empty()) {
         a->server.model_name = a->names.front();
         a->server.model_aliases.assign(a->names.begin() + 1, a->names.end());
       } else {
         a->server.model_name = demo ? "dsv41-demo" : std::filesystem::path(dir).filename().string();
       }
+      a->server.max_body_bytes = a->max_body_mb << 20;
+      // Rank 0 listens before the model is made, converted or loaded (minutes on the release): a
+      // health probe sees 503 "loading" with the progress instead of a refused connection, and a
+      // port in use fails at once instead of after the load. "listening on" is logged once
+      // requests are served. The sampling defaults (read from the model directory) are handed over
+      // with the model.
+      std::unique_ptr<HttpServer> server;
+      std::thread serving;
+      auto stop_listening = [&] {
+        if (!server) return;
+        server->shutdown();
+        serving.join();
+      };
+      if (parallel::World::get().rank() == 0) {
+        server = std::make_unique<HttpServer>(a->server, int64_t(a->max_num_seqs) + a->max_queue);
+        if (Status st = server->bind(); !st) {
+          log::error("serve: {}", st.message());
+          return kExitUsage;
+        }
+        serving = std::thread([&] { server->serve(); });
+        log::info(
+            "serve: accepting connections on {}:{} while the model loads (/health answers 503 "
+            "\"loading\" until it is ready)",
+            a->server.host, server->port());
+      }
+      if (demo) {
+        set_load_progress("creating the demo model");
+        auto d = parallel::World::get().rank0_first(ensure_demo_model);
+        if (!d) {
+          log::error("serve: demo model: {}", d.status().message());
+          stop_listening();
+          return kExitInvalid;
+        }
+        dir = *d;
+        log::info("serve: no --model given: serving the demo model in {}", dir);
+      }
       {
         auto defaults =
             load_sampling_defaults(dir, a->generation_config, a->override_generation_config);
         if (!defaults) {
           log::error("serve: {}", defaults.status().message());
+          stop_listening();
           return defaults.status().message().starts_with("--") ? kExitUsage : kExitInvalid;
         }
         // What requests get and /v1/models shows: --default-max-tokens, when given, over the
@@ -253,12 +282,13 @@ void add_serve(CLI::App& app, Runner* run) {
           log::info("serve: sampling defaults {}",
                     python_json_dumps(a->server.sampling_defaults.to_json()));
       }
-      a->server.max_body_bytes = a->max_body_mb << 20;
+      set_load_progress("preparing " + dir);
       log::info("serve: loading {} ...", dir);
       const auto t0 = std::chrono::steady_clock::now();
       EngineOptions eo;
       if (Status st = apply_path_options(a->paths, dir, &eo); !st.is_ok()) {
         log::error("serve: {}{}", st.message().starts_with("--") ? "" : "--model: ", st.message());
+        stop_listening();
         return kExitInvalid;
       }
       eo.seed = a->seed;
@@ -266,12 +296,15 @@ void add_serve(CLI::App& app, Runner* run) {
       eo.max_num_batched_tokens = a->max_num_batched_tokens;
       eo.max_num_seqs = a->max_num_seqs;
       eo.max_queue = a->max_queue;
+      set_load_progress("loading weights");
       auto engine = Engine::load(eo);
       if (!engine) {
         log::error("serve: {}{}", engine.status().message().starts_with("--") ? "" : "--model: ",
                    engine.status().message());
+        stop_listening();
         return kExitInvalid;
       }
+      set_load_progress("");
       log::info("serve: model loaded in {:.1f} s (vocab {}, context {} tokens)",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                 (*engine)->vocab_size(), (*engine)->max_context());
@@ -283,24 +316,30 @@ void add_serve(CLI::App& app, Runner* run) {
               "rank 0 at once (clients see their connections close) instead of rank 0 failing "
               "the requests and answering 503 on /health (docs/parallel.md)");
       }
-      HttpServer server(**engine, a->server);
-      if (Status st = server.bind(); !st) {
-        log::error("serve: {}", st.message());
-        return kExitUsage;
+      if (!server) {  // (a follower rank never gets here: it follows rank 0 inside the load)
+        server = std::make_unique<HttpServer>(**engine, a->server);
+        if (Status st = server->bind(); !st) {
+          log::error("serve: {}", st.message());
+          return kExitUsage;
+        }
+        serving = std::thread([&] { server->serve(); });
+      } else {
+        server->attach(**engine, a->server.sampling_defaults);
       }
-      log::info("serve: listening on http://{}:{} (model \"{}\")", a->server.host, server.port(),
+      HttpServer& srv = *server;
+      log::info("serve: listening on http://{}:{} (model \"{}\")", a->server.host, srv.port(),
                 a->server.model_name);
       // A browser reaches a server listening on every interface through loopback.
       const std::string browse = a->server.host == "0.0.0.0" || a->server.host == "::"
                                      ? std::string("127.0.0.1")
                                      : a->server.host;
       log::info("serve: chat page http://{}:{}/  dashboard http://{}:{}/dashboard", browse,
-                server.port(), browse, server.port());
-      std::thread signals([&server, set] {
+                srv.port(), browse, srv.port());
+      std::thread signals([&srv, set] {
         int sig = 0;
         sigwait(&set, &sig);
         log::info("serve: signal {}: refusing new requests, finishing in-flight ones", sig);
-        const int64_t left = server.shutdown();
+        const int64_t left = srv.shutdown();
         if (left > 0)
           log::warn("serve: {} requests still running after the shutdown timeout", left);
       });
@@ -321,7 +360,7 @@ void add_serve(CLI::App& app, Runner* run) {
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
       });
-      server.serve();
+      serving.join();
       // Normally serve() returns because the signal thread stopped it; if the listener failed on
       // its own, wake that thread so it can finish.
       ::kill(::getpid(), SIGTERM);

@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "core/load_progress.h"
 #include "core/log.h"
 #include "server/anthropic_api.h"
 #include "server/generation_protocol.h"
@@ -127,6 +128,11 @@ int connection_socket(const httplib::Request& req) {
   return -1;
 }
 
+// The page's files need no model: the chat page can load (and say the model is loading).
+bool serves_without_model(const std::string& path) {
+  return path == "/" || path == "/dashboard" || path.rfind("/web/", 0) == 0;
+}
+
 // Whether the client closed its side of the connection (or it broke), seen without writing a byte:
 // a hang-up is readable as POLLRDHUP. Bytes the client sent meanwhile (a pipelined request) are
 // left unread.
@@ -163,7 +169,15 @@ std::string iso_time_now() {
 struct StreamState;  // one generation response (below)
 
 struct HttpServer::Impl {
-  Engine& engine;
+  // Null while the model loads (the server listens from the start; ready says when requests may
+  // use it).
+  Engine* engine = nullptr;
+  std::atomic<bool> ready{false};
+  // serve() began (its listener's loop may not have yet) / shutdown() was asked, under serve_mu.
+  std::mutex serve_mu;
+  bool serve_called = false, stop_requested = false;
+  int64_t capacity = 0;  // requests the engine can hold at once (sizes the HTTP threads)
+  std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
   ServerOptions opt;
   ServedModel model;
   httplib::Server svr;
@@ -177,9 +191,9 @@ struct HttpServer::Impl {
   int64_t started = 0;
   std::mutex shutdown_mu;
 
-  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {
+  Impl(Engine* e, ServerOptions o, int64_t max_requests)
+      : opt(std::move(o)), capacity(e ? e->max_requests() : max_requests) {
     model.name = opt.model_name;
-    model.max_context = engine.max_context();
     model.reasoning_budget = opt.reasoning_budget;
     model.aliases = opt.model_aliases;
     model.default_chat_template_kwargs = opt.default_chat_template_kwargs;
@@ -190,6 +204,19 @@ struct HttpServer::Impl {
     nonce = std::random_device{}();
     started = static_cast<int64_t>(std::time(nullptr));
     routes();
+    if (e) attach(*e);
+  }
+  // The model is in: requests go to it from now on (with the sampling defaults read beside it,
+  // when given).
+  void attach(Engine& e, const std::optional<SamplingDefaults>& defaults = std::nullopt) {
+    if (defaults) {
+      opt.sampling_defaults = *defaults;
+      model.sampling_defaults = *defaults;
+      model.sampling_defaults.apply_default_max_tokens(opt.default_max_tokens);
+    }
+    engine = &e;
+    model.max_context = e.max_context();
+    ready.store(true, std::memory_order_release);
   }
 
   static void send_error(httplib::Response& res, const ApiError& e) {
@@ -336,6 +363,29 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
               : "no API key given: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
         "invalid_request_error", "", "invalid_api_key"));
   }
+  if (!ready.load(std::memory_order_acquire) && !serves_without_model(req.path)) {
+    // Loading: probes see 503 with what is happening, clients a 503 to retry. The connection is
+    // kept (a probe polls); the body of a refused request is not read, so that one is closed.
+    const LoadProgress p = load_progress();
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count();
+    OJson progress{
+        {"stage", p.stage.empty() ? std::string("loading the model") : p.stage},
+        {"fraction", p.fraction < 0 ? OJson(nullptr) : OJson(std::round(p.fraction * 1000) / 1000)},
+        {"seconds", std::round(waited * 10) / 10}};
+    res.set_header("Retry-After", "5");
+    if (req.path == "/health") {
+      res.status = 503;
+      res.set_content(OJson{{"status", "loading"}, {"progress", std::move(progress)}}.dump(),
+                      "application/json");
+      metrics.request_done("/health", 503);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return reject(make_error(503,
+                             fmt::format("the model is loading ({}); retry shortly",
+                                         progress["stage"].get<std::string>()),
+                             "service_unavailable"));
+  }
   if (route &&
       std::find(route->methods.begin(), route->methods.end(), req.method) == route->methods.end()) {
     std::string allow;
@@ -349,7 +399,7 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
 }
 
 void HttpServer::Impl::routes() {
-  const int64_t threads = opt.threads > 0 ? opt.threads : engine.max_requests() + 16;
+  const int64_t threads = opt.threads > 0 ? opt.threads : capacity + 16;
   svr.new_task_queue = [n = threads] {
     return new httplib::ThreadPool(static_cast<std::size_t>(n));
   };
@@ -434,7 +484,7 @@ void HttpServer::Impl::routes() {
       });
 
   on("GET", "/health", "/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (Status h = engine.health(); !h) {  // a split model whose ranks stopped answering
+    if (Status h = engine->health(); !h) {  // a split model whose ranks stopped answering
       res.status = 503;
       res.set_content(OJson{{"status", "unhealthy"}, {"error", h.message()}}.dump(),
                       "application/json");
@@ -459,7 +509,7 @@ void HttpServer::Impl::routes() {
        metrics.request_done("/v1/models/{id}", 200);
      });
   on("GET", "/metrics", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    EngineStats s = engine.stats();
+    EngineStats s = engine->stats();
     res.set_content(metrics.render(s, in_flight.load()), "text/plain; version=0.0.4");
   });
   // The chat page, the dashboard and their files, from the bytes built into the binary. The
@@ -703,7 +753,7 @@ void HttpServer::Impl::whole_answer(const httplib::Request& req, httplib::Respon
   }
   if (const StreamState::Choice* bad = st.failure()) {
     log::error("serve: {}: engine error: {}", id, bad->error);
-    const bool unhealthy = !engine.health();
+    const bool unhealthy = !engine->health();
     status = unhealthy ? 503 : 500;
     res.status = status;
     res.set_content(
@@ -728,9 +778,9 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   };
   OJson body;
   if (auto e = parse_body(req, body)) return fail(*e);
-  const Tokenizer& tok = engine.tokenizer();
+  const Tokenizer& tok = engine->tokenizer();
   if (auto err = api.parse(body, model, tok, st->job)) return fail(*err);
-  auto handles = engine.submit(st->job.request, st->job.n);
+  auto handles = engine->submit(st->job.request, st->job.n);
   if (!handles) {
     const std::string& m = handles.status().message();
     switch (handles.status().kind()) {
@@ -829,9 +879,9 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
     text = p->get<std::string>();
   }
   OJson out = OJson::object();
-  auto ids = engine.tokenizer().encode(text);
+  auto ids = engine->tokenizer().encode(text);
   out["count"] = ids.size();
-  out["max_model_len"] = engine.max_context();
+  out["max_model_len"] = engine->max_context();
   out["tokens"] = ids;
   res.set_content(out.dump(), "application/json");
   metrics.request_done("/tokenize", 200);
@@ -848,7 +898,7 @@ void HttpServer::Impl::count_tokens(const httplib::Request& req, httplib::Respon
   OJson body;
   if (auto e = parse_body(req, body)) return fail(*e);
   GenerationJob job;
-  if (auto e = parse_messages_request(body, model, engine.tokenizer(), true, job)) return fail(*e);
+  if (auto e = parse_messages_request(body, model, engine->tokenizer(), true, job)) return fail(*e);
   OJson out = OJson::object();
   out["input_tokens"] = job.request.prompt.size();
   res.set_content(out.dump(), "application/json");
@@ -867,7 +917,7 @@ void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response
     return fail(
         make_error(400, "tokens: required array of token ids", "invalid_request_error", "tokens"));
   std::vector<int32_t> ids;
-  const int32_t vocab = engine.vocab_size();
+  const int32_t vocab = engine->vocab_size();
   for (std::size_t i = 0; i < t->size(); ++i) {
     const OJson& v = (*t)[i];
     int64_t id = -1;
@@ -884,7 +934,7 @@ void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response
                      "invalid_request_error", "tokens"));
     ids.push_back(static_cast<int32_t>(id));
   }
-  auto text = engine.tokenizer().decode(ids);
+  auto text = engine->tokenizer().decode(ids);
   if (!text)
     return fail(
         make_error(400, "tokens: " + text.status().message(), "invalid_request_error", "tokens"));
@@ -895,7 +945,14 @@ void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response
 }
 
 HttpServer::HttpServer(Engine& engine, ServerOptions options)
-    : impl_(std::make_unique<Impl>(engine, std::move(options))) {}
+    : impl_(std::make_unique<Impl>(&engine, std::move(options), 0)) {}
+
+HttpServer::HttpServer(ServerOptions options, int64_t max_requests)
+    : impl_(std::make_unique<Impl>(nullptr, std::move(options), max_requests)) {}
+
+void HttpServer::attach(Engine& engine, const SamplingDefaults& sampling_defaults) {
+  impl_->attach(engine, sampling_defaults);
+}
 
 HttpServer::~HttpServer() {
   impl_->svr.stop();
@@ -925,6 +982,11 @@ int HttpServer::port() const {
 }
 
 void HttpServer::serve() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->serve_mu);
+    if (impl_->stop_requested) return;  // shut down before it began
+    impl_->serve_called = true;
+  }
   impl_->svr.listen_after_bind();
 }
 
@@ -935,6 +997,17 @@ int64_t HttpServer::shutdown() {
   while (impl_->in_flight.load() > 0 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const int64_t left = impl_->in_flight.load();
+  // httplib's stop() does nothing before the listener's loop has started: a shutdown right after
+  // serve() was started on another thread (a model that failed to load) either keeps serve()
+  // from listening at all or waits for its loop to run, then stops it.
+  bool started = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->serve_mu);
+    impl_->stop_requested = true;
+    started = impl_->serve_called;
+  }
+  for (int i = 0; i < 10000 && started && !impl_->svr.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   impl_->svr.stop();
   return left;
 }

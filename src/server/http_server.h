@@ -52,6 +52,14 @@ struct ServerOptions {
 class HttpServer {
  public:
   HttpServer(Engine& engine, ServerOptions options);
+  // A server that listens before its model is loaded (`serve` binds at once): /health answers 503
+  // {"status": "loading", "progress": ...} and every other route but the page's files 503 with
+  // Retry-After, until attach(). `max_requests`: what the engine will hold at once (the HTTP
+  // threads are started for it).
+  HttpServer(ServerOptions options, int64_t max_requests);
+  // The model is loaded: requests are served from now on, with these sampling defaults (read
+  // from the model's directory, so known only now).
+  void attach(Engine& engine, const SamplingDefaults& sampling_defaults);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

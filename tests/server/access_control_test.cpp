@@ -1,7 +1,7 @@
-// API keys, CORS and the JSON request log (issue 37 items 2, 3 and 8): the policy objects alone
-// (server/access_control.h), then the in-process server (401 in each API's shape, open and guarded
-// paths, preflights), then the real binary with its flags, file and variable through the official
-// clients.
+// API keys, CORS, the JSON request log and serving while loading (issue 37 items 2, 3, 5, 8): the
+// policy objects alone (server/access_control.h), then the in-process server (401 in each API's
+// shape, open and guarded paths, preflights), then the real binary with its flags, file and
+// variable through the official clients.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/load_progress.h"
 #include "server/access_control.h"
 #include "server/server_harness.h"
 
@@ -323,6 +324,79 @@ TEST(RequestLog, JsonLinesWithTheRequestsFigures) {
     EXPECT_EQ(seen, 2);
     if (!prompts) EXPECT_EQ(out.find("secret words"), std::string::npos);
   }
+}
+
+// A server that listens before its model is in: 503 "loading" with the progress on /health, 503
+// with Retry-After (each API's error shape) on the API, the page's files served; then attach():
+// 200, and the sampling defaults handed over with the model.
+TEST(Loading, ServerAnswers503UntilTheModelIsAttached) {
+  InProcess backing;  // its engine is attached below
+  ServerOptions so;
+  so.port = 0;
+  so.model_name = "scripted";
+  HttpServer server(so, 8);
+  ASSERT_TRUE(server.bind().is_ok());
+  std::thread serving([&] { server.serve(); });
+  httplib::Client c("127.0.0.1", server.port());
+  set_load_progress("loading weights: resident", 0.25);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  auto hj = nlohmann::json::parse(h->body);
+  EXPECT_EQ(hj["status"], "loading");
+  EXPECT_EQ(hj["progress"]["stage"], "loading weights: resident");
+  EXPECT_EQ(hj["progress"]["fraction"], 0.25);
+  EXPECT_GE(hj["progress"]["seconds"].get<double>(), 0.0);
+  for (const char* path : {"/v1/models", "/metrics"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 503) << path;
+    EXPECT_EQ(r->get_header_value("Retry-After"), "5") << path;
+  }
+  auto chat =
+      c.Post("/v1/chat/completions", R"({"model":"scripted","messages":[]})", "application/json");
+  ASSERT_TRUE(chat);
+  EXPECT_EQ(chat->status, 503);
+  EXPECT_NE(nlohmann::json::parse(chat->body)["error"]["message"].get<std::string>().find(
+                "the model is loading (loading weights: resident)"),
+            std::string::npos)
+      << chat->body;
+  auto msg = c.Post("/v1/messages", R"({"model":"scripted","messages":[]})", "application/json");
+  ASSERT_TRUE(msg);
+  EXPECT_EQ(nlohmann::json::parse(msg->body)["error"]["type"], "overloaded_error") << msg->body;
+  auto page = c.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  set_load_progress("");
+
+  SamplingDefaults defaults;
+  defaults.temperature = 0.5;
+  server.attach(*backing.engine, defaults);
+  auto ok = c.Get("/health");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(models->body)["data"][0]["default_sampling"]["temperature"], 0.5)
+      << models->body;
+  auto answer = c.Post("/v1/completions", R"({"model":"scripted","prompt":"hi","max_tokens":2})",
+                       "application/json");
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(answer->status, 200) << answer->body;
+  server.shutdown();
+  serving.join();
+}
+
+// The binary on a fresh cache (it makes the demo model first, seconds of work): /health answers
+// 503 "loading" within a second of the start, never refuses a connection, then 200.
+TEST(Loading, TheBinaryAnswersWhileItMakesAndLoadsTheModel) {
+  dsv41::testing::TempDir dir;
+  auto [code, out] =
+      run_command(std::string("python3 ") + DSV41_JS_DIR + "/../server/health_while_loading.py " +
+                  DSV41_BINARY + " " + dir.path() + "/cache");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <map>
 #include <thread>
 
+#include "core/load_progress.h"
 #include "core/log.h"
 
 #include "model/convert/converted_checkpoint.h"
@@ -71,6 +72,8 @@ void run_logged(std::size_t n, std::size_t threads, uint64_t total, const char* 
   double last = 0;
   while (finished.load() < n) {  // progress every 2 s until the workers are through
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    set_load_progress(std::string("loading weights: ") + what,
+                      total ? double(done.load()) / double(total) : -1.0);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s - last >= 2.0) {
       last = s;

@@ -44,6 +44,11 @@ async function errorText(res) {
 async function loadModel() {
   try {
     const res = await apiFetch('/v1/models');
+    if (res.status === 503 && res.headers.get('Retry-After')) {  // the server is loading the model
+      $('model').textContent = 'loading the model…';
+      setTimeout(loadModel, 2000);
+      return;
+    }
     if (!res.ok) throw new Error(await errorText(res));
     const j = await res.json();
     state.model = j.data[0].id;
