@@ -14,6 +14,7 @@ PKGS=(
   openmpi-bin libopenmpi-dev
   clang
   chromium
+  openssl
 )
 command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
@@ -26,7 +27,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${#missing[@]} Debian packages (compiler and build tools, the C++"
   echo "setup: libraries dsv41 links, Open MPI for the split forward, GoogleTest, clang for the"
   echo "setup: sanitized fuzz build, chromium for the browser tests, node/npm for the test"
-  echo "setup: clients): ${missing[*]}"
+  echo "setup: clients, openssl to make the TLS test's certificate): ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   echo "setup: apt-get update"
   apt-get update

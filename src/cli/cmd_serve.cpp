@@ -91,6 +91,10 @@ void add_serve(CLI::App& app, Runner* run) {
   sub->add_flag("--allow-credentials", a->server.cors.credentials,
                 "CORS: allow cookies and Authorization on cross-origin requests "
                 "(Access-Control-Allow-Credentials)");
+  sub->add_option("--ssl-certfile", a->server.ssl_certfile,
+                  "HTTPS: the server's certificate (PEM; with --ssl-keyfile), else plain HTTP");
+  sub->add_option("--ssl-keyfile", a->server.ssl_keyfile,
+                  "HTTPS: the certificate's private key (PEM, unencrypted)");
   sub->add_option("--log-requests", a->log_requests,
                   "text = one `access:` log line per request | json = generation requests as one "
                   "JSON line each on stdout (id, api, status, finish_reasons, prompt_tokens, "
@@ -199,6 +203,10 @@ void add_serve(CLI::App& app, Runner* run) {
           return keys.status().message().starts_with("--api-key-file") ? kExitInvalid : kExitUsage;
         }
         a->server.api_keys = std::move(*keys);
+        if (a->server.ssl_certfile.empty() != a->server.ssl_keyfile.empty()) {
+          log::error("serve: --ssl-certfile and --ssl-keyfile go together (HTTPS needs both)");
+          return kExitUsage;
+        }
         a->server.request_log = a->log_requests == "json"  ? ServerOptions::RequestLog::kJson
                                 : a->log_requests == "off" ? ServerOptions::RequestLog::kOff
                                                            : ServerOptions::RequestLog::kText;
@@ -327,14 +335,15 @@ void add_serve(CLI::App& app, Runner* run) {
         server->attach(**engine, a->server.sampling_defaults);
       }
       HttpServer& srv = *server;
-      log::info("serve: listening on http://{}:{} (model \"{}\")", a->server.host, srv.port(),
+      const char* scheme = a->server.ssl_certfile.empty() ? "http" : "https";
+      log::info("serve: listening on {}://{}:{} (model \"{}\")", scheme, a->server.host, srv.port(),
                 a->server.model_name);
       // A browser reaches a server listening on every interface through loopback.
       const std::string browse = a->server.host == "0.0.0.0" || a->server.host == "::"
                                      ? std::string("127.0.0.1")
                                      : a->server.host;
-      log::info("serve: chat page http://{}:{}/  dashboard http://{}:{}/dashboard", browse,
-                srv.port(), browse, srv.port());
+      log::info("serve: chat page {}://{}:{}/  dashboard {}://{}:{}/dashboard", scheme, browse,
+                srv.port(), scheme, browse, srv.port());
       std::thread signals([&srv, set] {
         int sig = 0;
         sigwait(&set, &sig);

@@ -128,6 +128,11 @@ int connection_socket(const httplib::Request& req) {
   return -1;
 }
 
+std::unique_ptr<httplib::Server> make_listener(const ServerOptions& o) {
+  if (o.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
+  return std::make_unique<httplib::SSLServer>(o.ssl_certfile.c_str(), o.ssl_keyfile.c_str());
+}
+
 // The page's files need no model: the chat page can load (and say the model is loading).
 bool serves_without_model(const std::string& path) {
   return path == "/" || path == "/dashboard" || path.rfind("/web/", 0) == 0;
@@ -180,7 +185,10 @@ struct HttpServer::Impl {
   std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
   ServerOptions opt;
   ServedModel model;
-  httplib::Server svr;
+  // Plain HTTP, or HTTPS with --ssl-certfile/--ssl-keyfile (httplib's SSLServer over OpenSSL;
+  // bind() refuses files it could not load).
+  std::unique_ptr<httplib::Server> holder{make_listener(opt)};
+  httplib::Server& svr = *holder;
   Metrics metrics{opt.model_name};  // (opt is initialised before it)
   CorsPolicy cors{opt.cors};
   std::atomic<bool> draining{false};
@@ -960,6 +968,11 @@ HttpServer::~HttpServer() {
 
 Status HttpServer::bind() {
   const auto& o = impl_->opt;
+  if (!impl_->svr.is_valid())
+    return Status::error(fmt::format(
+        "--ssl-certfile {} / --ssl-keyfile {}: could not load the certificate and its key "
+        "(PEM files; the key must match the certificate)",
+        o.ssl_certfile, o.ssl_keyfile));
   if (o.port < 0 || o.port > 65535)
     return Status::error(fmt::format("--port: {} is outside 0-65535 (0: any free port)", o.port));
   if (o.port == 0) {

@@ -47,6 +47,8 @@ struct ServerOptions {
   // first token, total time, client address; other requests keep their text line) or off.
   enum class RequestLog { kText, kJson, kOff } request_log = RequestLog::kText;
   bool log_prompts = false;  // json: each record also holds the prompt text (it may be private)
+  // --ssl-certfile / --ssl-keyfile (PEM): HTTPS instead of HTTP on the same port.
+  std::string ssl_certfile, ssl_keyfile;
 };
 
 class HttpServer {

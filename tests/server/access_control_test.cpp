@@ -1,4 +1,4 @@
-// API keys, CORS, the JSON request log and serving while loading (issue 37 items 2, 3, 5, 8): the
+// API keys, CORS, TLS, the JSON request log and serving while loading (issue 37 items 2-5, 8): the
 // policy objects alone (server/access_control.h), then the in-process server (401 in each API's
 // shape, open and guarded paths, preflights), then the real binary with its flags, file and
 // variable through the official clients.
@@ -397,6 +397,46 @@ TEST(Loading, TheBinaryAnswersWhileItMakesAndLoadsTheModel) {
                   DSV41_BINARY + " " + dir.path() + "/cache");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+// --ssl-certfile / --ssl-keyfile: HTTPS with a self-signed certificate made here, through the
+// official clients (its CA given to node), with an API key too; plain HTTP gets no answer; a key
+// that is not the certificate's is refused at start naming both files.
+TEST(Tls, OfficialClientsOverHttpsWithASelfSignedCertificate) {
+  dsv41::testing::TempDir dir;
+  const std::string cert = dir.file("cert.pem"), key = dir.file("key.pem");
+  auto [made, made_log] = run_command(
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost -addext "
+      "subjectAltName=IP:127.0.0.1,DNS:localhost -keyout " +
+      key + " -out " + cert + " 2>&1");
+  ASSERT_EQ(made, 0) << made_log;
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
+  ServeProcess p;
+  ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log",
+                      {"--ssl-certfile", cert, "--ssl-keyfile", key, "--api-key", "sk-tls"}));
+  auto [code, out] =
+      run_command("NODE_EXTRA_CA_CERTS=" + cert + " node " + DSV41_JS_DIR +
+                  "/api_key_test.mjs https://127.0.0.1:" + std::to_string(p.port) + " tiny sk-tls");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+  httplib::Client plain("127.0.0.1", p.port);
+  plain.set_read_timeout(5, 0);
+  auto r = plain.Get("/health");
+  EXPECT_FALSE(r && r->status == 200);  // a TLS port does not speak plain HTTP
+  kill(p.pid, SIGTERM);
+  EXPECT_EQ(p.wait_exit(), 0);
+
+  auto [bad, bad_log] =
+      run_command(std::string(DSV41_BINARY) + " serve --model " + tiny +
+                  " --port 0 --ssl-certfile " + cert + " --ssl-keyfile " + cert + " 2>&1");
+  EXPECT_NE(bad, 0) << bad_log;
+  EXPECT_NE(bad_log.find("--ssl-certfile " + cert + " / --ssl-keyfile " + cert), std::string::npos)
+      << bad_log;
+  auto [half, half_log] = run_command(std::string(DSV41_BINARY) + " serve --model " + tiny +
+                                      " --port 0 --ssl-certfile " + cert + " 2>&1");
+  EXPECT_EQ(half, 1) << half_log;
+  EXPECT_NE(half_log.find("go together"), std::string::npos) << half_log;
 }
 
 }  // namespace

@@ -313,10 +313,12 @@ struct ServeProcess {
       std::ifstream in(log);
       std::string line;
       while (std::getline(in, line)) {
-        auto k = line.find("listening on http://127.0.0.1:");
-        if (k != std::string::npos) {
-          port = std::stoi(line.substr(k + 30));
-          return true;
+        for (const std::string at : {"listening on http://127.0.0.1:",
+                                     "listening on https://127.0.0.1:"}) {  // --ssl-certfile
+          if (auto k = line.find(at); k != std::string::npos) {
+            port = std::stoi(line.substr(k + at.size()));
+            return true;
+          }
         }
       }
       std::this_thread::sleep_for(100ms);
