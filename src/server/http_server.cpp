@@ -133,9 +133,22 @@ std::unique_ptr<httplib::Server> make_listener(const ServerOptions& o) {
   return std::make_unique<httplib::SSLServer>(o.ssl_certfile.c_str(), o.ssl_keyfile.c_str());
 }
 
+constexpr std::size_t kMaxHeaderLines = 200;
+constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
+
 // The page's files need no model: the chat page can load (and say the model is loading).
 bool serves_without_model(const std::string& path) {
   return path == "/" || path == "/dashboard" || path.rfind("/web/", 0) == 0;
+}
+
+// For an answer sent while the request's body was still coming (a chunked body past the limit):
+// the connection ends after it. The header tells a client; httplib 0.11 itself keeps the connection open whatever the
+// answer says and would parse the unread body as the next requests (a chunked body's data as
+// request lines, answered 414 one after another), so the socket's reading side is shut too: the
+// answer is still written, the next read sees the end.
+void close_after_answer(const httplib::Request& req, httplib::Response& res) {
+  res.set_header("Connection", "close");
+  if (const int fd = connection_socket(req); fd >= 0) ::shutdown(fd, SHUT_RD);
 }
 
 // Whether the client closed its side of the connection (or it broke), seen without writing a byte:
@@ -293,7 +306,35 @@ void HttpServer::Impl::on(const std::string& method, const std::string& pattern,
   if (method == "GET") {
     svr.Get(pattern, std::move(handler));
   } else {
-    svr.Post(pattern, std::move(handler));
+    // The body is read here, in pieces, up to --max-body-mb whatever its framing: httplib's own
+    // limit holds only for a Content-Length (checked before routing), and a chunked body of
+    // 512 MB was read into memory whole before the JSON parser refused it. Past the limit the
+    // read stops and the answer is 413; the rest of the body is never read (the connection
+    // closes).
+    svr.Post(pattern, [this, label, handler = std::move(handler)](
+                          const httplib::Request& req, httplib::Response& res,
+                          const httplib::ContentReader& reader) {
+      std::string body;
+      bool too_large = false;
+      reader([&](const char* data, std::size_t n) {
+        if (body.size() + n > opt.max_body_bytes) return !(too_large = true);
+        body.append(data, n);
+        return true;
+      });
+      if (too_large) {
+        send_error_for(req.path, res,
+                       make_error(413,
+                                  fmt::format("request body larger than {} bytes (--max-body-mb)",
+                                              opt.max_body_bytes),
+                                  "invalid_request_error"));
+        close_after_answer(req, res);
+        metrics.request_done(label, 413);
+        return;
+      }
+      httplib::Request with_body = req;
+      with_body.body = std::move(body);
+      handler(with_body, res);
+    });
   }
   auto it = std::find_if(known.begin(), known.end(),
                          [&](const Route& r) { return r.pattern == pattern; });
@@ -341,6 +382,17 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
           fmt::format("request body of {} bytes is larger than {} bytes", n, opt.max_body_bytes),
           "invalid_request_error"));
   }
+  // Header lines and bytes are capped (httplib caps only each line's length): 20,000 lines were
+  // accepted and kept.
+  std::size_t header_bytes = 0;
+  for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
+  if (req.headers.size() > kMaxHeaderLines || header_bytes > kMaxHeaderBytes)
+    return reject(
+        make_error(431,
+                   fmt::format("request headers too large: {} lines, {} bytes (at most "
+                               "{} lines and {} bytes)",
+                               req.headers.size(), header_bytes, kMaxHeaderLines, kMaxHeaderBytes),
+                   "invalid_request_error"));
   if (draining.load() && req.path != "/metrics")
     return reject(make_error(503, "the server is shutting down", "service_unavailable"));
   // CORS: a preflight is answered here (it carries no key); other answers to an allowed origin

@@ -2,8 +2,13 @@
 // policy objects alone (server/access_control.h), then the in-process server (401 in each API's
 // shape, open and guarded paths, preflights), then the real binary with its flags, file and
 // variable through the official clients.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -437,6 +442,79 @@ TEST(Tls, OfficialClientsOverHttpsWithASelfSignedCertificate) {
                                       " --port 0 --ssl-certfile " + cert + " 2>&1");
   EXPECT_EQ(half, 1) << half_log;
   EXPECT_NE(half_log.find("go together"), std::string::npos) << half_log;
+}
+
+// Raw HTTP on a fresh connection: sends `head`, then up to `chunks` chunks of `chunk` bytes of a
+// chunked body while the server reads; returns what the server answered (its status line first)
+// and how many chunks went out before it answered or closed.
+std::pair<std::string, int> raw_exchange(int port, const std::string& head, int chunks,
+                                         std::size_t chunk) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  auto send_all = [&](const std::string& d) {
+    return ::send(fd, d.data(), d.size(), MSG_NOSIGNAL) == ssize_t(d.size());
+  };
+  send_all(head);
+  int sent = 0;
+  const std::string piece = fmt::format("{:x}\r\n", chunk) + std::string(chunk, 'x') + "\r\n";
+  for (; sent < chunks; ++sent) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0 || !send_all(piece)) break;  // answered (or closed) meanwhile
+  }
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) got.append(buf, std::size_t(n));
+  ::close(fd);
+  return {got, sent};
+}
+
+long rss_kb() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return 0;
+}
+
+// --max-body-mb holds for a chunked body (413 once the limit is passed, the rest never read: 64 MB
+// offered, the server's memory does not grow by it) and header lines are capped (431).
+TEST(Limits, ChunkedBodiesAndHeaderFloodsAreRefused) {
+  InProcess s;  // bodies up to 64 KB
+  // A chunked body within the limit is answered as usual (and warms the server up before its
+  // memory is read).
+  const std::string ok_body = R"({"model":"scripted","prompt":"hi","max_tokens":2})";
+  const std::string chunked_head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n";
+  for (int i = 0; i < 2; ++i) {
+    auto [ok, ok_sent] =
+        raw_exchange(s.port,
+                     chunked_head + "Connection: close\r\n\r\n" +
+                         fmt::format("{:x}\r\n", ok_body.size()) + ok_body + "\r\n0\r\n\r\n",
+                     0, 0);
+    EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok.substr(0, 300);
+  }
+  const long before = rss_kb();
+  auto [answer, sent] = raw_exchange(s.port, chunked_head + "\r\n", 64, 1 << 20);
+  const long grown = rss_kb() - before;
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413", 0), 0u) << answer.substr(0, 200);
+  EXPECT_NE(answer.find("larger than 65536 bytes"), std::string::npos) << answer.substr(0, 400);
+  EXPECT_LT(sent, 64) << "the server read the whole 64 MB";
+  EXPECT_LT(grown, 50 * 1024) << "RSS grew by " << grown << " kB (" << sent << " MB sent)";
+  std::string flood = "GET /health HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 20000; ++i) flood += fmt::format("X-Filler-{}: {}\r\n", i, i);
+  auto [refused, unused] = raw_exchange(s.port, flood + "Connection: close\r\n\r\n", 0, 0);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 431", 0), 0u) << refused.substr(0, 300);
+  EXPECT_NE(refused.find("request headers too large: 2000"), std::string::npos)
+      << refused.substr(0, 400);
+  auto h = s.client().Get("/health");  // the server is fine
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
 }
 
 }  // namespace
