@@ -28,6 +28,7 @@
 #include "cli/fast_model_dir.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "server/generation_defaults.h"
 #include "server/http_server.h"
 #include "text/json_ordered.h"
 
@@ -228,6 +229,13 @@ int run_batch_main(const RunBatchArgs& a) {
     }
     dir = *d;
   }
+  // The sampling defaults `serve` applies (the checkpoint's generation_config.json), so a line
+  // that leaves temperature or max_tokens out is answered as the server answers it.
+  auto defaults = load_sampling_defaults(dir, "auto", "");
+  if (!defaults) {
+    log::error("run-batch: {}", defaults.status().message());
+    return kExitInvalid;
+  }
   EngineOptions eo;
   if (Status st = apply_path_options(a.paths, dir, &eo); !st.is_ok()) {
     log::error("run-batch: {}{}", st.message().starts_with("--") ? "" : "--model: ", st.message());
@@ -246,6 +254,7 @@ int run_batch_main(const RunBatchArgs& a) {
                   : demo           ? std::string("dsv41-demo")
                                    : std::filesystem::path(dir).filename().string();
   if (a.names.size() > 1) so.model_aliases.assign(a.names.begin() + 1, a.names.end());
+  so.sampling_defaults = *defaults;
   so.max_body_bytes = std::size_t(1) << 30;  // the lines are the user's own file
   so.threads = concurrency + 4;
   so.request_log = ServerOptions::RequestLog::kOff;  // the progress line says what happens
@@ -336,7 +345,7 @@ void add_run_batch(CLI::App& app, Runner* run) {
                   "Model names the lines' bodies may name (default: the checkpoint directory's "
                   "name; dsv41-demo)");
   sub->add_option("--concurrency", a->concurrency,
-                  "Lines in flight at once (0: the engine's --max-num-seqs)")
+                  "Lines in flight at once (0: as many as the engine runs at once, 64)")
       ->check(CLI::Range(0, 4096));
   add_path_options(sub, &a->paths);
   sub->callback([a, run] { *run = [a] { return run_batch_main(*a); }; });

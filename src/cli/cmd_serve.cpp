@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "cli/fast_model_dir.h"
+#include "core/cpu_set.h"
 #include "core/load_progress.h"
 #include "core/log.h"
 #include "engine/engine.h"
@@ -245,12 +246,43 @@ void add_serve(CLI::App& app, Runner* run) {
       // requests are served. The sampling defaults (read from the model directory) are handed over
       // with the model.
       std::unique_ptr<HttpServer> server;
-      std::thread serving;
-      auto stop_listening = [&] {
+      std::thread serving, signals;
+      std::atomic<bool> loaded{false};
+      auto stop_listening = [&] {  // a load that failed: the error's exit code, not a signal's
+        if (signals.joinable()) signals.detach();  // (waiting in sigwait; the process ends)
         if (!server) return;
         server->shutdown();
         serving.join();
       };
+      // SIGTERM/SIGINT: while the model loads, stop at once (nothing is in flight; a conversion
+      // resumes where it stopped); once it serves, refuse new requests and let in-flight ones
+      // finish (shutdown()).
+      auto start_signals = [&, set] {
+        signals = std::thread([&, set] {
+          int sig = 0;
+          sigwait(&set, &sig);
+          if (!loaded.load()) {
+            log::info("serve: signal {} while loading the model: stopping", sig);
+            if (server) server->shutdown();
+            std::fflush(nullptr);
+            std::_Exit(kExitOk);
+          }
+          log::info("serve: signal {}: refusing new requests, finishing in-flight ones", sig);
+          const int64_t left = server->shutdown();
+          if (left > 0)
+            log::warn("serve: {} requests still running after the shutdown timeout", left);
+        });
+      };
+      // --cpu-list pins this thread before the listener's threads start, so they inherit it too.
+      if (!a->paths.cpu_list.empty()) {
+        auto cpus = parse_cpu_list(a->paths.cpu_list);
+        Status pinned = cpus ? pin_to_cpus(*cpus) : cpus.status();
+        if (!pinned.is_ok()) {
+          log::error("serve: {}{}",
+                     pinned.message().starts_with("--") ? "" : "--cpu-list: ", pinned.message());
+          return kExitUsage;
+        }
+      }
       if (parallel::World::get().rank() == 0) {
         server = std::make_unique<HttpServer>(a->server, int64_t(a->max_num_seqs) + a->max_queue);
         if (Status st = server->bind(); !st) {
@@ -258,6 +290,7 @@ void add_serve(CLI::App& app, Runner* run) {
           return kExitUsage;
         }
         serving = std::thread([&] { server->serve(); });
+        start_signals();
         log::info(
             "serve: accepting connections on {}:{} while the model loads (/health answers 503 "
             "\"loading\" until it is ready)",
@@ -334,6 +367,8 @@ void add_serve(CLI::App& app, Runner* run) {
       } else {
         server->attach(**engine, a->server.sampling_defaults);
       }
+      loaded = true;
+      if (!signals.joinable()) start_signals();
       HttpServer& srv = *server;
       const char* scheme = a->server.ssl_certfile.empty() ? "http" : "https";
       log::info("serve: listening on {}://{}:{} (model \"{}\")", scheme, a->server.host, srv.port(),
@@ -344,14 +379,6 @@ void add_serve(CLI::App& app, Runner* run) {
                                      : a->server.host;
       log::info("serve: chat page {}://{}:{}/  dashboard {}://{}:{}/dashboard", scheme, browse,
                 srv.port(), scheme, browse, srv.port());
-      std::thread signals([&srv, set] {
-        int sig = 0;
-        sigwait(&set, &sig);
-        log::info("serve: signal {}: refusing new requests, finishing in-flight ones", sig);
-        const int64_t left = srv.shutdown();
-        if (left > 0)
-          log::warn("serve: {} requests still running after the shutdown timeout", left);
-      });
       // A split model (mpirun) whose other ranks died or hang: the failed step has failed its
       // requests and /health answers 503; after a grace period for clients and load balancers to
       // see it, the server stops and the job ends with kExitRankFailed.

@@ -142,10 +142,10 @@ bool serves_without_model(const std::string& path) {
 }
 
 // For an answer sent while the request's body was still coming (a chunked body past the limit):
-// the connection ends after it. The header tells a client; httplib 0.11 itself keeps the connection open whatever the
-// answer says and would parse the unread body as the next requests (a chunked body's data as
-// request lines, answered 414 one after another), so the socket's reading side is shut too: the
-// answer is still written, the next read sees the end.
+// the connection ends after it. The header tells a client; httplib 0.11 itself keeps the connection
+// open whatever the answer says and would parse the unread body as the next requests (a chunked
+// body's data as request lines, answered 414 one after another), so the socket's reading side is
+// shut too: the answer is still written, the next read sees the end.
 void close_after_answer(const httplib::Request& req, httplib::Response& res) {
   res.set_header("Connection", "close");
   if (const int fd = connection_socket(req); fd >= 0) ::shutdown(fd, SHUT_RD);
@@ -193,7 +193,7 @@ struct HttpServer::Impl {
   std::atomic<bool> ready{false};
   // serve() began (its listener's loop may not have yet) / shutdown() was asked, under serve_mu.
   std::mutex serve_mu;
-  bool serve_called = false, stop_requested = false;
+  bool serve_called = false, stop_requested = false, loop_done = false;
   int64_t capacity = 0;  // requests the engine can hold at once (sizes the HTTP threads)
   std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
   ServerOptions opt;
@@ -359,6 +359,10 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
     const httplib::Request& req, httplib::Response& res) {
   const Route* route = find_route(req.path);
   const std::string label = route ? route->label : "unknown";
+  // An allowed origin's answers carry its CORS headers, refusals included (so its page can read
+  // them).
+  const std::string origin = req.get_header_value("Origin");
+  for (const auto& [k, v] : cors.response_headers(origin)) res.set_header(k, v);
   auto reject = [&](const ApiError& e) {
     send_error_for(req.path, res, e);
     res.set_header("Connection", "close");
@@ -395,13 +399,13 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
                    "invalid_request_error"));
   if (draining.load() && req.path != "/metrics")
     return reject(make_error(503, "the server is shutting down", "service_unavailable"));
-  // CORS: a preflight is answered here (it carries no key); other answers to an allowed origin
-  // get its headers. Without --allowed-origins a preflight gets the 405 below.
-  const std::string origin = req.get_header_value("Origin");
+  // CORS: a preflight is answered here (it carries no key), with the preflight's headers only.
+  // Without --allowed-origins a preflight gets the 405 below.
   if (cors.enabled() && req.method == "OPTIONS" &&
       req.has_header("Access-Control-Request-Method")) {
     auto h = cors.preflight(origin, req.get_header_value("Access-Control-Request-Method"),
                             req.get_header_value("Access-Control-Request-Headers"));
+    for (const auto& [k, v] : cors.response_headers(origin)) res.headers.erase(k);
     res.status = h ? 200 : 400;
     if (h)
       for (const auto& [k, v] : *h) res.set_header(k, v);
@@ -411,7 +415,6 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
     metrics.request_done(label, res.status);
     return httplib::Server::HandlerResponse::Handled;
   }
-  for (const auto& [k, v] : cors.response_headers(origin)) res.set_header(k, v);
   if (opt.api_keys.enabled() && path_needs_key(req.path, opt.metrics_public) &&
       !opt.api_keys.accepts(req.get_header_value("Authorization"),
                             req.get_header_value("x-api-key"))) {
@@ -1053,6 +1056,8 @@ void HttpServer::serve() {
     impl_->serve_called = true;
   }
   impl_->svr.listen_after_bind();
+  std::lock_guard<std::mutex> lock(impl_->serve_mu);
+  impl_->loop_done = true;
 }
 
 int64_t HttpServer::shutdown() {
@@ -1069,7 +1074,7 @@ int64_t HttpServer::shutdown() {
   {
     std::lock_guard<std::mutex> lock(impl_->serve_mu);
     impl_->stop_requested = true;
-    started = impl_->serve_called;
+    started = impl_->serve_called && !impl_->loop_done;
   }
   for (int i = 0; i < 10000 && started && !impl_->svr.is_running(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -236,11 +236,15 @@ TEST(AccessControl, OfficialClientsWithKeysOnTheRealBinary) {
   const std::string tiny = dir.path() + "/tiny";
   ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
   std::ofstream(dir.file("keys")) << "sk-from-file\n";
-  setenv("DSV41_API_KEY", "sk-from-env", 1);
   ServeProcess p;
-  ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log",
-                      {"--api-key", "sk-from-flag", "--api-key-file", dir.file("keys")}));
-  unsetenv("DSV41_API_KEY");
+  {
+    setenv("DSV41_API_KEY", "sk-from-env", 1);  // for this child only, whatever happens
+    struct Unset {
+      ~Unset() { unsetenv("DSV41_API_KEY"); }
+    } unset;
+    ASSERT_TRUE(p.start(tiny, dir.path() + "/serve.log",
+                        {"--api-key", "sk-from-flag", "--api-key-file", dir.file("keys")}));
+  }
   for (const char* key : {"sk-from-flag", "sk-from-file", "sk-from-env"}) {
     auto [code, out] = run_command(std::string("node ") + DSV41_JS_DIR + "/api_key_test.mjs " +
                                    "http://127.0.0.1:" + std::to_string(p.port) + " tiny " + key);

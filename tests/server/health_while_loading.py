@@ -2,7 +2,8 @@
 """`dsv41 serve` answers while it loads (issue 37 item 5): started on a fresh cache it first makes
 the demo model (seconds), yet /health must answer 503 {"status": "loading", "progress": ...} within
 a second of the process's start, every later poll must connect (no refused connection) until it
-answers 200, an API route says 503 with Retry-After meanwhile, and the model then serves.
+answers 200, an API route says 503 with Retry-After meanwhile, and the model then serves; a
+SIGTERM while loading ends it at once with status 0.
 Usage: health_while_loading.py DSV41_BINARY CACHE_DIR"""
 import json, os, re, signal, subprocess, sys, time, urllib.error, urllib.request
 
@@ -71,4 +72,25 @@ proc.send_signal(signal.SIGTERM)
 if proc.wait(timeout=60) != 0:
     fail(f"serve exited {proc.returncode} on SIGTERM")
 print(f"ok: /health 503 loading {loading} times (first after {first:.2f} s), then 200; no refused connection")
+
+# SIGTERM while loading (a fresh cache again): serve stops at once with status 0.
+cache2 = cache + "-again"
+os.makedirs(cache2, exist_ok=True)
+log_path = os.path.join(cache2, "serve.log")
+proc = subprocess.Popen([binary, "serve", "--port", "0"], env=dict(env, DSV41_CACHE=cache2),
+                        stderr=open(log_path, "w"))
+t1 = time.monotonic()
+while "accepting connections" not in open(log_path).read():
+    if time.monotonic() - t1 > 10:
+        fail("no 'accepting connections' line within 10 s (second start)")
+    time.sleep(0.01)
+proc.send_signal(signal.SIGTERM)
+try:
+    rc = proc.wait(timeout=10)
+except subprocess.TimeoutExpired:
+    fail("SIGTERM while loading: serve still runs after 10 s")
+said = open(log_path).read()
+if rc != 0 or "while loading the model: stopping" not in said or "listening on http" in said:
+    fail(f"SIGTERM while loading: exit {rc}")
+print(f"ok: SIGTERM while loading ends serve at once ({time.monotonic() - t1:.2f} s), status 0")
 print("all checks passed")

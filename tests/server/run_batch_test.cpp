@@ -198,5 +198,27 @@ TEST(RunBatch, AKilledRunStartedAgainCompletesWithoutDuplicates) {
   }
 }
 
+// The checkpoint's generation_config.json applies as in `serve`: a chat line without max_tokens
+// gets its max_new_tokens.
+TEST(RunBatch, TheCheckpointsSamplingDefaultsApply) {
+  dsv41::testing::TempDir dir;
+  const std::string tiny = dir.path() + "/tiny";
+  ASSERT_TRUE(dsv41::testing::make_tiny_official(tiny).is_ok());
+  std::ofstream(tiny + "/generation_config.json") << R"({"max_new_tokens": 3})";
+  write_lines(dir.file("in.jsonl"), {Json{{"custom_id", "a"},
+                                          {"method", "POST"},
+                                          {"url", "/v1/chat/completions"},
+                                          {"body",
+                                           {{"model", "tiny"},
+                                            {"ignore_eos", true},
+                                            {"messages", {{{"role", "user"}, {"content", "hi"}}}}}}}
+                                         .dump()});
+  auto [code, log] = run_command(run_batch_cmd(tiny, dir.file("in.jsonl"), dir.file("out.jsonl")));
+  ASSERT_EQ(code, 0) << log;
+  const std::vector<Json> out = read_jsonl(dir.file("out.jsonl"));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0]["response"]["body"]["usage"]["completion_tokens"], 3) << out[0];
+}
+
 }  // namespace
 }  // namespace dsv41::server_testing
