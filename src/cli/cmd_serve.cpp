@@ -3,6 +3,7 @@
 // requests finish (up to --shutdown-timeout), then the process exits 0.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -178,6 +179,15 @@ void add_serve(CLI::App& app, Runner* run) {
       sigaddset(&set, SIGINT);
       pthread_sigmask(SIG_BLOCK, &set, nullptr);
       signal(SIGPIPE, SIG_IGN);
+      // Every open connection holds a descriptor: the soft limit (often 1,024) is raised to the
+      // hard one, which needs no privilege.
+      if (rlimit nofile{};
+          getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        const rlim_t was = nofile.rlim_cur;
+        nofile.rlim_cur = nofile.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &nofile) == 0)
+          log::debug("serve: open-file limit raised from {} to {}", was, nofile.rlim_max);
+      }
 
       // The flags that need no model are checked first: a typo fails before the demo model is
       // created or a checkpoint is read.

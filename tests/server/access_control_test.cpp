@@ -251,6 +251,18 @@ TEST(AccessControl, OfficialClientsWithKeysOnTheRealBinary) {
     EXPECT_EQ(code, 0) << key << "\n" << out;
     EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
   }
+  // The open-file limit was raised to the hard one (each connection holds a descriptor).
+  {
+    std::ifstream lim("/proc/" + std::to_string(p.pid) + "/limits");
+    std::string line, soft, hard;
+    while (std::getline(lim, line))
+      if (line.rfind("Max open files", 0) == 0) {
+        std::istringstream(line.substr(14)) >> soft >> hard;
+        break;
+      }
+    EXPECT_FALSE(soft.empty());
+    EXPECT_EQ(soft, hard) << "soft " << soft << ", hard " << hard;
+  }
   kill(p.pid, SIGTERM);
   EXPECT_EQ(p.wait_exit(), 0);
   std::ifstream log(p.log_path);
