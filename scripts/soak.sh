@@ -5,7 +5,7 @@
 # concurrent clients, streamed and whole requests on every generation API, random client hang-ups,
 # malformed requests mixed in; the server's RSS every 10 s. Exit 1 on any 5xx or connection
 # error, an answer of the wrong class, KV blocks left in use once idle, a foreign read, or RSS
-# growing more than 64 MB after warm-up (2 minutes and the pool filled once, which the prefix
+# growing more than 2% after warm-up (2 minutes and the pool filled once, which the prefix
 # cache's first eviction shows).   bash scripts/soak.sh [MINUTES]   (DSV41_BIN: another binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."

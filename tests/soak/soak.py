@@ -6,7 +6,7 @@ RSS every 10 s. Prints one JSON line per sample and a summary; exits 1 on any 5x
 reported after a 200 status line counts as one), on a malformed
 body not answered 4xx or a well-formed one not answered 200, on connection errors, on KV blocks
 still in use once idle, on foreign reads, on RSS growth after warm-up (2 minutes and the KV pool
-filled once: the prefix cache's first eviction) of its anonymous memory beyond the tolerance, or when
+filled once: the prefix cache's first eviction) of its anonymous memory beyond 2%, or when
 the pool never filled. RSS is sampled as a total and split into anonymous and file-backed memory.
 Usage: soak.py PORT PID MINUTES"""
 import http.client
@@ -161,13 +161,16 @@ warm_start = next((s["t_s"] for s in samples if s["t_s"] >= min(120, MINUTES * 3
 # request routes to are first used, and bounded by the checkpoint's size.
 warm = [s["anon_mb"] for s in samples if warm_start is not None and s["t_s"] >= warm_start]
 growth = (max(warm) - warm[0]) if warm else 0.0
+# The tolerance is issue 37's: at most 2% of the anonymous memory at the end of the warm-up.
+growth_pct = 100.0 * growth / warm[0] if warm and warm[0] > 0 else 0.0
 summary = {"minutes": MINUTES, "requests": dict(counts), "warm_up_ended_s": warm_start, "rss_first_mb": samples[0]["rss_mb"] if samples else None,
            "rss_last_mb": samples[-1]["rss_mb"] if samples else None,
            "anon_after_warmup_mb": warm[0] if warm else None, "anon_max_after_warmup_mb": max(warm) if warm else None,
            "anon_last_mb": samples[-1]["anon_mb"] if samples else None, "anon_growth_after_warmup_mb": round(growth, 1),
+           "anon_growth_after_warmup_pct": round(growth_pct, 2),
            "file_first_mb": samples[0]["file_mb"] if samples else None, "file_last_mb": samples[-1]["file_mb"] if samples else None,
            "kv_blocks_used_idle": m["dsv41_kv_blocks_used"], "kv_foreign_reads": m["dsv41_kv_foreign_reads_total"]}
 print(json.dumps({"summary": summary}), flush=True)
 bad = warm_start is None or counts["5xx"] > 0 or counts["errors"] > 0 or counts["unexpected"] > 0 or m["dsv41_kv_blocks_used"] not in (0, 0.0) or \
-    (m["dsv41_kv_foreign_reads_total"] or 0) > 0 or growth > 64
+    (m["dsv41_kv_foreign_reads_total"] or 0) > 0 or growth_pct > 2.0
 sys.exit(1 if bad else 0)
