@@ -9,8 +9,8 @@
 #include <fstream>
 #include <thread>
 
-#include "core/thread_pool.h"
 #include <cstdlib>
+#include "core/thread_pool.h"
 
 namespace dsv41 {
 namespace {
