@@ -10,7 +10,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libicu-dev libonig-dev libcpp-httplib-dev libdnnl-dev
+  libicu-dev libonig-dev libcpp-httplib-dev libboost1.81-dev libdnnl-dev
   openmpi-bin libopenmpi-dev
   clang
   chromium
