@@ -409,6 +409,7 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
     if (t_.stopping.load()) return close();
     phase_ = Phase::kHeader;
     timed_out_ = false;
+    req_ = Request{};
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(t_.o.max_header_bytes));
     parser_->body_limit(t_.o.max_body_bytes);
@@ -557,6 +558,8 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
     ex_.reset();
     out_.clear();
     out_.shrink_to_fit();
+    // An idle connection keeps a few KB, whatever its last request needed.
+    if (buf_.size() == 0) buf_.shrink_to_fit();
     if (close || !keep_alive_ || t_.stopping.load()) return finish_connection();
     phase_ = Phase::kIdle;
     if (buf_.size() > 0) return read_request();  // a pipelined request is already here
