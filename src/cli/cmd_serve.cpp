@@ -373,7 +373,7 @@ void add_serve(CLI::App& app, Runner* run) {
       const auto t0 = std::chrono::steady_clock::now();
       EngineOptions eo;
       if (Status st = apply_path_options(a->paths, dir, &eo); !st.is_ok()) {
-        log::error("serve: {}{}", st.message().starts_with("--") ? "" : "--model: ", st.message());
+        log::error("serve: {}", model_error(st));
         stop_listening();
         return kExitInvalid;
       }
@@ -385,8 +385,7 @@ void add_serve(CLI::App& app, Runner* run) {
       set_load_progress("loading weights");
       auto engine = Engine::load(eo);
       if (!engine) {
-        log::error("serve: {}{}", engine.status().message().starts_with("--") ? "" : "--model: ",
-                   engine.status().message());
+        log::error("serve: {}", model_error(engine.status()));
         stop_listening();
         return kExitInvalid;
       }

@@ -223,4 +223,8 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   return Status::ok();
 }
 
+std::string model_error(const Status& st) {
+  return st.message().starts_with("--") ? st.message() : "--model: " + st.message();
+}
+
 }  // namespace dsv41::cli
