@@ -302,7 +302,9 @@ std::optional<Res> HttpServer::Impl::before_routing(const Req& req) {
     res.set_header("Retry-After", "5");
     if (req.path == "/health") {
       res.status = 503;
-      res.set_content(OJson{{"status", "loading"}, {"progress", std::move(progress)}}.dump(),
+      // (replace: the stage names a directory, whose name need not be UTF-8)
+      res.set_content(OJson{{"status", "loading"}, {"progress", std::move(progress)}}.dump(
+                          -1, ' ', false, OJson::error_handler_t::replace),
                       "application/json");
       metrics.request_done("/health", 503);
       return res;

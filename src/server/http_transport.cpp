@@ -79,7 +79,11 @@ class WorkerPool {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       }
-      task();
+      try {
+        task();
+      } catch (...) {  // (a hook's own failure: the connection is closed by its exchange)
+        log::error("serve: internal error in a handler thread");
+      }
     }
   }
   std::mutex mu_;
@@ -115,12 +119,13 @@ class Exchange final : public StreamSink, public Connection {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (failed_ || finished_) return false;
-      if (pending_.size() + frame.size() > limit_) {
+      // The limit is on the reader's lag (what waits before this write), not on a frame's size.
+      if (pending_.size() >= limit_) {
         failed_ = true;
         log::warn(
             "serve: streamed answer to {} cut: the client reads too slowly ({} bytes waiting, "
             "limit {})",
-            client_, pending_.size() + frame.size(), limit_);
+            client_, pending_.size(), limit_);
       } else {
         pending_ += frame;
       }
@@ -225,7 +230,8 @@ const char* reason_phrase(int status) {
 
 // Status line and headers. `length`: Content-Length (nullopt: chunked, or until the close).
 std::string serialize_head(const Response& r, int version, bool close,
-                           std::optional<std::size_t> length, bool chunked) {
+                           std::optional<std::size_t> length, bool chunked,
+                           std::chrono::milliseconds keep_alive = {}) {
   std::string out = fmt::format("HTTP/1.1 {} {}\r\n", r.status, reason_phrase(r.status));
   for (const Header& h : r.headers) {
     if (iequals(h.name, "Connection") || iequals(h.name, "Content-Length") ||
@@ -242,6 +248,10 @@ std::string serialize_head(const Response& r, int version, bool close,
     out += "Connection: close\r\n";
   else if (version == 10)
     out += "Connection: keep-alive\r\n";
+  // Clients that pool connections (node's http.Agent) retire idle ones before this, instead of
+  // racing the server's idle close with their next request.
+  if (!close && keep_alive.count() >= 1000)
+    out += fmt::format("Keep-Alive: timeout={}\r\n", keep_alive.count() / 1000);
   out += "\r\n";
   return out;
 }
@@ -320,8 +330,15 @@ std::string decode_path(std::string_view target) {
 struct Transport::Impl {
   TransportOptions o;
   TransportHooks hooks;
-  std::atomic<bool> stopping{false};
+  // closing: stop() was asked: no new connections or requests, answers under way finish (up to
+  // drain_timeout). stopping: the end: handlers give up (Connection::gone), the loop ends.
+  std::atomic<bool> closing{false}, stopping{false};
   std::atomic<int64_t> live{0};
+  std::atomic<int64_t> busy{0};           // connections with an answer under way (an exchange)
+  std::atomic<int64_t> body_reserved{0};  // bytes of request bodies being read or handled
+  // Every session, so that stop can break the cycle of one whose answer never finished.
+  std::mutex sessions_mu;
+  std::vector<std::weak_ptr<class SessionBase>> sessions;
   std::mutex clients_mu;
   std::map<std::string, int64_t> per_client;  // open connections per remote address
   int bound_port = -1;
@@ -331,6 +348,7 @@ struct Transport::Impl {
   asio::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
   asio::steady_timer accept_retry{ioc};
+  asio::steady_timer drain_timer{ioc};
   std::chrono::steady_clock::time_point last_accept_warning{};
 
   Impl(TransportOptions opt, TransportHooks h) : o(std::move(opt)), hooks(std::move(h)) {}
@@ -341,8 +359,20 @@ struct Transport::Impl {
   // A handler's run on a worker: the answer into the exchange.
   void run_handler(Request& req, const std::shared_ptr<Exchange>& ex, bool keep_alive);
   void log(const Request* req, const Response& res) {
-    if (req && hooks.log) hooks.log(*req, res);
+    try {
+      if (req && hooks.log) hooks.log(*req, res);
+    } catch (...) {
+    }
   }
+  // stop(): on the I/O thread, ends the loop once no answer is under way (or the deadline).
+  void drain_then_stop(std::chrono::steady_clock::time_point deadline);
+};
+
+// What stop() needs of a session: dropping its answer, if one is still held.
+class SessionBase {
+ public:
+  virtual ~SessionBase() = default;
+  virtual void abandon() = 0;
 };
 
 namespace {
@@ -356,7 +386,7 @@ tcp::socket& lowest(ssl::stream<tcp::socket>& s) {
 
 // One connection, on the I/O thread only. It is kept alive by its pending operations.
 template <class Stream>
-class Session final : public std::enable_shared_from_this<Session<Stream>> {
+class Session final : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
   static constexpr bool kTls = !std::is_same_v<Stream, tcp::socket>;
 
  public:
@@ -374,6 +404,12 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void start() {
+    {
+      std::lock_guard<std::mutex> lock(t_.sessions_mu);
+      if (t_.sessions.size() > 64 && t_.sessions.size() > 2 * std::size_t(t_.live.load()))
+        std::erase_if(t_.sessions, [](const auto& w) { return w.expired(); });
+      t_.sessions.push_back(this->weak_from_this());
+    }
     if constexpr (kTls) {
       arm(t_.o.header_timeout);
       stream_.async_handshake(ssl::stream_base::server,
@@ -405,8 +441,15 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
     timer_.cancel();
   }
 
+  // The server stops and this session's answer never finished: its exchange (which holds the
+  // session) is dropped, so neither outlives the transport.
+  void abandon() override {
+    if (ex_) ex_->detach();
+    drop_exchange();
+  }
+
   void read_request() {
-    if (t_.stopping.load()) return close();
+    if (t_.closing.load()) return close();
     phase_ = Phase::kHeader;
     timed_out_ = false;
     req_ = Request{};
@@ -432,11 +475,17 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
                                      parser_->content_length().value_or(0), t_.o.max_body_bytes));
     if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || closed_) return close();
     if (ec) {
-      if (ec == bhttp::error::partial_message || ec == asio::error::connection_reset)
+      if (ec == bhttp::error::partial_message || ec == asio::error::connection_reset ||
+          ec == ssl::error::stream_truncated)  // (a TLS peer gone without close_notify)
         return close();
       return refuse(400, "malformed HTTP request: " + ec.message());
     }
     auto& m = parser_->get();
+    // The routes' regular expressions recurse per character: a path of tens of KB would exhaust
+    // the stack. (cpp-httplib refused request lines over 8 KB too.)
+    if (m.target().size() > kMaxTarget)
+      return refuse(414, fmt::format("request target of {} bytes is longer than {} bytes",
+                                     m.target().size(), kMaxTarget));
     req_ = Request{};
     req_.method = std::string(m.method_string());
     req_.target = std::string(m.target());
@@ -454,13 +503,26 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
                                 "bytes)",
                                 req_.headers.size(), t_.o.max_header_lines, t_.o.max_header_bytes));
     if (t_.hooks.screen) {
-      if (auto early = t_.hooks.screen(req_)) {
-        // A body it announced is never read: the connection ends after the answer.
-        return answer_now(std::move(*early), body_pending);
+      std::optional<Response> early;
+      try {
+        early = t_.hooks.screen(req_);
+      } catch (const std::exception& e) {
+        return refuse(500, std::string("internal error: ") + e.what());
       }
+      // A body it announced is never read: the connection ends after the answer.
+      if (early) return answer_now(std::move(*early), body_pending);
     }
     if (!body_pending) return dispatch();
-    if (iequals(req_.header("Expect"), "100-continue")) {
+    // Bodies held at once are bounded as a whole (each connection could hold --max-body-mb).
+    const int64_t need = int64_t(parser_->content_length().value_or(t_.o.max_body_bytes));
+    if (t_.body_reserved.load() + need > int64_t(t_.o.max_body_buffer_bytes))
+      return refuse(503,
+                    fmt::format("the server holds {} MB of request bodies (at most {} MB); "
+                                "retry shortly",
+                                t_.body_reserved.load() >> 20, t_.o.max_body_buffer_bytes >> 20));
+    t_.body_reserved.fetch_add(need);
+    reserved_ = need;
+    if (req_.version == 11 && iequals(req_.header("Expect"), "100-continue")) {
       interim_ = "HTTP/1.1 100 Continue\r\n\r\n";
       arm(t_.o.write_timeout);
       return asio::async_write(stream_, asio::buffer(interim_),
@@ -495,8 +557,24 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
   // The transport's own refusal: an error answer, then the connection closes.
   void refuse(int status, const std::string& message) {
     if (closed_) return;
-    Response r = t_.hooks.error(status, message, req_.path);
+    release_body();
+    Response r;
+    try {
+      r = t_.hooks.error(status, message, req_.path);
+    } catch (...) {
+      r.status = status;
+      r.set_content(message, "text/plain");
+    }
+    if (status == 503) r.set_header("Retry-After", "1");
     answer_now(std::move(r), true);
+  }
+  void release_body() {
+    t_.body_reserved.fetch_sub(reserved_);
+    reserved_ = 0;
+  }
+  void drop_exchange() {
+    if (ex_) t_.busy.fetch_sub(1);
+    ex_.reset();  // (it holds this session: see make_exchange)
   }
 
   std::shared_ptr<Exchange> make_exchange() {
@@ -508,6 +586,7 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
     auto self = this->shared_from_this();
     asio::io_context* ioc = &t_.ioc;
     ex->kick = [self, ioc] { asio::post(*ioc, [self] { self->drain(); }); };
+    t_.busy.fetch_add(1);
     return ex;
   }
 
@@ -518,7 +597,8 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
     const bool head = req_.method == "HEAD";
     close = close || !keep_alive_ || iequals(r.header("Connection"), "close");
     unread_body_ = close;
-    ex_->put(serialize_head(r, req_.version, close, r.body.size(), false) + (head ? "" : r.body));
+    ex_->put(serialize_head(r, req_.version, close, r.body.size(), false, t_.o.keep_alive_timeout) +
+             (head ? "" : r.body));
     ex_->finish(close);
     t_.log(req_.method.empty() ? nullptr : &req_, r);
   }
@@ -527,9 +607,13 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
     phase_ = Phase::kHandling;
     unread_body_ = false;
     ex_ = make_exchange();
-    t_.pool.post([&t = t_, ex = ex_, req = std::move(req_), keep = keep_alive_]() mutable {
-      t.run_handler(req, ex, keep);
-    });
+    t_.pool.post(
+        [&t = t_, ex = ex_, req = std::move(req_), keep = keep_alive_, body = reserved_]() mutable {
+          t.run_handler(req, ex, keep);
+          req = Request{};
+          t.body_reserved.fetch_sub(body);
+        });
+    reserved_ = 0;  // (the task releases it)
   }
 
   // Moves what the handler produced to the socket, one write at a time.
@@ -555,12 +639,12 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
 
   // The answer is out: the next request on this connection, or its end.
   void answered(bool close) {
-    ex_.reset();
+    drop_exchange();
     out_.clear();
     out_.shrink_to_fit();
     // An idle connection keeps a few KB, whatever its last request needed.
     if (buf_.size() == 0) buf_.shrink_to_fit();
-    if (close || !keep_alive_ || t_.stopping.load()) return finish_connection();
+    if (close || !keep_alive_ || t_.closing.load()) return finish_connection();
     phase_ = Phase::kIdle;
     if (buf_.size() > 0) return read_request();  // a pipelined request is already here
     arm(t_.o.keep_alive_timeout);
@@ -586,12 +670,13 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
       lowest(stream_).shutdown(tcp::socket::shutdown_send, ec);
       if (!unread_body_ || ec) return close();
       arm(std::chrono::milliseconds(2000));
+      scratch_ = std::make_unique<std::array<char, 16384>>();
       linger();
     }
   }
   void linger() {
     lowest(stream_).async_read_some(
-        asio::buffer(scratch_), [self = this->shared_from_this()](error_code ec, std::size_t n) {
+        asio::buffer(*scratch_), [self = this->shared_from_this()](error_code ec, std::size_t n) {
           self->lingered_ += n;
           if (ec || self->lingered_ > (64u << 20)) return self->close();
           self->linger();
@@ -602,8 +687,9 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
     if (closed_) return;
     closed_ = true;
     disarm();
+    release_body();
     if (ex_) ex_->detach();
-    ex_.reset();  // (it holds this session: see make_exchange)
+    drop_exchange();
     error_code ec;
     lowest(stream_).shutdown(tcp::socket::shutdown_both, ec);
     lowest(stream_).close(ec);
@@ -625,7 +711,9 @@ class Session final : public std::enable_shared_from_this<Session<Stream>> {
   std::string out_, interim_;
   bool writing_ = false, closed_ = false, unread_body_ = false;
   std::size_t lingered_ = 0;
-  std::array<char, 16384> scratch_{};
+  std::unique_ptr<std::array<char, 16384>> scratch_;  // only while lingering
+  int64_t reserved_ = 0;                              // this request's share of body_reserved
+  static constexpr std::size_t kMaxTarget = 8192;
 };
 
 }  // namespace
@@ -642,9 +730,9 @@ void Transport::Impl::run_handler(Request& req, const std::shared_ptr<Exchange>&
     res = hooks.error(500, "internal error", req.path);
   }
   const bool head = req.method == "HEAD";
-  bool close = !keep_alive || iequals(res.header("Connection"), "close") || stopping.load();
+  bool close = !keep_alive || iequals(res.header("Connection"), "close") || closing.load();
   if (!res.stream) {
-    ex->put(serialize_head(res, req.version, close, res.body.size(), false) +
+    ex->put(serialize_head(res, req.version, close, res.body.size(), false, o.keep_alive_timeout) +
             (head ? std::string() : res.body));
     ex->finish(close);
     log(&req, res);
@@ -653,7 +741,7 @@ void Transport::Impl::run_handler(Request& req, const std::shared_ptr<Exchange>&
   // HTTP/1.0 has no chunks: the stream's end is the connection's.
   ex->chunked = req.version >= 11;
   close = close || !ex->chunked;
-  ex->put(serialize_head(res, req.version, close, std::nullopt, ex->chunked));
+  ex->put(serialize_head(res, req.version, close, std::nullopt, ex->chunked, o.keep_alive_timeout));
   if (close) ex->set_close();
   bool complete = false;
   try {
@@ -662,9 +750,15 @@ void Transport::Impl::run_handler(Request& req, const std::shared_ptr<Exchange>&
     complete = ex->finished() && !ex->failed();
   } catch (const std::exception& e) {
     log::error("serve: internal error in a stream: {}", e.what());
+  } catch (...) {
+    log::error("serve: internal error in a stream");
   }
   if (!complete) ex->abort();
-  if (res.stream_end) res.stream_end(complete);
+  try {
+    if (res.stream_end) res.stream_end(complete);
+  } catch (...) {
+    log::error("serve: internal error at a stream's end");
+  }
   log(&req, res);
 }
 
@@ -673,7 +767,7 @@ void Transport::Impl::accept() {
 }
 
 void Transport::Impl::on_accept(error_code ec, tcp::socket s) {
-  if (ec == asio::error::operation_aborted || stopping.load() || !acceptor.is_open()) return;
+  if (ec == asio::error::operation_aborted || closing.load() || !acceptor.is_open()) return;
   if (ec) {
     // Out of file descriptors (or memory): wait a little rather than spin on the listener.
     const auto now = std::chrono::steady_clock::now();
@@ -728,15 +822,41 @@ void Transport::Impl::refuse_connection(tcp::socket s, const std::string& why) {
   struct Refusal {
     tcp::socket s;
     std::string bytes;
+    asio::steady_timer timer;
+    std::array<char, 1024> sink;
+    static void drain(const std::shared_ptr<Refusal>& r) {
+      r->s.async_read_some(asio::buffer(r->sink), [r](error_code e, std::size_t) {
+        if (!e) return drain(r);
+        r->timer.cancel();
+        error_code ec;
+        r->s.close(ec);
+      });
+    }
   };
   Response r = hooks.error(503, "too many connections: " + why, "");
   r.set_header("Retry-After", "1");
-  auto ref = std::make_shared<Refusal>(
-      Refusal{std::move(s), serialize_head(r, 11, true, r.body.size(), false) + r.body});
-  asio::async_write(ref->s, asio::buffer(ref->bytes), [ref](error_code, std::size_t) {
+  auto ref =
+      std::make_shared<Refusal>(Refusal{std::move(s),
+                                        serialize_head(r, 11, true, r.body.size(), false) + r.body,
+                                        asio::steady_timer(ioc),
+                                        {}});
+  // The answer, the end of our side, then whatever the client sent is read and dropped for up to
+  // a second: closing with unread bytes would reset the connection before it read the 503.
+  ref->timer.expires_after(std::chrono::seconds(1));
+  ref->timer.async_wait([ref](error_code e) {
+    if (e) return;
     error_code ec;
-    ref->s.shutdown(tcp::socket::shutdown_both, ec);
     ref->s.close(ec);
+  });
+  asio::async_write(ref->s, asio::buffer(ref->bytes), [ref](error_code e, std::size_t) {
+    error_code ec;
+    if (e) {
+      ref->timer.cancel();
+      ref->s.close(ec);
+      return;
+    }
+    ref->s.shutdown(tcp::socket::shutdown_send, ec);
+    Refusal::drain(ref);
   });
 }
 
@@ -811,7 +931,7 @@ int64_t Transport::open_connections() const {
 
 void Transport::run() {
   Impl& t = *impl_;
-  if (t.stopping.load() || !t.acceptor.is_open()) return;
+  if (t.closing.load() || !t.acceptor.is_open()) return;
   t.pool.start(std::max(1, t.o.workers));
   t.accept();
   t.ioc.run();
@@ -819,16 +939,39 @@ void Transport::run() {
   error_code ec;
   t.acceptor.close(ec);
   t.pool.stop_and_join();
+  // Sessions whose answer did not finish within the drain hold themselves through their
+  // exchange: break that, so that they go with the io_context.
+  std::vector<std::shared_ptr<SessionBase>> left;
+  {
+    std::lock_guard<std::mutex> lock(t.sessions_mu);
+    for (const auto& w : t.sessions)
+      if (auto s = w.lock()) left.push_back(std::move(s));
+    t.sessions.clear();
+  }
+  for (const auto& s : left) s->abandon();
+}
+
+void Transport::Impl::drain_then_stop(std::chrono::steady_clock::time_point deadline) {
+  if (busy.load() == 0 || std::chrono::steady_clock::now() >= deadline) {
+    stopping.store(true);
+    ioc.stop();
+    return;
+  }
+  drain_timer.expires_after(std::chrono::milliseconds(10));
+  drain_timer.async_wait([this, deadline](error_code) { drain_then_stop(deadline); });
 }
 
 void Transport::stop() {
   Impl& t = *impl_;
-  if (t.stopping.exchange(true)) return;
-  asio::post(t.ioc, [&t] {
+  if (t.closing.exchange(true)) return;
+  // No new connections; answers under way go out (kept connections close after theirs), then
+  // the loop ends. (Before run(), run() returns at once.)
+  const auto deadline = std::chrono::steady_clock::now() + t.o.drain_timeout;
+  asio::post(t.ioc, [&t, deadline] {
     error_code ec;
     t.acceptor.close(ec);
+    t.drain_then_stop(deadline);
   });
-  t.ioc.stop();
 }
 
 }  // namespace dsv41::http

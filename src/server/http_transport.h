@@ -91,6 +91,8 @@ struct TransportOptions {
   std::chrono::milliseconds keep_alive_timeout{5000};  // idle between requests
   std::chrono::milliseconds write_timeout{30000};      // for one write to make progress
   std::size_t stream_buffer_bytes = 1u << 20;  // a response's bytes waiting for a slow reader
+  std::size_t max_body_buffer_bytes = std::size_t(1) << 30;  // all bodies held at once (503)
+  std::chrono::milliseconds drain_timeout{5000};  // stop(): for answers under way to go out
 };
 
 struct TransportHooks {
@@ -100,7 +102,7 @@ struct TransportHooks {
   std::function<std::optional<Response>(const Request&)> screen;
   // On a worker thread: the answer. Exceptions become a 500 (from `error`).
   std::function<void(Request&, Response&, const Connection&)> handle;
-  // The transport's own refusals (400 malformed, 413, 431, 500, 503 over the
+  // The transport's own refusals (400 malformed, 413, 414, 431, 500, 503 over the
   // connection cap) in the API's error shape; `path` is "" when the request line was unreadable.
   std::function<Response(int status, const std::string& message, const std::string& path)> error;
   // After each answer was handed to the socket (a stream: when it ended).
@@ -116,8 +118,10 @@ class Transport {
 
   Status bind();  // loads the TLS files and binds host:port (errors name them)
   int port() const;
-  void run();   // the I/O loop on this thread, until stop(); then waits for the workers
-  void stop();  // thread-safe, idempotent, also before run() (which then returns at once)
+  void run();  // the I/O loop on this thread, until stop(); then waits for the workers
+  // Thread-safe, idempotent, also before run() (which then returns at once): no new connections
+  // or requests; answers under way are written (up to drain_timeout), then run() returns.
+  void stop();
   int64_t open_connections() const;
 
   struct Impl;  // (public for the connection objects of the .cpp; opaque)

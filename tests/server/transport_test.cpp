@@ -287,6 +287,111 @@ TEST(Transport, AHandlerSeesAHangUpAndExceptionsAre500) {
   close(t);
 }
 
+TEST(Transport, AFrameLargerThanTheStreamBufferReachesAReader) {
+  http::TransportOptions o;
+  o.stream_buffer_bytes = 4096;  // the limit is on a reader's lag, not on a frame's size
+  std::atomic<int> ended{-1};
+  Bare b(o, [&](http::Request&, http::Response& res, const http::Connection&) {
+    res.stream = [](http::StreamSink& sink) {
+      for (char c : {'a', 'b', 'c'}) {
+        if (!sink.write(std::string(64 << 10, c))) return false;
+        std::this_thread::sleep_for(20ms);  // (the reader takes each before the next)
+      }
+      sink.done();
+      return true;
+    };
+    res.stream_end = [&](bool complete) { ended = complete ? 1 : 0; };
+  });
+  const int fd = connect_to(b.port());
+  ASSERT_TRUE(send_all(fd, kGet));
+  Read r = read_until(fd, "0\r\n\r\n", 5000ms);
+  EXPECT_NE(r.data.find(std::string(1024, 'c')), std::string::npos);
+  for (int i = 0; i < 100 && ended.load() < 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(ended.load(), 1);
+  close(fd);
+}
+
+TEST(Transport, StopLetsAnAnswerUnderWayGoOut) {
+  std::atomic<bool> handled{false};
+  const std::size_t size = 8 << 20;  // more than the socket buffers hold
+  Bare b({}, [&](http::Request&, http::Response& res, const http::Connection&) {
+    res.set_content(std::string(size, 'z'), "text/plain");
+    handled = true;
+  });
+  const int fd = connect_to(b.port(), 4096);
+  ASSERT_TRUE(send_all(fd, kGet));
+  for (int i = 0; i < 200 && !handled.load(); ++i) std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(50ms);
+  b.t.stop();  // while most of the answer waits for the client
+  std::size_t got = 0;
+  for (;;) {
+    Read r = read_until(fd, "", 3000ms);
+    got += r.data.size();
+    if (r.closed || r.data.empty()) break;
+  }
+  EXPECT_GE(got, size);
+  close(fd);
+  // Stopped: no new connection is served.
+  const int late = connect_to(b.port());
+  if (late >= 0) {
+    send_all(late, kGet);
+    EXPECT_EQ(read_until(late, "ok", 500ms).data.find("200"), std::string::npos);
+    close(late);
+  }
+}
+
+TEST(Transport, RequestBodiesHeldAtOnceAreBounded) {
+  http::TransportOptions o;
+  o.max_body_buffer_bytes = 1 << 20;
+  Bare b(o, [](http::Request& req, http::Response& res, const http::Connection&) {
+    res.set_content(std::to_string(req.body.size()), "text/plain");
+  });
+  auto head = [](std::size_t n) {
+    return fmt::format("POST /b HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n", n);
+  };
+  const int a = connect_to(b.port());
+  ASSERT_TRUE(send_all(a, head(800 << 10) + std::string(1000, 'a')));  // held, half sent
+  std::this_thread::sleep_for(100ms);
+  const int c = connect_to(b.port());
+  ASSERT_TRUE(send_all(c, head(400 << 10)));
+  Read rc = read_until(c, "", 2000ms);
+  EXPECT_EQ(rc.data.rfind("HTTP/1.1 503", 0), 0u) << rc.data;
+  EXPECT_NE(rc.data.find("Retry-After"), std::string::npos) << rc.data;
+  close(c);
+  ASSERT_TRUE(send_all(a, std::string((800 << 10) - 1000, 'a')));
+  Read ra = read_until(a, "819200", 3000ms);
+  EXPECT_EQ(ra.data.rfind("HTTP/1.1 200", 0), 0u) << ra.data.substr(0, 200);
+  close(a);
+  // Released: the same body is accepted now.
+  const int d = connect_to(b.port());
+  ASSERT_TRUE(send_all(d, head(400 << 10) + std::string(400 << 10, 'd')));
+  EXPECT_EQ(read_until(d, "409600", 3000ms).data.rfind("HTTP/1.1 200", 0), 0u);
+  close(d);
+}
+
+// A path of tens of KB would recurse through the routes' regular expressions until the stack ran
+// out: the request line is capped (414), and the server lives on.
+TEST(Connections, ALongPathIs414AndTheServerLivesOn) {
+  InProcess s;
+  const int fd = connect_to(s.port);
+  ASSERT_TRUE(
+      send_all(fd, "GET /v1/models/" + std::string(60000, 'A') + " HTTP/1.1\r\nHost: x\r\n\r\n"));
+  Read r = read_until(fd, "", 3000ms);
+  EXPECT_EQ(r.data.rfind("HTTP/1.1 414", 0), 0u) << r.data.substr(0, 200);
+  close(fd);
+  auto ok = s.client().Get("/v1/models/" + std::string(4000, 'A'));  // under the cap: a 404
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 404);
+  // A kept connection's answer says how long it stays open idle (clients that pool connections
+  // retire them before the server closes them).
+  const int kept = connect_to(s.port);
+  ASSERT_TRUE(send_all(kept, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  Read h = read_until(kept, "{\"status\":\"ok\"}", 3000ms);
+  EXPECT_EQ(h.data.rfind("HTTP/1.1 200", 0), 0u) << h.data;
+  EXPECT_NE(h.data.find("Keep-Alive: timeout=5\r\n"), std::string::npos) << h.data;
+  close(kept);
+}
+
 // Issue 37's starvation case on the API server: 400 slowloris connections and 1,000 idle
 // keep-alive connections held by one client; /health answers within 0.5 s every time and a
 // completion succeeds. (A thread per connection, as before, ran out of threads here.)
