@@ -17,7 +17,7 @@ allowed() {  # directory -> allowed include roots
     parallel) echo "core io text model parallel" ;;
     engine) echo "core io text model parallel engine" ;;
     server) echo "core text engine server" ;;
-    cli) echo "core io text model ops parallel engine server cli" ;;
+    cli) echo "core io text grammar model ops parallel engine server cli" ;;
     *) echo "" ;;
   esac
 }
