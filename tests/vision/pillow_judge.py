@@ -5,7 +5,9 @@ test compares its bytes with ours. Usage: pillow_judge.py JOBS.json, a list of j
   {"op": "make", "dir": D}                    sample files of every format and mode into D
   {"op": "decode", "in": F, "out": O}         O = raw RGB of F; prints nothing, writes O.json {w, h}
   {"op": "resize", "in": RAW, "w", "h", "ow", "oh", "out": O}
-  {"op": "pad", "in": RAW, "w", "h", "ow", "oh", "out": O}   grey 127, centred"""
+  {"op": "pad", "in": RAW, "w", "h", "ow", "oh", "out": O}   grey 127, centred
+  {"op": "planned", "in": F, "ow", "oh", "plain": bool, "out": O}   F opened, RGB, then resized
+      (plain) or padded to ow x oh: the pixels DeepSeek's processor gives the ViT"""
 import json, os, random, sys
 
 from PIL import Image, ImageOps
@@ -66,6 +68,14 @@ for job in json.load(open(sys.argv[1])):
     elif op == "pad":
         out = ImageOps.pad(raw(job), (job["ow"], job["oh"]), method=Image.BICUBIC,
                            color=(127, 127, 127))
+        open(job["out"], "wb").write(out.tobytes())
+    elif op == "planned":
+        im = Image.open(job["in"]).convert("RGB")
+        size = (job["ow"], job["oh"])
+        if job["plain"]:
+            out = im.resize(size, Image.BICUBIC)
+        else:
+            out = ImageOps.pad(im, size, method=Image.BICUBIC, color=(127, 127, 127))
         open(job["out"], "wb").write(out.tobytes())
     else:
         sys.exit(f"unknown op {op}")

@@ -7,12 +7,14 @@
 #include <zlib.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "io/test_util.h"
 #include "vision/image_decode.h"
+#include "vision/preprocess.h"
 #include "vision/resample.h"
 
 namespace dsv41 {
@@ -162,6 +164,92 @@ TEST(Vision, HostileFilesAreRefusedBeforeTheirPixels) {
   ImageLimits small;
   small.max_bytes = 100;
   EXPECT_FALSE(decode_image(read_file(dir.file("s/rgb.png")), small).is_ok());
+}
+
+// The resize plan's branches (spec §9.1), by hand.
+TEST(Vision, ThePlanCoversEveryBranch) {
+  // Large enough: each side rounded up to 14; 58 x 43 patches, 20 x 15 tokens.
+  ImagePlan p = plan_image_grid(800, 600);
+  EXPECT_EQ(p.width, 812);
+  EXPECT_EQ(p.height, 602);
+  EXPECT_EQ(p.vit_w, 58);
+  EXPECT_EQ(p.llm_w, 20);
+  EXPECT_EQ(p.llm_h, 15);
+  EXPECT_EQ(p.span, 15 * 21 + 2);
+  EXPECT_FALSE(p.plain_resize);
+  // Below min_pixels: scaled by sqrt(295936 / 5000) with int(): 769 x 384, then 770 x 392.
+  p = plan_image_grid(100, 50);
+  EXPECT_EQ(p.width, 770);
+  EXPECT_EQ(p.height, 392);
+  EXPECT_EQ(p.span, 10 * 20 + 2);
+  // Over max_image_tokens: shrunk until the span fits, the aspect kept, close to the cap.
+  p = plan_image_grid(4000, 3000);
+  EXPECT_LE(p.span, 1024);
+  EXPECT_GT(p.span, 900);
+  EXPECT_NEAR(double(p.width) / double(p.height), 4.0 / 3.0, 0.05);
+  // Very tall: shrunk to one column of patches (14 pixels) at least.
+  p = plan_image_grid(10, 40000);
+  EXPECT_LE(p.span, 1024);
+  EXPECT_EQ(p.width, 14);
+  EXPECT_EQ(p.llm_w, 1);
+  // max_wh_ratio set: a wider image is cut to the ratio in the plan and resized plainly.
+  ImagePlanOptions ratio;
+  ratio.max_wh_ratio = 2;
+  p = plan_image_grid(1000, 200, ratio);
+  EXPECT_TRUE(p.plain_resize);
+  EXPECT_LE(double(p.width) / double(p.height), 2.1);
+  EXPECT_FALSE(plan_image_grid(300, 200, ratio).plain_resize);
+}
+
+// The pixels the ViT sees, from the file, against the judge; then the patch tensor's layout and
+// values (bf16 of 2u/255 - 1, which equals the fp32 formula for every u, spec §9.1).
+TEST(Vision, PlannedPixelsAndPatchesAreTheProcessors) {
+  TempDir dir;
+  ASSERT_TRUE(judge(dir, nlohmann::json::array({{{"op", "make"}, {"dir", dir.file("s")}}})));
+  ImagePlanOptions ratio;
+  ratio.max_wh_ratio = 1.2;  // q90.jpg (45 x 27) is wider: the plain resize
+  struct Case {
+    const char* file;
+    ImagePlanOptions opt;
+  };
+  const Case cases[] = {
+      {"rgb.png", {}}, {"q90.jpg", ratio}, {"lossless.webp", {}}, {"image.gif", {}}};
+  nlohmann::json jobs = nlohmann::json::array();
+  std::vector<ImagePlan> plans;
+  for (const Case& c : cases) {
+    auto im = decode_image(read_file(dir.file(std::string("s/") + c.file)));
+    ASSERT_TRUE(im.is_ok());
+    plans.push_back(plan_image_grid(im->width, im->height, c.opt));
+    jobs.push_back({{"op", "planned"},
+                    {"in", dir.file(std::string("s/") + c.file)},
+                    {"ow", plans.back().width},
+                    {"oh", plans.back().height},
+                    {"plain", plans.back().plain_resize},
+                    {"out", dir.file(std::string(c.file) + ".px")}});
+  }
+  EXPECT_TRUE(plans[1].plain_resize);
+  ASSERT_TRUE(judge(dir, jobs));
+  for (std::size_t k = 0; k < std::size(cases); ++k) {
+    auto im = decode_image(read_file(dir.file(std::string("s/") + cases[k].file)));
+    const RgbImage px = plan_pixels(*im, plans[k]);
+    ASSERT_EQ(bytes_of(px), read_file(dir.file(std::string(cases[k].file) + ".px")))
+        << cases[k].file;
+    const std::vector<uint16_t> t = patch_tensor(px, 14);
+    ASSERT_EQ(int64_t(t.size()), plans[k].vit_w * plans[k].vit_h * 588);
+    // Spot checks of the layout: patch (gy, gx), channel c, pixel (y, x).
+    std::mt19937 rng{uint32_t(k)};
+    for (int s = 0; s < 200; ++s) {
+      const int64_t gy = rng() % plans[k].vit_h, gx = rng() % plans[k].vit_w;
+      const int c = int(rng() % 3), y = int(rng() % 14), x = int(rng() % 14);
+      const uint8_t u = px.row(gy * 14 + y)[(gx * 14 + x) * 3 + c];
+      const double v = 2.0 * u / 255.0 - 1.0;  // bf16 by rounding to nearest even, in double
+      const float fv = float(v);
+      uint32_t bits;
+      std::memcpy(&bits, &fv, 4);
+      const uint16_t want = uint16_t((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+      EXPECT_EQ(t[std::size_t(((gy * plans[k].vit_w + gx) * 3 + c) * 196 + y * 14 + x)], want);
+    }
+  }
 }
 
 }  // namespace
