@@ -144,7 +144,9 @@ int run_inspect(const std::string& dir, bool as_json, bool verify) {
     errors.push_back(ckpt.status().message());
     return finish(kExitInvalid);
   }
-  const auto expected = expected_text_tensors(cfg.value(), plan.value());
+  auto expected = expected_text_tensors(cfg.value(), plan.value());
+  // With a vision_config, the tower's tensors are checked like the text model's.
+  for (auto& v : expected_vision_tensors(cfg.value())) expected.push_back(std::move(v));
   const InventoryReport rep = check_inventory(expected, ckpt.value());
   const InventoryTotals totals = inventory_totals(expected);
   out["inventory"] = {{"expected_tensors", totals.tensors},

@@ -275,7 +275,8 @@ Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
   if (!plan) return plan.status().with_context("preset '" + opt.preset + "': ");
   DSV41_RETURN_IF_ERROR(prepare_out_dir(opt));
 
-  const auto tensors = expected_text_tensors(cfg.value(), plan.value());
+  auto tensors = expected_text_tensors(cfg.value(), plan.value());
+  for (auto& v : expected_vision_tensors(cfg.value())) tensors.push_back(std::move(v));
   std::unordered_map<std::string, const ExpectedTensor*> by_name;
   for (const auto& t : tensors) by_name[t.name] = &t;
   uint64_t total = 0;

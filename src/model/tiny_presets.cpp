@@ -145,6 +145,28 @@ Result<ModelConfig> preset_config(const std::string& preset, const TokenizerTabl
   auto map = build_engram_token_map(tok.texts);
   if (!map) return map.status().with_context("tokenizer: ");
   t.engram_compressed_vocab_size = map->size;
+  // A vision tower of the preset's own size (issue 33): the released one on real-shape; two
+  // blocks elsewhere, narrow on tiny (whose images are planned at 56 x 56 pixels at least and
+  // spans of 64 positions at most, to keep tests fast).
+  VisionConfig v;
+  v.patch_size = 14;
+  v.downsample_ratio = 3;
+  v.rope_theta = 10000;
+  v.num_hidden_layers = 2;
+  v.max_image_tokens = 1024;
+  v.min_pixels = 295936;
+  if (preset == "real-shape") {
+    v.num_hidden_layers = 32, v.hidden_size = 1024, v.num_attention_heads = 16;
+    v.intermediate_size = 2816;
+  } else if (preset == "small") {
+    v.hidden_size = 128, v.num_attention_heads = 4, v.intermediate_size = 256;
+  } else if (preset == "demo") {
+    v.hidden_size = 64, v.num_attention_heads = 4, v.intermediate_size = 128;
+  } else {  // tiny, tiny-top1
+    v.hidden_size = 32, v.num_attention_heads = 2, v.intermediate_size = 48;
+    v.max_image_tokens = 64, v.min_pixels = 56 * 56;
+  }
+  c.vision = v;
   return c;
 }
 

@@ -87,10 +87,17 @@ class Tampered : public ::testing::Test {
   }
   std::string ck() const { return dst_.path() + "/ck"; }
 
-  // Rewrites shard `s` with `drop` removed and `reshape` given a changed first dimension.
-  void rewrite_shard(std::size_t s, const std::string& drop, const std::string& reshape) {
+  // Rewrites the shard holding `drop` (or `reshape`) with `drop` removed and `reshape` given a
+  // changed first dimension.
+  void rewrite_shard(const std::string& drop, const std::string& reshape) {
     auto c = Checkpoint::open(src_.path() + "/ck");
     ASSERT_TRUE(c.is_ok());
+    const std::string& target = drop.empty() ? reshape : drop;
+    std::size_t s = c->shards().size();
+    for (std::size_t k = 0; k < c->shards().size(); ++k)
+      for (const auto& t : c->shards()[k].tensors())
+        if (t.name == target) s = k;
+    ASSERT_LT(s, c->shards().size()) << target;
     const auto& shard = c->shards()[s];
     std::vector<TensorSpec> specs;
     std::vector<std::span<const uint8_t>> data;
@@ -124,7 +131,7 @@ class Tampered : public ::testing::Test {
 };
 
 TEST_F(Tampered, RemovedTensorIsNamed) {
-  rewrite_shard(2, "layers.3.attn.wkv.scale", "");
+  rewrite_shard("layers.3.attn.wkv.scale", "");
   CliRun i = run("inspect --model " + ck());
   EXPECT_EQ(i.code, 2);
   EXPECT_NE(i.err.find("missing tensor 'layers.3.attn.wkv.scale'"), std::string::npos) << i.err;
@@ -137,7 +144,7 @@ TEST_F(Tampered, RemovedTensorIsNamed) {
 }
 
 TEST_F(Tampered, ChangedShapeIsNamed) {
-  rewrite_shard(1, "", "layers.1.engram.q_weight");
+  rewrite_shard("", "layers.1.engram.q_weight");
   CliRun i = run("inspect --model " + ck());
   EXPECT_EQ(i.code, 2);
   EXPECT_NE(i.err.find("wrong shape: layers.1.engram.q_weight: expected [4, 64], found [8, 64]"),
@@ -267,7 +274,11 @@ TEST(Cli, InspectReleasedLayoutHeaderOnly) {
   auto j = nlohmann::json::parse(ok.out);
   EXPECT_EQ(j["inventory"]["checkpoint_tensors"], 96085);
   EXPECT_EQ(j["inventory"]["checkpoint_bytes"], 510286023000ull);
-  EXPECT_EQ(j["inventory"]["ignored_vision"], 263);
+  // The released config has a vision_config: its tower's 263 tensors are checked (matched), none
+  // ignored.
+  EXPECT_EQ(j["inventory"]["ignored_vision"], 0);
+  EXPECT_EQ(j["inventory"]["matched"], 96085);
+  EXPECT_EQ(j["inventory"]["expected_tensors"], 96085);
   EXPECT_EQ(j["inventory"]["shards"], 48);
   std::printf("inspect of the sparse released layout: %.2f s\n", ok.seconds);
   EXPECT_LT(ok.seconds, 5.0);  // 510 GB could not be read in this time

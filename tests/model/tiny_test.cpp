@@ -65,9 +65,17 @@ TEST(MakeTiny, TinyCoversEveryModeAndPassesInventory) {
   EXPECT_EQ(m.config.text.num_nextn_predict_layers, 3);
   auto ck = Checkpoint::open(dir.path());
   ASSERT_TRUE(ck.is_ok()) << ck.status().message();
-  const auto rep = check_inventory(expected_text_tensors(m.config, m.plan), ck.value());
+  // The text model's tensors and the preset's vision tower (2 blocks) are all there.
+  ASSERT_TRUE(m.config.vision.has_value());
+  EXPECT_EQ(m.config.vision->num_hidden_layers, 2);
+  auto expected = expected_text_tensors(m.config, m.plan);
+  const auto vision = expected_vision_tensors(m.config);
+  EXPECT_EQ(vision.size(), 2u + 2 * 8 + 1 + 4);
+  expected.insert(expected.end(), vision.begin(), vision.end());
+  const auto rep = check_inventory(expected, ck.value());
   EXPECT_TRUE(rep.ok()) << rep.summary();
   EXPECT_EQ(rep.matched, ck->tensor_names().size());
+  EXPECT_EQ(rep.ignored_vision, 0u);
   // Tokenizer-derived fields are consistent with the files written.
   auto tok = read_tokenizer_file(dir.path() + "/tokenizer.json");
   ASSERT_TRUE(tok.is_ok()) << tok.status().message();
@@ -207,7 +215,7 @@ TEST(Inventory, CheckNamesTamperedTensors) {
   });
   ASSERT_EQ(extra.extra, std::vector<std::string>{"layers.0.bogus"});
   auto vision = tampered([](std::vector<Item>& s) {
-    s.push_back({{"vision.norm.weight", DType::kBF16, {8}}, {}});
+    s.push_back({{"vision.blocks.99.norm1.weight", DType::kBF16, {8}}, {}});
   });
   EXPECT_TRUE(vision.ok());
   EXPECT_EQ(vision.ignored_vision, 1u);
