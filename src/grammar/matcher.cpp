@@ -7,6 +7,7 @@
 
 #include "grammar/grammar_ir.h"
 #include "text/byte_level.h"
+#include "text/tokenizer.h"
 #include "text/tokenizer_file.h"
 
 namespace dsv41 {
@@ -248,6 +249,20 @@ Result<std::shared_ptr<const TokenVocab>> TokenVocab::from_table(
   for (const auto& [content, id] : table.added) excluded.push_back(static_cast<int32_t>(id));
   for (int64_t id = 0; id < table.size && id < static_cast<int64_t>(table.texts.size()); ++id)
     bytes[id] = table.texts[id].decoded;
+  return create(std::move(bytes), excluded, end_ids);
+}
+
+Result<std::shared_ptr<const TokenVocab>> TokenVocab::from_tokenizer(
+    const Tokenizer& tokenizer, const std::vector<int32_t>& end_ids) {
+  const int32_t n = tokenizer.vocab_size();
+  std::vector<std::string> bytes(static_cast<std::size_t>(n));
+  std::vector<int32_t> excluded;
+  for (int32_t id = 0; id < n; ++id) {
+    if (tokenizer.is_added(id))
+      excluded.push_back(id);
+    else
+      bytes[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
+  }
   return create(std::move(bytes), excluded, end_ids);
 }
 
