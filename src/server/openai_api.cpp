@@ -3,6 +3,7 @@
 // naming the field rather than silently ignored.
 #include "server/openai_api.h"
 #include "server/request_fields.h"
+#include "server/structured_outputs.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,13 +53,15 @@ constexpr RefusedField kRefusedFields[] = {
     {"use_beam_search", "false", "beam search is not implemented"},
     {"length_penalty", "1", "beam search is not implemented"},
     {"allowed_token_ids", nullptr, "not implemented (logit_bias can restrict tokens)"},
-    {"guided_json", nullptr, "guided decoding is not implemented"},
-    {"guided_regex", nullptr, "guided decoding is not implemented"},
-    {"guided_choice", nullptr, "guided decoding is not implemented"},
+    {"guided_json", nullptr,
+     "vLLM's old guided fields are not implemented (structured_outputs or response_format are)"},
+    {"guided_regex", nullptr,
+     "vLLM's old guided fields are not implemented (structured_outputs or response_format are)"},
+    {"guided_choice", nullptr,
+     "vLLM's old guided fields are not implemented (structured_outputs or response_format are)"},
     {"guided_grammar", nullptr, "guided decoding is not implemented"},
     {"guided_decoding_backend", nullptr, "guided decoding is not implemented"},
     {"guided_whitespace_pattern", nullptr, "guided decoding is not implemented"},
-    {"structured_outputs", nullptr, "structured outputs are not implemented"},
     {"logits_processors", nullptr, "custom logits processors are not supported"},
     {"prompt_embeds", nullptr, "prompts are text or token ids"},
     {"spaces_between_special_tokens", "true", "special tokens are decoded as they are"},
@@ -254,10 +257,9 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
     if (!token_ids(*ids, vocab, "stop_token_ids", s.stop_token_ids, err)) return err;
   }
   if (const OJson* u = f.get("user"); u && !u->is_string()) return bad("user", "must be a string");
-  if (const OJson* rf = f.get("response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
-      return bad("response_format", "only {\"type\": \"text\"} is supported");
-  }
+  // Structured outputs (response_format, structured_outputs): compiled here, on the request's
+  // thread; a 400 names the field (and a schema keyword's path).
+  if (auto e = parse_structured_output(body, tok, *model.grammars, job)) return e;
   return std::nullopt;
 }
 
@@ -447,6 +449,8 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   // A continued final message (prefix: true, continue_final_message) may have closed the
   // reasoning already.
   job.thinking = generation_starts_in_reasoning(req->messages, req->options);
+  // In thinking mode a constraint applies to the answer: it starts when the reasoning closes.
+  job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
   apply_reasoning_budget(model, budget, job);
   bool has_tools = false;
   for (const auto& m : req->messages) has_tools |= !m.tools.empty();
