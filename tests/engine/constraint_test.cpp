@@ -12,6 +12,8 @@
 #include "engine/json_check.h"
 #include "grammar/grammar.h"
 #include "io/test_util.h"
+#include "model/fast/fast_model.h"
+#include "model/oracle_drafter.h"
 #include "model/tiny_converted.h"
 #include "text/special_tokens.h"
 
@@ -213,8 +215,84 @@ TEST_F(Constrained, SpeculationGivesThePlainTokens) {
   for (std::size_t i = 0; i < reqs.size(); ++i)
     EXPECT_TRUE(got[i] == want[i]) << "request " << i << " among others";
   const EngineStats s = spec->stats();
+  std::printf("random drafter: %lld verify steps, %lld drafts, %lld accepted\n",
+              (long long)s.spec_steps, (long long)s.spec_draft_tokens,
+              (long long)s.spec_accepted_tokens);
   EXPECT_GT(s.spec_steps, 0);
   EXPECT_GT(s.spec_draft_tokens, 0);
+  EXPECT_EQ(s.kv_foreign_reads, 0);
+}
+
+// A drafter that knows the plain runs' answers (model/oracle_drafter.h), every fifth position made
+// wrong: chains are accepted at every depth, each verify row masked by the grammar state after
+// the drafts accepted before it, and the output is still the plain run's. Two of the requests
+// share their prompt and their first tokens (two seeds): the drafter follows the first run's
+// answer for both, so the second one's drafts are a valid document's tokens that its own draws
+// reject where the runs part (a rejection the grammar cannot cut: the verifier's).
+TEST_F(Constrained, KnownDraftsAreAcceptedAndTheOutputIsThePlainOne) {
+  auto plain = engine(false);
+  auto g = schema_grammar(*plain);
+  std::vector<GenerationRequest> reqs = {request(g, 0.0, 1, 1)};
+  std::vector<Out> want = {run(*plain, reqs[0])};
+  // Two seeds whose answers start alike and part later (the first drafts come after the first
+  // token, so they must share it).
+  std::vector<Out> seeded;
+  for (uint64_t seed = 20; seed < 36 && reqs.size() < 3; ++seed) {
+    seeded.push_back(run(*plain, request(g, 1.0, seed, 2)));
+    for (std::size_t j = 0; j + 1 < seeded.size() && reqs.size() < 3; ++j) {
+      const Out& a = seeded[j];
+      const Out& b = seeded.back();
+      std::size_t common = 0;
+      while (common < a.tokens.size() && common < b.tokens.size() &&
+             a.tokens[common] == b.tokens[common])
+        ++common;
+      if (common >= 2 && a.tokens != b.tokens) {
+        reqs.push_back(request(g, 1.0, 20 + j, 2));
+        reqs.push_back(request(g, 1.0, seed, 2));
+        want.push_back(a);
+        want.push_back(b);
+      }
+    }
+  }
+  ASSERT_EQ(reqs.size(), 3u) << "no two seeds share a first token";
+  std::vector<std::vector<int32_t>> streams;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    streams.push_back(reqs[i].prompt);
+    streams.back().insert(streams.back().end(), want[i].tokens.begin(), want[i].tokens.end());
+  }
+  FastOptions fo;
+  fo.kv_cache_bytes = 50'000'000;
+  fo.dspark = true;
+  auto fast = FastModel::load(*conv_, fo);
+  ASSERT_TRUE(fast.is_ok());
+  auto backend = std::make_unique<OracleDrafter>(std::move(*fast), streams,
+                                                 [](std::size_t at) { return at % 5 == 0; });
+  OracleDrafter* oracle = backend.get();
+  auto tok = Tokenizer::load(*conv_ + "/tokenizer.json");
+  ASSERT_TRUE(tok.is_ok());
+  EngineOptions so;
+  so.speculative = true;
+  so.speculative_width = 3;  // chains of 3 + 1: the wrong fifth positions fall at every depth
+  auto spec = Engine::create(std::move(backend), std::move(*tok), so);
+  ASSERT_TRUE(spec.is_ok()) << spec.status().message();
+  std::vector<Out> got(reqs.size());
+  std::vector<std::thread> th;
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    th.emplace_back([&, i] { got[i] = run(**spec, reqs[i]); });
+  for (auto& t : th) t.join();
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(want[i].reason, FinishReason::kStop);
+    EXPECT_TRUE(got[i] == want[i])
+        << "request " << i << ": " << got[i].text << " vs " << want[i].text;
+  }
+  const EngineStats s = (*spec)->stats();
+  std::printf("known drafts: %lld verify steps, %lld drafts, %lld accepted\n",
+              (long long)s.spec_steps, (long long)s.spec_draft_tokens,
+              (long long)s.spec_accepted_tokens);
+  EXPECT_GT(oracle->known_drafts, 0);
+  EXPECT_GT(s.spec_accepted_tokens, s.spec_steps);         // chains accepted, not single drafts
+  EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens);  // and some rejected
+  EXPECT_NE(want[1].tokens, want[2].tokens);
   EXPECT_EQ(s.kv_foreign_reads, 0);
 }
 
