@@ -257,15 +257,20 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
     if (!token_ids(*ids, vocab, "stop_token_ids", s.stop_token_ids, err)) return err;
   }
   if (const OJson* u = f.get("user"); u && !u->is_string()) return bad("user", "must be a string");
-  // Structured outputs (response_format, structured_outputs): compiled here, on the request's
-  // thread; a 400 names the field (and a schema keyword's path).
-  if (auto e = parse_structured_output(body, tok, *model.grammars, job)) return e;
   return std::nullopt;
 }
 
 }  // namespace
 
 namespace {
+
+// Structured outputs (response_format, structured_outputs; server/structured_outputs.h): compiled
+// here, on the request's thread, once every cheaper check passed; a 400 names the field (and a
+// schema keyword's path).
+std::optional<ApiError> structured_output(const OJson& body, const ServedModel& model,
+                                          const Tokenizer& tok, GenerationJob& job) {
+  return parse_structured_output(body, tok, *model.grammars, job);
+}
 
 std::optional<ApiError> parse_max_tokens(Fields& f, const char* name, int default_value,
                                          GenerationJob& job) {
@@ -403,7 +408,8 @@ std::optional<ApiError> parse_completion_request(const OJson& body, const Served
   }
   if (!echo) job.prompt_text.clear();
   if (auto e = truncate_prompt(f, model, job)) return e;
-  return check_prompt_length(job, model, "prompt");
+  if (auto e = check_prompt_length(job, model, "prompt")) return e;
+  return structured_output(body, model, tok, job);
 }
 
 std::optional<ApiError> parse_chat_completion_request(const OJson& body, const ServedModel& model,
@@ -449,15 +455,17 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   // A continued final message (prefix: true, continue_final_message) may have closed the
   // reasoning already.
   job.thinking = generation_starts_in_reasoning(req->messages, req->options);
-  // In thinking mode a constraint applies to the answer: it starts when the reasoning closes.
-  job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
   apply_reasoning_budget(model, budget, job);
   bool has_tools = false;
   for (const auto& m : req->messages) has_tools |= !m.tools.empty();
   job.extract_tools = has_tools && tool_choice != "none";
   job.request.prompt = tok.encode(*prompt);
   if (auto e = truncate_prompt(f, model, job)) return e;
-  return check_prompt_length(job, model, "messages");
+  if (auto e = check_prompt_length(job, model, "messages")) return e;
+  if (auto e = structured_output(body, model, tok, job)) return e;
+  // In thinking mode the constraint applies to the answer: it starts when the reasoning closes.
+  job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------------

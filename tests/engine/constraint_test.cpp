@@ -201,6 +201,12 @@ TEST_F(Constrained, SpeculationGivesThePlainTokens) {
   ASSERT_TRUE(choices.is_ok());
   std::vector<GenerationRequest> reqs = {request(g, 0.0, 1, 1), request(g, 1.0, 9, 2),
                                          request(g, 1.0, 10, 3), request(*choices, 1.0, 3, 4)};
+  // Thinking mode: drafts run unconstrained through the reasoning and are checked after </think>.
+  for (uint64_t seed : {5, 6}) {
+    reqs.push_back(request(g, 1.0, seed, int(seed)));
+    reqs.back().constraint_after_reasoning = true;
+    reqs.back().sampling.thinking_token_budget = 8;
+  }
   std::vector<Out> want;
   for (const auto& r : reqs) want.push_back(run(*plain, r));
   for (std::size_t i = 0; i < reqs.size(); ++i) {
