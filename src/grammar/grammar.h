@@ -106,6 +106,9 @@ class Grammar {
   // Computes every state's token sets now (else the first visit of a state pays for its own), or
   // as many as fit in max_ms; returns how many states are left to fill lazily.
   int64_t warm(double max_ms = 1e300) const;
+  // Bytes held by the memo of per-state token sets (it grows as states are first visited): what a
+  // cache of compiled grammars weighs them by.
+  std::size_t memo_bytes() const;
 
   // Internal (matcher.cpp).
   const grammar_detail::Automaton& automaton() const { return *automaton_; }

@@ -316,6 +316,17 @@ int64_t Grammar::warm(double max_ms) const {
   return 0;
 }
 
+std::size_t Grammar::memo_bytes() const {
+  std::lock_guard<std::mutex> lock(memo_mutex_);
+  std::size_t n = memo_owned_.size() * sizeof(void*) * 2;
+  for (const auto& m : memo_owned_)
+    if (m)
+      n += sizeof(NodeMasks) + m->accept_bits.capacity() * sizeof(uint64_t) +
+           m->accept_list.capacity() * sizeof(int32_t) + m->uncertain.capacity() * sizeof(int32_t) +
+           m->uncertain_lcp.capacity() * sizeof(uint16_t);
+  return n;
+}
+
 // ---- Matcher ----
 
 Matcher::Matcher(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {

@@ -69,7 +69,11 @@ Result<std::shared_ptr<const Grammar>> GrammarCache::get(const Tokenizer& tok, K
   if (index_.count(key)) return g;  // compiled twice at once: the first one stays
   lru_.push_front({key, g ? *g : nullptr, g ? Status::ok() : g.status()});
   index_[key] = lru_.begin();
-  while (lru_.size() > capacity_) {
+  // The memos keep filling as requests visit new states: weighed again at every insertion.
+  std::size_t bytes = 0;
+  for (const Entry& e : lru_) bytes += e.grammar ? e.grammar->memo_bytes() : 0;
+  while (lru_.size() > 1 && (lru_.size() > capacity_ || bytes > max_bytes_)) {
+    bytes -= lru_.back().grammar ? lru_.back().grammar->memo_bytes() : 0;
     index_.erase(lru_.back().key);
     lru_.pop_back();
   }
@@ -79,6 +83,10 @@ Result<std::shared_ptr<const Grammar>> GrammarCache::get(const Tokenizer& tok, K
 int64_t GrammarCache::hits() const {
   std::lock_guard<std::mutex> lock(mu_);
   return hits_;
+}
+std::size_t GrammarCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lru_.size();
 }
 int64_t GrammarCache::compiles() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -25,8 +25,12 @@ namespace dsv41 {
 
 class GrammarCache {
  public:
-  explicit GrammarCache(std::size_t capacity = 64, GrammarOptions options = {})
-      : capacity_(capacity), options_(options) {}
+  // At most `capacity` grammars, weighing at most `max_bytes` together (their memos of per-state
+  // token sets: a few MB each on a 129k vocabulary); the least recently used go first, the newest
+  // always stays.
+  explicit GrammarCache(std::size_t capacity = 64, std::size_t max_bytes = std::size_t(256) << 20,
+                        GrammarOptions options = {})
+      : capacity_(capacity), max_bytes_(max_bytes), options_(options) {}
   enum class Kind { kJsonSchema, kJsonObject, kRegex, kChoice };
   // The grammar of `spec` (kJsonSchema: the schema's JSON text; kRegex: the pattern; kChoice: a
   // JSON array of the strings; kJsonObject: ignored) over `tok`'s vocabulary, its end id EOS.
@@ -36,6 +40,7 @@ class GrammarCache {
                                              const std::string& spec);
   int64_t hits() const;
   int64_t compiles() const;
+  std::size_t size() const;
 
  private:
   struct Entry {
@@ -44,7 +49,7 @@ class GrammarCache {
     Status status;
   };
   Result<std::shared_ptr<const TokenVocab>> vocab_for(const Tokenizer& tok);
-  std::size_t capacity_;
+  std::size_t capacity_, max_bytes_;
   GrammarOptions options_;
   mutable std::mutex mu_;
   const Tokenizer* tok_ = nullptr;  // the vocabulary below is this tokenizer's

@@ -282,6 +282,13 @@ TEST(StructuredOutputs, CompiledGrammarsAreCached) {
     EXPECT_NE(bad.status().message().find("\"not\""), std::string::npos);
   }
   EXPECT_EQ(cache.compiles(), 5);
+  // A byte bound: a cache of 1 byte keeps only the newest grammar.
+  GrammarCache small(64, 1);
+  ASSERT_TRUE(small.get(*tok, K::kRegex, "[ab]+").is_ok());
+  ASSERT_TRUE(small.get(*tok, K::kRegex, "[cd]+").is_ok());
+  EXPECT_EQ(small.size(), 1u);
+  ASSERT_TRUE(small.get(*tok, K::kRegex, "[cd]+").is_ok());
+  EXPECT_EQ(small.hits(), 1);
   // The parser reads the fields into the job's constraint (none for text).
   GenerationJob job;
   ServedModel model = parser_model();
