@@ -42,6 +42,11 @@ bool SequenceConstraint::apply(std::vector<float>& logits) const {
     const uint64_t bits = mask_[w];
     if (bits == ~uint64_t{0}) continue;
     const std::size_t end = std::min(n, w * 64 + 64);
+    if (bits == 0) {  // most words of a narrow state
+      std::fill(logits.begin() + std::ptrdiff_t(w * 64), logits.begin() + std::ptrdiff_t(end),
+                ninf);
+      continue;
+    }
     for (std::size_t i = w * 64; i < end; ++i)
       if (!(bits >> (i & 63) & 1)) logits[i] = ninf;
   }
