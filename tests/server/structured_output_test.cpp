@@ -12,6 +12,7 @@
 #include <chrono>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/json_check.h"
@@ -37,10 +38,13 @@ const char* kSchema = R"({"type":"object","properties":{
 struct TinyServer {
   dsv41::testing::TempDir dir;
   std::unique_ptr<InProcess> server;
-  TinyServer() {
+  // speculative: 3 drafts verified at every decode step.
+  explicit TinyServer(bool speculative = false) {
     EngineOptions opt;
     opt.model_dir = dsv41::testing::make_tiny_converted(dir, 3);
     opt.fast.kv_cache_gb = 0.05;
+    opt.speculative = speculative;
+    opt.speculative_width = speculative ? 3 : 0;
     auto e = Engine::load(opt);
     EXPECT_TRUE(e.is_ok()) << e.status().message();
     server = std::make_unique<InProcess>(std::move(*e));
@@ -185,6 +189,52 @@ TEST(StructuredOutputs, ChatAndCompletionsAnswersValidate) {
     ++objects;
   }
   EXPECT_GT(objects, 0);
+}
+
+// Through the API too: a seeded constrained answer is the same alone, among 8 concurrent
+// requests (constrained by the same schema, by others, or not), and from a server verifying
+// speculative drafts.
+TEST(StructuredOutputs, SameAnswerAloneAmongOthersAndWithSpeculation) {
+  TinyServer t;
+  TinyServer spec(true);
+  auto c = t.server->client();
+  const OJson rf = {
+      {"type", "json_schema"},
+      {"json_schema", {{"name", "weather"}, {"schema", *parse_json_ordered(kSchema)}}}};
+  std::vector<OJson> targets = {chat_body({{"response_format", rf}, {"seed", 5}}),
+                                chat_body({{"response_format", rf}, {"temperature", 0}})};
+  auto answer = [](httplib::Client& cl, const OJson& body) {
+    const OJson r = post(cl, "/v1/chat/completions", body);
+    return r["choices"].empty() ? std::string()
+                                : r["choices"][0]["message"]["content"].get<std::string>();
+  };
+  std::vector<std::string> alone;
+  for (const OJson& b : targets) alone.push_back(answer(c, b));
+  std::vector<std::string> crowded(targets.size());
+  std::vector<std::thread> th;
+  for (int i = 0; i < 8; ++i) {
+    OJson b = i % 3 == 0   ? chat_body({{"max_tokens", 30}})
+              : i % 3 == 1 ? chat_body({{"response_format", rf}, {"seed", 100 + i}})
+                           : chat_body({{"structured_outputs", {{"regex", "[a-z ]{5,60}"}}}});
+    th.emplace_back([&t, b] {
+      auto cl = t.server->client();
+      post(cl, "/v1/chat/completions", b);
+    });
+    if (i == 2 || i == 5)
+      th.emplace_back([&t, &targets, &crowded, &answer, k = std::size_t(i == 2 ? 0 : 1)] {
+        auto cl = t.server->client();
+        crowded[k] = answer(cl, targets[k]);
+      });
+  }
+  for (auto& x : th) x.join();
+  auto sc = spec.server->client();
+  const auto schema = nlohmann::json::parse(kSchema);
+  for (std::size_t k = 0; k < targets.size(); ++k) {
+    EXPECT_EQ(dsv41::testing::json_text_check(schema, alone[k]), "");
+    EXPECT_EQ(crowded[k], alone[k]) << "target " << k;
+    EXPECT_EQ(answer(sc, targets[k]), alone[k]) << "target " << k << " with speculation";
+  }
+  EXPECT_GT(spec.server->engine->stats().spec_steps, 0);
 }
 
 // Thinking mode: the reasoning is free, the answer after it follows the schema.
