@@ -20,7 +20,7 @@ TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
   TARGETS=(fuzz_safetensors fuzz_checkpoint_index fuzz_config fuzz_tokenizer_json fuzz_manifest
            fuzz_api_request fuzz_dsml_stream fuzz_stream_decoder fuzz_http fuzz_grammar_schema
-           fuzz_grammar_matcher)
+           fuzz_grammar_matcher fuzz_image)
 fi
 export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"

@@ -10,11 +10,13 @@ PKGS=(
   build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libicu-dev libonig-dev libcpp-httplib-dev libdnnl-dev
+  libicu-dev libonig-dev libcpp-httplib-dev libboost1.81-dev libdnnl-dev
+  libpng-dev libjpeg62-turbo-dev libwebp-dev libgif-dev zlib1g-dev
   openmpi-bin libopenmpi-dev
   clang
   chromium
   openssl
+  python3-pil
 )
 command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
@@ -27,7 +29,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${#missing[@]} Debian packages (compiler and build tools, the C++"
   echo "setup: libraries dsv41 links, Open MPI for the split forward, GoogleTest, clang for the"
   echo "setup: sanitized fuzz build, chromium for the browser tests, node/npm for the test"
-  echo "setup: clients, openssl to make the TLS test's certificate): ${missing[*]}"
+  echo "setup: clients, openssl to make the TLS test's certificate, Pillow as the image tests' judge):"
+  echo "setup: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   echo "setup: apt-get update"
   apt-get update

@@ -11,13 +11,14 @@ allowed() {  # directory -> allowed include roots
     io) echo "core io" ;;
     text) echo "core io text" ;;
     grammar) echo "core text grammar" ;;
+    vision) echo "core vision" ;;
     ops) echo "core ops" ;;
     model) echo "core io text model" ;;
     model/fast) echo "core io text model ops" ;;
     parallel) echo "core io text model parallel" ;;
     engine) echo "core io text grammar model parallel engine" ;;
     server) echo "core text grammar engine server" ;;
-    cli) echo "core io text grammar model ops parallel engine server cli" ;;
+    cli) echo "core io text grammar vision model ops parallel engine server cli" ;;
     *) echo "" ;;
   esac
 }

@@ -122,6 +122,7 @@ void add_bench(CLI::App& app, Runner* run) {
   });
   add_bench_model(bench, run);
   add_bench_serve(bench, run);
+  add_bench_grammar(bench, run);
 }
 
 }  // namespace dsv41::cli

@@ -59,14 +59,12 @@ void add_generate(CLI::App& app, Runner* run) {
       const auto t0 = std::chrono::steady_clock::now();
       EngineOptions eo;
       if (Status st = apply_path_options(a->paths, dir, &eo); !st.is_ok()) {
-        log::error("generate: {}{}",
-                   st.message().starts_with("--") ? "" : "--model: ", st.message());
+        log::error("generate: {}", model_error(st));
         return kExitInvalid;
       }
       auto engine = Engine::load(eo);
       if (!engine) {
-        log::error("generate: {}{}", engine.status().message().starts_with("--") ? "" : "--model: ",
-                   engine.status().message());
+        log::error("generate: {}", model_error(engine.status()));
         return kExitInvalid;
       }
       const auto t1 = std::chrono::steady_clock::now();

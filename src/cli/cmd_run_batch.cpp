@@ -238,12 +238,12 @@ int run_batch_main(const RunBatchArgs& a) {
   }
   EngineOptions eo;
   if (Status st = apply_path_options(a.paths, dir, &eo); !st.is_ok()) {
-    log::error("run-batch: {}{}", st.message().starts_with("--") ? "" : "--model: ", st.message());
+    log::error("run-batch: {}", model_error(st));
     return kExitInvalid;
   }
   auto engine = Engine::load(eo);
   if (!engine) {
-    log::error("run-batch: --model: {}", engine.status().message());
+    log::error("run-batch: {}", model_error(engine.status()));
     return kExitInvalid;
   }
   const int concurrency = a.concurrency > 0 ? a.concurrency : eo.max_num_seqs;

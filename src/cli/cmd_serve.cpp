@@ -38,6 +38,8 @@ void add_serve(CLI::App& app, Runner* run) {
     std::string model;
     ServerOptions server;
     std::size_t max_body_mb = 8;
+    double header_timeout_s = 10, body_timeout_s = 60, keep_alive_s = 5;
+    int64_t stream_buffer_kb = 1024;
     int64_t max_context = 0;
     uint64_t seed = 0;
     int64_t max_num_batched_tokens = EngineOptions{}.max_num_batched_tokens;
@@ -145,6 +147,34 @@ void add_serve(CLI::App& app, Runner* run) {
       ->capture_default_str();
   sub->add_option("--max-body-mb", a->max_body_mb, "Largest accepted request body")
       ->capture_default_str();
+  sub->add_option("--max-connections", a->server.max_connections,
+                  "Open connections at most, all clients together; one more is answered 503 and "
+                  "closed (an open connection costs memory, not a thread)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  sub->add_option("--max-connections-per-client", a->server.max_connections_per_client,
+                  "Open connections at most per client address (0: no cap; behind a proxy every "
+                  "client has the proxy's address)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  sub->add_option("--header-timeout", a->header_timeout_s,
+                  "Seconds a request's headers may take to arrive; slower connections are closed "
+                  "(slowloris)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
+  sub->add_option("--body-timeout", a->body_timeout_s,
+                  "Seconds a request's body may take to arrive after its headers")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
+  sub->add_option("--keep-alive-timeout", a->keep_alive_s,
+                  "Seconds an idle keep-alive connection stays open between requests")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
+  sub->add_option("--stream-buffer-kb", a->stream_buffer_kb,
+                  "KiB of a streamed answer that may wait for a slow reader; past it the stream "
+                  "is cut and its request cancelled (logged)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(4), int64_t(1) << 22));
   sub->add_option("--shutdown-timeout", a->server.shutdown_timeout_s,
                   "Seconds SIGTERM waits for in-flight requests before stopping")
       ->capture_default_str();
@@ -250,6 +280,11 @@ void add_serve(CLI::App& app, Runner* run) {
         a->server.model_name = demo ? "dsv41-demo" : std::filesystem::path(dir).filename().string();
       }
       a->server.max_body_bytes = a->max_body_mb << 20;
+      auto ms = [](double s) { return std::chrono::milliseconds(int64_t(s * 1000 + 0.5)); };
+      a->server.header_timeout = ms(a->header_timeout_s);
+      a->server.body_timeout = ms(a->body_timeout_s);
+      a->server.keep_alive_timeout = ms(a->keep_alive_s);
+      a->server.stream_buffer_bytes = std::size_t(a->stream_buffer_kb) << 10;
       // Rank 0 listens before the model is made, converted or loaded (minutes on the release): a
       // health probe sees 503 "loading" with the progress instead of a refused connection, and a
       // port in use fails at once instead of after the load. "listening on" is logged once
@@ -338,7 +373,7 @@ void add_serve(CLI::App& app, Runner* run) {
       const auto t0 = std::chrono::steady_clock::now();
       EngineOptions eo;
       if (Status st = apply_path_options(a->paths, dir, &eo); !st.is_ok()) {
-        log::error("serve: {}{}", st.message().starts_with("--") ? "" : "--model: ", st.message());
+        log::error("serve: {}", model_error(st));
         stop_listening();
         return kExitInvalid;
       }
@@ -350,8 +385,7 @@ void add_serve(CLI::App& app, Runner* run) {
       set_load_progress("loading weights");
       auto engine = Engine::load(eo);
       if (!engine) {
-        log::error("serve: {}{}", engine.status().message().starts_with("--") ? "" : "--model: ",
-                   engine.status().message());
+        log::error("serve: {}", model_error(engine.status()));
         stop_listening();
         return kExitInvalid;
       }

@@ -22,6 +22,8 @@ void add_bench(CLI::App& app, Runner* run);
 void add_bench_model(CLI::App* bench, Runner* run);
 // `bench serve` (cmd_bench_serve.cpp).
 void add_bench_serve(CLI::App* bench, Runner* run);
+// `bench grammar` (cmd_bench_grammar.cpp).
+void add_bench_grammar(CLI::App* bench, Runner* run);
 void add_generate(CLI::App& app, Runner* run);
 void add_serve(CLI::App& app, Runner* run);
 void add_run_batch(CLI::App& app, Runner* run);

@@ -32,6 +32,10 @@ Result<std::string> ensure_converted_here(const std::string& model_dir,
                                           const std::string& converted_dir) {
   namespace fs = std::filesystem;
   if (is_converted_checkpoint(model_dir)) return model_dir;
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec))
+    return Status::error(model_dir +
+                         (fs::exists(model_dir, ec) ? ": not a directory" : ": no such directory"));
   std::string to = converted_dir;
   if (to.empty()) {
     std::string base = fs::path(model_dir).lexically_normal().string();
@@ -221,6 +225,10 @@ Status apply_path_options(const PathArgs& a, const std::string& model_dir, Engin
   eo->fast.ep = a.ep;
   eo->fast.rank_timeout_s = a.rank_timeout_s;
   return Status::ok();
+}
+
+std::string model_error(const Status& st) {
+  return st.message().starts_with("--") ? st.message() : "--model: " + st.message();
 }
 
 }  // namespace dsv41::cli

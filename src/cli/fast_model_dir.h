@@ -39,6 +39,10 @@ void add_split_options(CLI::App* sub, int* tp, int* ep, double* timeout_s);
 // for the fast path first).
 Status apply_path_options(const PathArgs& a, const std::string& model_dir, EngineOptions* eo);
 
+// A model that cannot be prepared or loaded, for the log: the message as it is when it already
+// names a flag ("--converted: ..."), else attributed to --model.
+std::string model_error(const Status& st);
+
 // Returns the converted directory to load; says on stderr what it found and did.
 Result<std::string> ensure_converted(const std::string& model_dir,
                                      const std::string& converted_dir);

@@ -5,13 +5,6 @@
 // the server not.
 #include "server/http_server.h"
 
-#include <httplib.h>
-
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -31,6 +24,7 @@
 #include "core/log.h"
 #include "server/anthropic_api.h"
 #include "server/generation_protocol.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/web_assets.h"
@@ -40,6 +34,9 @@
 namespace dsv41 {
 
 using Clock = std::chrono::steady_clock;
+using Req = http::Request;
+using Res = http::Response;
+using Conn = http::Connection;
 
 namespace {
 
@@ -59,104 +56,12 @@ std::string readable_json_error(std::string m) {
   return "invalid JSON body" + (m.rfind(prefix, 0) == 0 ? m.substr(prefix.size()) : ": " + m);
 }
 
-// Why host:port cannot be bound (httplib only reports that it failed): the same bind again, for
-// its errno.
-std::string bind_failure(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0)
-    return gai_strerror(rc);
-  int err = 0;
-  for (addrinfo* ai = found; ai; ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    if (fd < 0) {
-      err = errno;
-      continue;
-    }
-    int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    err = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    close(fd);
-    if (err == 0) break;
-  }
-  freeaddrinfo(found);
-  switch (err) {
-    case EADDRINUSE:
-      return "address in use (another server is listening there)";
-    case EADDRNOTAVAIL:
-      return "not a local address";
-    case EACCES:
-      return "permission denied (ports below 1024 need privileges)";
-    case 0:
-      return "the listener could not be started";
-    default:
-      return std::strerror(err);
-  }
-}
-
-// host:port of a socket address as httplib writes Request::local_addr / remote_addr.
-bool same_endpoint(const sockaddr_storage& a, socklen_t len, const std::string& host, int port) {
-  char h[NI_MAXHOST], p[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof(h), p, sizeof(p),
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return false;
-  return host == h && std::to_string(port) == p;
-}
-
-// The socket of the connection `req` came on (-1 when not found). httplib 0.11 hands a handler no
-// socket, only the connection's two addresses; a TCP connection is the one socket with both. The
-// socket stays open while its handler runs (httplib closes it after the response), so the number
-// cannot be reused under us.
-int connection_socket(const httplib::Request& req) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    int fd = -1;
-    const std::string name = entry.path().filename().string();
-    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
-        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
-      continue;
-    if (same_endpoint(local, local_len, req.local_addr, req.local_port) &&
-        same_endpoint(peer, peer_len, req.remote_addr, req.remote_port))
-      return fd;
-  }
-  return -1;
-}
-
-std::unique_ptr<httplib::Server> make_listener(const ServerOptions& o) {
-  if (o.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
-  return std::make_unique<httplib::SSLServer>(o.ssl_certfile.c_str(), o.ssl_keyfile.c_str());
-}
-
 constexpr std::size_t kMaxHeaderLines = 200;
 constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 
 // The page's files need no model: the chat page can load (and say the model is loading).
 bool serves_without_model(const std::string& path) {
   return path == "/" || path == "/dashboard" || path.rfind("/web/", 0) == 0;
-}
-
-// For an answer sent while the request's body was still coming (a chunked body past the limit):
-// the connection ends after it. The header tells a client; httplib 0.11 itself keeps the connection
-// open whatever the answer says and would parse the unread body as the next requests (a chunked
-// body's data as request lines, answered 414 one after another), so the socket's reading side is
-// shut too: the answer is still written, the next read sees the end.
-void close_after_answer(const httplib::Request& req, httplib::Response& res) {
-  res.set_header("Connection", "close");
-  if (const int fd = connection_socket(req); fd >= 0) ::shutdown(fd, SHUT_RD);
-}
-
-// Whether the client closed its side of the connection (or it broke), seen without writing a byte:
-// a hang-up is readable as POLLRDHUP. Bytes the client sent meanwhile (a pipelined request) are
-// left unread.
-bool peer_hung_up(int fd) {
-  pollfd p{fd, POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 // The request log's records: one JSON line each on stdout, whole lines however many requests end at
@@ -191,29 +96,22 @@ struct HttpServer::Impl {
   // use it).
   Engine* engine = nullptr;
   std::atomic<bool> ready{false};
-  // serve() began (its listener's loop may not have yet) / shutdown() was asked, under serve_mu.
-  std::mutex serve_mu;
-  bool serve_called = false, stop_requested = false, loop_done = false;
   int64_t capacity = 0;  // requests the engine can hold at once (sizes the HTTP threads)
   std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
   ServerOptions opt;
   ServedModel model;
-  // Plain HTTP, or HTTPS with --ssl-certfile/--ssl-keyfile (httplib's SSLServer over OpenSSL;
-  // bind() refuses files it could not load).
-  std::unique_ptr<httplib::Server> holder{make_listener(opt)};
-  httplib::Server& svr = *holder;
   Metrics metrics{opt.model_name};  // (opt is initialised before it)
   CorsPolicy cors{opt.cors};
   std::atomic<bool> draining{false};
   std::atomic<int64_t> in_flight{0};
-  int bound_port = -1;
-  socket_t listen_fd = -1;  // the listening socket (seen by the socket-options hook)
+  // The connections (http_transport.h): made by routes(), which gives it its hooks.
+  std::unique_ptr<http::Transport> transport;
   uint64_t nonce = 0;
   int64_t started = 0;
   std::mutex shutdown_mu;
 
   Impl(Engine* e, ServerOptions o, int64_t max_requests)
-      : opt(std::move(o)), capacity(e ? e->max_requests() : max_requests) {
+      : capacity(e ? e->max_requests() : max_requests), opt(std::move(o)) {
     model.name = opt.model_name;
     model.reasoning_budget = opt.reasoning_budget;
     model.aliases = opt.model_aliases;
@@ -240,12 +138,12 @@ struct HttpServer::Impl {
     ready.store(true, std::memory_order_release);
   }
 
-  static void send_error(httplib::Response& res, const ApiError& e) {
+  static void send_error(Res& res, const ApiError& e) {
     res.status = e.status;
     res.set_content(error_body(e), "application/json");
   }
   // Errors raised before a route's own handler runs, in the shape of the API the path belongs to.
-  static void send_error_for(const std::string& path, httplib::Response& res, const ApiError& e) {
+  static void send_error_for(const std::string& path, Res& res, const ApiError& e) {
     res.status = e.status;
     res.set_content(path.rfind("/v1/messages", 0) == 0 ? anthropic_error_body(e) : error_body(e),
                     "application/json");
@@ -262,7 +160,7 @@ struct HttpServer::Impl {
   }
 
   // Parses the body as JSON (order kept); a 400 otherwise.
-  static std::optional<ApiError> parse_body(const httplib::Request& req, OJson& out) {
+  static std::optional<ApiError> parse_body(const Req& req, OJson& out) {
     auto j = parse_json_ordered(req.body);
     if (!j)
       return make_error(400, readable_json_error(j.status().message()), "invalid_request_error");
@@ -272,76 +170,52 @@ struct HttpServer::Impl {
     return std::nullopt;
   }
 
+  // A route's handler; `conn` says whether the client is still there.
+  using Handler = std::function<void(const Req&, Res&, const Conn& conn)>;
   // Every route with the methods it answers, for 405 + Allow on a known path.
   struct Route {
-    std::string pattern;  // as registered with httplib
+    std::string pattern;
     std::regex regex;
     std::string label;  // metrics endpoint label
     std::vector<std::string> methods;
+    std::vector<Handler> handlers;  // one per method (HEAD runs GET's)
   };
   std::vector<Route> known;
   void on(const std::string& method, const std::string& pattern, const std::string& label,
-          httplib::Server::Handler handler);
+          Handler handler);
   const Route* find_route(const std::string& path) const;
-  std::optional<httplib::Server::HandlerResponse> before_routing(const httplib::Request& req,
-                                                                 httplib::Response& res);
+  std::optional<Res> before_routing(const Req& req);
+  void dispatch(Req& req, Res& res, const Conn& conn);
+  Res transport_error(int status, const std::string& message, const std::string& path);
+  void access_log(const Req& req, const Res& res);
 
   void routes();
-  void generation(const httplib::Request& req, httplib::Response& res, const GenerationApi& api);
+  void generation(const Req& req, Res& res, const Conn& conn, const GenerationApi& api);
   std::unique_ptr<GenerationApi> completions_api = openai_completions_api();
   std::unique_ptr<GenerationApi> chat_api = openai_chat_api();
   std::unique_ptr<GenerationApi> messages_api = anthropic_messages_api();
   std::unique_ptr<GenerationApi> responses_api = openai_responses_api();
   bool note(StreamState& st, std::size_t which, const RequestOutput& out);
-  void whole_answer(const httplib::Request& req, httplib::Response& res, StreamState& st,
-                    const GenerationApi& api, const std::string& id);
+  void whole_answer(Res& res, const Conn& conn, StreamState& st, const GenerationApi& api,
+                    const std::string& id);
   void release(StreamState& st, const std::string& endpoint, int status);
-  void tokenize(const httplib::Request& req, httplib::Response& res);
-  void count_tokens(const httplib::Request& req, httplib::Response& res);
-  void detokenize(const httplib::Request& req, httplib::Response& res);
+  void tokenize(const Req& req, Res& res);
+  void count_tokens(const Req& req, Res& res);
+  void detokenize(const Req& req, Res& res);
 };
 
 void HttpServer::Impl::on(const std::string& method, const std::string& pattern,
-                          const std::string& label, httplib::Server::Handler handler) {
-  if (method == "GET") {
-    svr.Get(pattern, std::move(handler));
-  } else {
-    // The body is read here, in pieces, up to --max-body-mb whatever its framing: httplib's own
-    // limit holds only for a Content-Length (checked before routing), and a chunked body of
-    // 512 MB was read into memory whole before the JSON parser refused it. Past the limit the
-    // read stops and the answer is 413; the rest of the body is never read (the connection
-    // closes).
-    svr.Post(pattern, [this, label, handler = std::move(handler)](
-                          const httplib::Request& req, httplib::Response& res,
-                          const httplib::ContentReader& reader) {
-      std::string body;
-      bool too_large = false;
-      reader([&](const char* data, std::size_t n) {
-        if (body.size() + n > opt.max_body_bytes) return !(too_large = true);
-        body.append(data, n);
-        return true;
-      });
-      if (too_large) {
-        send_error_for(req.path, res,
-                       make_error(413,
-                                  fmt::format("request body larger than {} bytes (--max-body-mb)",
-                                              opt.max_body_bytes),
-                                  "invalid_request_error"));
-        close_after_answer(req, res);
-        metrics.request_done(label, 413);
-        return;
-      }
-      httplib::Request with_body = req;
-      with_body.body = std::move(body);
-      handler(with_body, res);
-    });
-  }
+                          const std::string& label, Handler handler) {
   auto it = std::find_if(known.begin(), known.end(),
                          [&](const Route& r) { return r.pattern == pattern; });
   if (it == known.end())
-    it = known.insert(known.end(), Route{pattern, std::regex(pattern), label, {}});
+    it = known.insert(known.end(), Route{pattern, std::regex(pattern), label, {}, {}});
   it->methods.push_back(method);
-  if (method == "GET") it->methods.push_back("HEAD");  // httplib answers HEAD from GET routes
+  it->handlers.push_back(handler);
+  if (method == "GET") {  // HEAD: GET's answer without its body (the transport leaves it out)
+    it->methods.push_back("HEAD");
+    it->handlers.push_back(std::move(handler));
+  }
 }
 
 const HttpServer::Impl::Route* HttpServer::Impl::find_route(const std::string& path) const {
@@ -350,32 +224,33 @@ const HttpServer::Impl::Route* HttpServer::Impl::find_route(const std::string& p
   return nullptr;
 }
 
-// Checks made before httplib reads the body: a Content-Length that cannot be right (not a plain
+// Checks made once the headers are in, before the body is read (on the transport's I/O thread:
+// nothing here may block): a Content-Length that cannot be right (not a plain
 // decimal number, overflowing, repeated with another value) is a 400 and one over the body limit a
 // 413, at once instead of after the read timeout; then 503 while draining; then 405 with Allow for
 // a known path asked with another method. The body of such a request is never read, so the
 // connection is closed after the answer. nullopt: go on routing.
-std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing(
-    const httplib::Request& req, httplib::Response& res) {
+std::optional<Res> HttpServer::Impl::before_routing(const Req& req) {
+  Res res;
   const Route* route = find_route(req.path);
   const std::string label = route ? route->label : "unknown";
   // An allowed origin's answers carry its CORS headers, refusals included (so its page can read
   // them).
-  const std::string origin = req.get_header_value("Origin");
+  const std::string origin = req.header("Origin");
   for (const auto& [k, v] : cors.response_headers(origin)) res.set_header(k, v);
   auto reject = [&](const ApiError& e) {
     send_error_for(req.path, res, e);
     res.set_header("Connection", "close");
     metrics.request_done(label, e.status);
-    return httplib::Server::HandlerResponse::Handled;
+    return std::optional<Res>(std::move(res));
   };
   if (req.has_header("Content-Length")) {
-    const std::string v = req.get_header_value("Content-Length");
+    const std::string v = req.header("Content-Length");
     uint64_t n = 0;
     const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
     bool valid = !v.empty() && ec == std::errc() && end == v.data() + v.size();
-    for (std::size_t k = 1; k < req.get_header_value_count("Content-Length"); ++k)
-      valid = valid && req.get_header_value("Content-Length", k) == v;
+    for (std::size_t k = 1; k < req.header_count("Content-Length"); ++k)
+      valid = valid && req.header("Content-Length", k) == v;
     if (!valid)
       return reject(make_error(
           400, fmt::format("malformed HTTP request: Content-Length '{}' is not a byte count", v),
@@ -386,26 +261,15 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
           fmt::format("request body of {} bytes is larger than {} bytes", n, opt.max_body_bytes),
           "invalid_request_error"));
   }
-  // Header lines and bytes are capped (httplib caps only each line's length): 20,000 lines were
-  // accepted and kept.
-  std::size_t header_bytes = 0;
-  for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
-  if (req.headers.size() > kMaxHeaderLines || header_bytes > kMaxHeaderBytes)
-    return reject(
-        make_error(431,
-                   fmt::format("request headers too large: {} lines, {} bytes (at most "
-                               "{} lines and {} bytes)",
-                               req.headers.size(), header_bytes, kMaxHeaderLines, kMaxHeaderBytes),
-                   "invalid_request_error"));
   if (draining.load() && req.path != "/metrics")
     return reject(make_error(503, "the server is shutting down", "service_unavailable"));
   // CORS: a preflight is answered here (it carries no key), with the preflight's headers only.
   // Without --allowed-origins a preflight gets the 405 below.
   if (cors.enabled() && req.method == "OPTIONS" &&
       req.has_header("Access-Control-Request-Method")) {
-    auto h = cors.preflight(origin, req.get_header_value("Access-Control-Request-Method"),
-                            req.get_header_value("Access-Control-Request-Headers"));
-    for (const auto& [k, v] : cors.response_headers(origin)) res.headers.erase(k);
+    auto h = cors.preflight(origin, req.header("Access-Control-Request-Method"),
+                            req.header("Access-Control-Request-Headers"));
+    for (const auto& [k, v] : cors.response_headers(origin)) res.erase_header(k);
     res.status = h ? 200 : 400;
     if (h)
       for (const auto& [k, v] : *h) res.set_header(k, v);
@@ -413,11 +277,10 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
       res.set_content("Disallowed CORS request (origin, method or header not allowed)",
                       "text/plain");
     metrics.request_done(label, res.status);
-    return httplib::Server::HandlerResponse::Handled;
+    return res;
   }
   if (opt.api_keys.enabled() && path_needs_key(req.path, opt.metrics_public) &&
-      !opt.api_keys.accepts(req.get_header_value("Authorization"),
-                            req.get_header_value("x-api-key"))) {
+      !opt.api_keys.accepts(req.header("Authorization"), req.header("x-api-key"))) {
     const bool given = req.has_header("Authorization") || req.has_header("x-api-key");
     res.set_header("WWW-Authenticate", "Bearer");
     return reject(make_error(
@@ -439,10 +302,12 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
     res.set_header("Retry-After", "5");
     if (req.path == "/health") {
       res.status = 503;
-      res.set_content(OJson{{"status", "loading"}, {"progress", std::move(progress)}}.dump(),
+      // (replace: the stage names a directory, whose name need not be UTF-8)
+      res.set_content(OJson{{"status", "loading"}, {"progress", std::move(progress)}}.dump(
+                          -1, ' ', false, OJson::error_handler_t::replace),
                       "application/json");
       metrics.request_done("/health", 503);
-      return httplib::Server::HandlerResponse::Handled;
+      return res;
     }
     return reject(make_error(503,
                              fmt::format("the model is loading ({}); retry shortly",
@@ -461,92 +326,101 @@ std::optional<httplib::Server::HandlerResponse> HttpServer::Impl::before_routing
   return std::nullopt;
 }
 
-void HttpServer::Impl::routes() {
-  const int64_t threads = opt.threads > 0 ? opt.threads : capacity + 16;
-  svr.new_task_queue = [n = threads] {
-    return new httplib::ThreadPool(static_cast<std::size_t>(n));
-  };
-  svr.set_payload_max_length(opt.max_body_bytes);
-  // One access-log line per request: generation answers are logged when httplib is done with them
-  // (release(), with their token counts and the status the client really got); the rest here.
-  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (opt.request_log == ServerOptions::RequestLog::kOff) return;
-    bool generation = false;
-    for (const GenerationApi* api :
-         {completions_api.get(), chat_api.get(), messages_api.get(), responses_api.get()})
-      generation = generation || req.path == api->endpoint();
-    generation =
-        generation || req.path == "/beta/completions" || req.path == "/beta/chat/completions";
-    if (generation && (res.status == 200 || res.has_header("X-Request-Id"))) return;
-    if (generation && opt.request_log == ServerOptions::RequestLog::kJson) {
-      // Refused before it reached the engine: a record with what is known.
-      write_request_record(
-          OJson{{"time", iso_time_now()},
-                {"id", nullptr},
-                {"api", req.path},
-                {"status", res.status},
-                {"client", req.remote_addr + ":" + std::to_string(req.remote_port)}});
+// The access log of everything but generation answers (release() logs those, with their token
+// counts and the status the client really got).
+void HttpServer::Impl::access_log(const Req& req, const Res& res) {
+  if (opt.request_log == ServerOptions::RequestLog::kOff) return;
+  bool generation = false;
+  for (const GenerationApi* api :
+       {completions_api.get(), chat_api.get(), messages_api.get(), responses_api.get()})
+    generation = generation || req.path == api->endpoint();
+  generation =
+      generation || req.path == "/beta/completions" || req.path == "/beta/chat/completions";
+  if (generation && (res.status == 200 || res.has_header("X-Request-Id"))) return;
+  if (generation && opt.request_log == ServerOptions::RequestLog::kJson) {
+    // Refused before it reached the engine: a record with what is known.
+    write_request_record(
+        OJson{{"time", iso_time_now()},
+              {"id", nullptr},
+              {"api", req.path},
+              {"status", res.status},
+              {"client", req.remote_addr + ":" + std::to_string(req.remote_port)}});
+    return;
+  }
+  // An open dashboard scrapes /metrics every second and the page loads its files: at debug.
+  const bool polled =
+      res.status == 200 && (req.path == "/metrics" || req.path == "/" || req.path == "/dashboard" ||
+                            req.path.rfind("/web/", 0) == 0);
+  if (polled)
+    log::debug("access: {} {} {}", req.method, req.path, res.status);
+  else
+    log::info("access: {} {} {}", req.method, req.path, res.status);
+}
+
+// Errors raised by the transport itself (malformed request, oversized body or headers, a handler's
+// exception, too many connections), in the shape of the API the path belongs to.
+Res HttpServer::Impl::transport_error(int status, const std::string& message,
+                                      const std::string& path) {
+  Res res;
+  send_error_for(path, res,
+                 make_error(status, message,
+                            status < 500    ? "invalid_request_error"
+                            : status == 503 ? "service_unavailable"
+                                            : "internal_error"));
+  const Route* route = path.empty() ? nullptr : find_route(path);
+  metrics.request_done(path.empty() ? "?" : (route ? route->label : "unknown"), status);
+  return res;
+}
+
+// A request whose headers passed before_routing and whose body is in: its route's handler.
+void HttpServer::Impl::dispatch(Req& req, Res& res, const Conn& conn) {
+  for (const auto& [k, v] : cors.response_headers(req.header("Origin"))) res.set_header(k, v);
+  for (const Route& r : known) {
+    std::smatch m;
+    if (!std::regex_match(req.path, m, r.regex)) continue;
+    for (std::size_t k = 0; k < r.methods.size(); ++k) {
+      if (r.methods[k] != req.method) continue;
+      req.matches.assign(m.begin(), m.end());
+      r.handlers[k](req, res, conn);
       return;
     }
-    // An open dashboard scrapes /metrics every second and the page loads its files: at debug.
-    const bool polled =
-        res.status == 200 && (req.path == "/metrics" || req.path == "/" ||
-                              req.path == "/dashboard" || req.path.rfind("/web/", 0) == 0);
-    if (polled)
-      log::debug("access: {} {} {}", req.method, req.path, res.status);
-    else
-      log::info("access: {} {} {}", req.method, req.path, res.status);
-  });
-  svr.set_read_timeout(30, 0);
-  svr.set_write_timeout(30, 0);
-  // Without SO_REUSEPORT (httplib's default asks for it), a second server on a port in use fails to
-  // bind instead of sharing the connections; SO_REUSEADDR lets a restart reuse the port at once.
-  svr.set_socket_options([this](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    listen_fd = sock;
-  });
-  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    return before_routing(req, res).value_or(httplib::Server::HandlerResponse::Unhandled);
-  });
-  // Errors raised by the HTTP layer itself (unknown path, oversized body, malformed request).
-  svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string msg;
-    switch (res.status) {
-      case 404:
-        msg = fmt::format("no route for {} {}", req.method, req.path);
-        break;
-      case 413:
-        msg = fmt::format("request body larger than {} bytes", opt.max_body_bytes);
-        break;
-      case 400:
-        msg = "malformed HTTP request";
-        break;
-      default:
-        msg = fmt::format("HTTP error {}", res.status);
-        break;
-    }
-    send_error_for(
-        req.path, res,
-        make_error(res.status, msg, res.status < 500 ? "invalid_request_error" : "internal_error"));
-    metrics.request_done(req.path.empty() ? "?" : (res.status == 404 ? "unknown" : req.path),
-                         res.status);
-  });
-  svr.set_exception_handler(
-      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        log::error("serve: internal error: {}", what);
-        send_error_for(req.path, res, make_error(500, "internal error: " + what, "internal_error"));
-      });
+    break;  // (405 is before_routing's)
+  }
+  send_error_for(req.path, res,
+                 make_error(404, fmt::format("no route for {} {}", req.method, req.path),
+                            "invalid_request_error"));
+  metrics.request_done("unknown", 404);
+}
 
-  on("GET", "/health", "/health", [this](const httplib::Request&, httplib::Response& res) {
+void HttpServer::Impl::routes() {
+  http::TransportOptions t;
+  t.host = opt.host;
+  t.port = opt.port;
+  t.ssl_certfile = opt.ssl_certfile;
+  t.ssl_keyfile = opt.ssl_keyfile;
+  // Each generation request holds a worker while it runs: one for every request the engine can
+  // hold at once plus a few for the other endpoints, so the engine's limits (429 beyond them),
+  // not the workers, bound concurrency.
+  t.workers = int(opt.threads > 0 ? opt.threads : capacity + 16);
+  t.max_body_bytes = opt.max_body_bytes;
+  t.max_header_bytes = kMaxHeaderBytes;
+  t.max_header_lines = kMaxHeaderLines;
+  t.max_connections = opt.max_connections;
+  t.max_connections_per_client = opt.max_connections_per_client;
+  t.header_timeout = opt.header_timeout;
+  t.body_timeout = opt.body_timeout;
+  t.keep_alive_timeout = opt.keep_alive_timeout;
+  t.stream_buffer_bytes = opt.stream_buffer_bytes;
+  http::TransportHooks hooks;
+  hooks.screen = [this](const Req& req) { return before_routing(req); };
+  hooks.handle = [this](Req& req, Res& res, const Conn& conn) { dispatch(req, res, conn); };
+  hooks.error = [this](int status, const std::string& message, const std::string& path) {
+    return transport_error(status, message, path);
+  };
+  hooks.log = [this](const Req& req, const Res& res) { access_log(req, res); };
+  transport = std::make_unique<http::Transport>(std::move(t), std::move(hooks));
+
+  on("GET", "/health", "/health", [this](const Req&, Res& res, const Conn&) {
     if (Status h = engine->health(); !h) {  // a split model whose ranks stopped answering
       res.status = 503;
       res.set_content(OJson{{"status", "unhealthy"}, {"error", h.message()}}.dump(),
@@ -557,27 +431,26 @@ void HttpServer::Impl::routes() {
     res.set_content("{\"status\":\"ok\"}", "application/json");
     metrics.request_done("/health", 200);
   });
-  on("GET", "/v1/models", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  on("GET", "/v1/models", "/v1/models", [this](const Req&, Res& res, const Conn&) {
     res.set_content(models_body(model, started), "application/json");
     metrics.request_done("/v1/models", 200);
   });
-  on("GET", "/v1/models/(.+)", "/v1/models/{id}",
-     [this](const httplib::Request& req, httplib::Response& res) {
-       if (!model.serves(req.matches[1])) {
-         send_error(res, model_not_found(req.matches[1], model));
-         metrics.request_done("/v1/models/{id}", 404);
-         return;
-       }
-       res.set_content(model_body(model, started), "application/json");
-       metrics.request_done("/v1/models/{id}", 200);
-     });
-  on("GET", "/metrics", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  on("GET", "/v1/models/(.+)", "/v1/models/{id}", [this](const Req& req, Res& res, const Conn&) {
+    if (!model.serves(req.matches[1])) {
+      send_error(res, model_not_found(req.matches[1], model));
+      metrics.request_done("/v1/models/{id}", 404);
+      return;
+    }
+    res.set_content(model_body(model, started), "application/json");
+    metrics.request_done("/v1/models/{id}", 200);
+  });
+  on("GET", "/metrics", "/metrics", [this](const Req&, Res& res, const Conn&) {
     EngineStats s = engine->stats();
     res.set_content(metrics.render(s, in_flight.load()), "text/plain; version=0.0.4");
   });
   // The chat page, the dashboard and their files, from the bytes built into the binary. The
   // policy header keeps the page to this server: nothing is loaded from anywhere else.
-  auto page = [this](const WebAsset* a, const char* label, httplib::Response& res) {
+  auto page = [this](const WebAsset* a, const char* label, Res& res) {
     if (!a) {
       send_error(res, make_error(404, "no such file of the web page", "invalid_request_error"));
       metrics.request_done(label, 404);
@@ -590,47 +463,39 @@ void HttpServer::Impl::routes() {
     res.set_content(std::string(a->body), std::string(a->content_type));
     metrics.request_done(label, 200);
   };
-  on("GET", "/", "/", [page](const httplib::Request&, httplib::Response& res) {
-    page(find_web_asset("index.html"), "/", res);
-  });
-  on("GET", "/dashboard", "/dashboard", [page](const httplib::Request&, httplib::Response& res) {
+  on("GET", "/", "/",
+     [page](const Req&, Res& res, const Conn&) { page(find_web_asset("index.html"), "/", res); });
+  on("GET", "/dashboard", "/dashboard", [page](const Req&, Res& res, const Conn&) {
     page(find_web_asset("dashboard.html"), "/dashboard", res);
   });
-  on("GET", "/web/([^/]+)", "/web/{file}",
-     [page](const httplib::Request& req, httplib::Response& res) {
-       page(find_web_asset(req.matches[1].str()), "/web/{file}", res);
-     });
+  on("GET", "/web/([^/]+)", "/web/{file}", [page](const Req& req, Res& res, const Conn&) {
+    page(find_web_asset(req.matches[1]), "/web/{file}", res);
+  });
   on("POST", "/v1/completions", "/v1/completions",
-     [this](const httplib::Request& req, httplib::Response& res) {
-       generation(req, res, *completions_api);
+     [this](const Req& req, Res& res, const Conn& conn) {
+       generation(req, res, conn, *completions_api);
      });
   on("POST", "/v1/chat/completions", "/v1/chat/completions",
-     [this](const httplib::Request& req, httplib::Response& res) {
-       generation(req, res, *chat_api);
-     });
+     [this](const Req& req, Res& res, const Conn& conn) { generation(req, res, conn, *chat_api); });
   // DeepSeek's beta paths (chat prefix completion, FIM completion) are the same endpoints here.
   on("POST", "/beta/completions", "/v1/completions",
-     [this](const httplib::Request& req, httplib::Response& res) {
-       generation(req, res, *completions_api);
+     [this](const Req& req, Res& res, const Conn& conn) {
+       generation(req, res, conn, *completions_api);
      });
   on("POST", "/beta/chat/completions", "/v1/chat/completions",
-     [this](const httplib::Request& req, httplib::Response& res) {
-       generation(req, res, *chat_api);
-     });
-  on("POST", "/v1/responses", "/v1/responses",
-     [this](const httplib::Request& req, httplib::Response& res) {
-       generation(req, res, *responses_api);
-     });
-  on("POST", "/v1/messages", "/v1/messages",
-     [this](const httplib::Request& req, httplib::Response& res) {
-       generation(req, res, *messages_api);
-     });
+     [this](const Req& req, Res& res, const Conn& conn) { generation(req, res, conn, *chat_api); });
+  on("POST", "/v1/responses", "/v1/responses", [this](const Req& req, Res& res, const Conn& conn) {
+    generation(req, res, conn, *responses_api);
+  });
+  on("POST", "/v1/messages", "/v1/messages", [this](const Req& req, Res& res, const Conn& conn) {
+    generation(req, res, conn, *messages_api);
+  });
   on("POST", "/v1/messages/count_tokens", "/v1/messages/count_tokens",
-     [this](const httplib::Request& req, httplib::Response& res) { count_tokens(req, res); });
+     [this](const Req& req, Res& res, const Conn&) { count_tokens(req, res); });
   on("POST", "/tokenize", "/tokenize",
-     [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+     [this](const Req& req, Res& res, const Conn&) { tokenize(req, res); });
   on("POST", "/detokenize", "/detokenize",
-     [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
+     [this](const Req& req, Res& res, const Conn&) { detokenize(req, res); });
 }
 
 // State of one streamed response, shared by the content provider and its releaser.
@@ -697,11 +562,11 @@ struct StreamState {
 // While the model works and nothing else is written, a stream sends an SSE comment (or the API's
 // ping) every half second: a stream learns that the client went away from a failing write.
 // Returns false (stop) when the write fails.
-static bool heartbeat(StreamState& st, httplib::DataSink& sink, const std::string& filler) {
+static bool heartbeat(StreamState& st, http::StreamSink& sink, const std::string& filler) {
   const auto now = Clock::now();
   if (now - st.last_write < std::chrono::milliseconds(500)) return true;
   st.last_write = now;
-  return sink.write(filler.data(), filler.size());
+  return sink.write(filler);
 }
 
 // Called once per submitted generation request when it is over: answered (`status` as the client
@@ -785,9 +650,8 @@ bool HttpServer::Impl::note(StreamState& st, std::size_t which, const RequestOut
 // otherwise), which clients raise as an API error and load balancers count as a failure; it used to
 // be a 200 whose body of keep-alive spaces ended in an error JSON. A client that hangs up meanwhile
 // is seen by polling the connection's socket (no byte is written), and its request is cancelled.
-void HttpServer::Impl::whole_answer(const httplib::Request& req, httplib::Response& res,
-                                    StreamState& st, const GenerationApi& api,
-                                    const std::string& id) {
+void HttpServer::Impl::whole_answer(Res& res, const Conn& conn, StreamState& st,
+                                    const GenerationApi& api, const std::string& id) {
   int status = 500;  // an exception (the exception handler's answer) unless set below
   struct Release {   // whatever happens, the request is released
     Impl* impl;
@@ -796,8 +660,6 @@ void HttpServer::Impl::whole_answer(const httplib::Request& req, httplib::Respon
     int& status;
     ~Release() { impl->release(st, api.endpoint(), status); }
   } guard{this, st, api, status};
-  const int fd = connection_socket(req);
-  if (fd < 0) log::debug("serve: {}: connection socket not found; hang-ups go unnoticed", id);
   auto last_check = Clock::now();
   while (!st.finished && !st.failed) {
     RequestOutput out;
@@ -808,7 +670,7 @@ void HttpServer::Impl::whole_answer(const httplib::Request& req, httplib::Respon
     }
     if (Clock::now() - last_check >= std::chrono::milliseconds(100)) {
       last_check = Clock::now();
-      if (fd >= 0 && peer_hung_up(fd)) {
+      if (conn.gone()) {
         status = 499;  // the guard cancels the request
         return;
       }
@@ -829,7 +691,7 @@ void HttpServer::Impl::whole_answer(const httplib::Request& req, httplib::Respon
   status = 200;
 }
 
-void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response& res,
+void HttpServer::Impl::generation(const Req& req, Res& res, const Conn& conn,
                                   const GenerationApi& api) {
   const std::string endpoint = api.endpoint();
   auto st = std::make_shared<StreamState>();
@@ -875,48 +737,49 @@ void HttpServer::Impl::generation(const httplib::Request& req, httplib::Response
   // The access log line of a submitted request is release()'s (with its token counts); the header
   // also tells the HTTP logger so.
   res.set_header("X-Request-Id", id);
-  if (!st->job.stream) return whole_answer(req, res, *st, api, id);
+  if (!st->job.stream) return whole_answer(res, conn, *st, api, id);
 
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st](std::size_t, httplib::DataSink& sink) {
-        auto send = [&](const std::vector<std::string>& frames) {
-          st->last_write = Clock::now();
-          for (const std::string& f : frames)
-            if (!sink.write(f.data(), f.size())) return false;
-          return true;
-        };
-        if (!st->preamble_sent) {
-          st->preamble_sent = true;
-          if (!send(st->writer->stream_begin())) return false;
-        }
-        RequestOutput out;
-        std::size_t which = 0;
-        if (!st->next(which, out, std::chrono::milliseconds(100)))
-          return heartbeat(*st, sink, st->writer->stream_heartbeat());
-        const bool done = note(*st, which, out);
-        if (out.finished && out.reason == FinishReason::kError) {
-          // The status went out with the stream's first bytes: the failure is an in-band error
-          // event. One failed choice ends the response: the others are cancelled by the releaser.
-          if (!send(st->writer->stream_error(
-                  make_error(500, "engine error: " + out.error, "internal_error"))))
-            return false;
-        } else {
-          if (!send(st->writer->stream_output(which, out)))
-            return false;  // client gone: the releaser cancels
-          if (!done) return true;
-          if (!send(st->writer->stream_end())) return false;  // (a failure returned above)
-        }
-        sink.done();
-        return true;
-      },
-      [this, st, endpoint](bool) {
-        release(*st, endpoint, st->finished || st->failed ? 200 : 499);
-      });
+  res.set_header("Content-Type", "text/event-stream");
+  // Called by the worker until it says stop or the stream is done; writes never block (a reader
+  // too slow for the transport's buffer is cut, and a failed write ends the stream).
+  res.stream = [this, st](http::StreamSink& sink) {
+    auto send = [&](const std::vector<std::string>& frames) {
+      st->last_write = Clock::now();
+      for (const std::string& f : frames)
+        if (!sink.write(f)) return false;
+      return true;
+    };
+    if (!st->preamble_sent) {
+      st->preamble_sent = true;
+      if (!send(st->writer->stream_begin())) return false;
+    }
+    RequestOutput out;
+    std::size_t which = 0;
+    if (!st->next(which, out, std::chrono::milliseconds(100)))
+      return heartbeat(*st, sink, st->writer->stream_heartbeat());
+    const bool done = note(*st, which, out);
+    if (out.finished && out.reason == FinishReason::kError) {
+      // The status went out with the stream's first bytes: the failure is an in-band error
+      // event. One failed choice ends the response: the others are cancelled by the releaser.
+      if (!send(st->writer->stream_error(
+              make_error(500, "engine error: " + out.error, "internal_error"))))
+        return false;
+    } else {
+      if (!send(st->writer->stream_output(which, out)))
+        return false;  // client gone: the releaser cancels
+      if (!done) return true;
+      if (!send(st->writer->stream_end())) return false;  // (a failure returned above)
+    }
+    sink.done();
+    return true;
+  };
+  res.stream_end = [this, st, endpoint](bool) {
+    release(*st, endpoint, st->finished || st->failed ? 200 : 499);
+  };
 }
 
-void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Impl::tokenize(const Req& req, Res& res) {
   OJson body;
   auto fail = [&](const ApiError& e) {
     send_error(res, e);
@@ -951,7 +814,7 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
 }
 
 // Anthropic's count_tokens: the prompt a Messages request would run, counted ({"input_tokens"}).
-void HttpServer::Impl::count_tokens(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Impl::count_tokens(const Req& req, Res& res) {
   const char* endpoint = "/v1/messages/count_tokens";
   auto fail = [&](const ApiError& e) {
     res.status = e.status;
@@ -968,7 +831,7 @@ void HttpServer::Impl::count_tokens(const httplib::Request& req, httplib::Respon
   metrics.request_done(endpoint, 200);
 }
 
-void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Impl::detokenize(const Req& req, Res& res) {
   OJson body;
   auto fail = [&](const ApiError& e) {
     send_error(res, e);
@@ -1018,46 +881,19 @@ void HttpServer::attach(Engine& engine, const SamplingDefaults& sampling_default
 }
 
 HttpServer::~HttpServer() {
-  impl_->svr.stop();
+  impl_->transport->stop();
 }
 
 Status HttpServer::bind() {
-  const auto& o = impl_->opt;
-  if (!impl_->svr.is_valid())
-    return Status::error(fmt::format(
-        "--ssl-certfile {} / --ssl-keyfile {}: could not load the certificate and its key "
-        "(PEM files; the key must match the certificate)",
-        o.ssl_certfile, o.ssl_keyfile));
-  if (o.port < 0 || o.port > 65535)
-    return Status::error(fmt::format("--port: {} is outside 0-65535 (0: any free port)", o.port));
-  if (o.port == 0) {
-    impl_->bound_port = impl_->svr.bind_to_any_port(o.host);
-  } else if (impl_->svr.bind_to_port(o.host, o.port)) {
-    impl_->bound_port = o.port;
-  }
-  if (impl_->bound_port <= 0)
-    return Status::error(fmt::format("--host/--port: cannot listen on {}:{}: {}", o.host, o.port,
-                                     bind_failure(o.host, o.port)));
-  // Debian's httplib library listens with a backlog of 5 (compiled in): a burst of clients
-  // connecting at once (32 in the load test) overflowed it and some connections failed on their
-  // first read. listen() again only raises the backlog of the bound socket.
-  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
-  return Status::ok();
+  return impl_->transport->bind();
 }
 
 int HttpServer::port() const {
-  return impl_->bound_port;
+  return impl_->transport->port();
 }
 
 void HttpServer::serve() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->serve_mu);
-    if (impl_->stop_requested) return;  // shut down before it began
-    impl_->serve_called = true;
-  }
-  impl_->svr.listen_after_bind();
-  std::lock_guard<std::mutex> lock(impl_->serve_mu);
-  impl_->loop_done = true;
+  impl_->transport->run();  // returns at once when stop() came first
 }
 
 int64_t HttpServer::shutdown() {
@@ -1067,18 +903,7 @@ int64_t HttpServer::shutdown() {
   while (impl_->in_flight.load() > 0 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const int64_t left = impl_->in_flight.load();
-  // httplib's stop() does nothing before the listener's loop has started: a shutdown right after
-  // serve() was started on another thread (a model that failed to load) either keeps serve()
-  // from listening at all or waits for its loop to run, then stops it.
-  bool started = false;
-  {
-    std::lock_guard<std::mutex> lock(impl_->serve_mu);
-    impl_->stop_requested = true;
-    started = impl_->serve_called && !impl_->loop_done;
-  }
-  for (int i = 0; i < 10000 && started && !impl_->svr.is_running(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  impl_->svr.stop();
+  impl_->transport->stop();
   return left;
 }
 

@@ -1,6 +1,7 @@
-// The OpenAI-compatible HTTP server (cpp-httplib): routes, SSE streaming, request validation to
-// OpenAI's error shape, metrics, and graceful shutdown. HTTP threads never touch model state: they
-// submit to the Engine and read its per-request channels.
+// The OpenAI-compatible HTTP server: routes, SSE streaming, request validation to OpenAI's error
+// shape, access control, metrics, and graceful shutdown, over the event-driven transport of
+// http_transport.h. Handler threads never touch model state: they submit to the Engine and read
+// its per-request channels.
 #pragma once
 
 #include <atomic>
@@ -35,10 +36,21 @@ struct ServerOptions {
   SamplingDefaults sampling_defaults;  // --generation-config, --override-generation-config
   std::size_t max_body_bytes = 8u << 20;
   int shutdown_timeout_s = 30;  // how long SIGTERM waits for in-flight requests
-  // HTTP worker threads; each open generation request holds one (httplib is thread-per-request).
-  // 0: one for every request the engine can hold at once plus a few for other endpoints, so the
-  // engine's limits (429 beyond them), not the thread pool, bound concurrency.
+  // Handler threads; each generation request holds one while it runs (an open connection holds
+  // none). 0: one for every request the engine can hold at once plus a few for other endpoints,
+  // so the engine's limits (429 beyond them), not the thread pool, bound concurrency.
   int threads = 0;
+  // Connections (issue 37): open at once (503 and close beyond), per client address (0: no cap;
+  // behind a proxy every client has one address), and the deadlines that free a connection:
+  // its request's headers (slowloris), its body, idle between requests.
+  int64_t max_connections = 10000;
+  int64_t max_connections_per_client = 0;
+  std::chrono::milliseconds header_timeout{10000};
+  std::chrono::milliseconds body_timeout{60000};
+  std::chrono::milliseconds keep_alive_timeout{5000};
+  // A streamed answer's bytes waiting for a slow reader; past it the stream is cut (logged) so
+  // that no reader holds memory or the engine.
+  std::size_t stream_buffer_bytes = 1u << 20;
   ApiKeys api_keys;             // none: every route open (issue 37; access_control.h)
   bool metrics_public = false;  // --metrics-public: /metrics needs no key even with keys set
   CorsOptions cors;             // no origins: no cross-origin access

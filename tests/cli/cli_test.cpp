@@ -526,6 +526,41 @@ TEST(Cli, BenchTokenizerReportsThroughput) {
   EXPECT_EQ(run("bench").code, 1);  // a benchmark must be named
 }
 
+TEST(Cli, BenchGrammarReportsCompileAndMaskTimes) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  CliRun b = run("bench grammar --walks 2 --max-steps 4096 --model " + dir.path() + "/ck");
+  ASSERT_EQ(b.code, 0) << b.err;
+  auto j = nlohmann::json::parse(b.out);
+  EXPECT_EQ(j["bench"], "grammar");
+  ASSERT_EQ(j["schemas"].size(), 5u);  // the built-in set
+  for (const auto& s : j["schemas"]) {
+    EXPECT_GT(s["compile_ms"].get<double>(), 0.0) << s;
+    EXPECT_GT(s["states"].get<int64_t>(), 1) << s;
+    EXPECT_EQ(s["documents_complete"].get<int>(), 2) << s;  // every walk reached the end
+    EXPECT_GT(s["mask_us_p99"].get<double>(), 0.0) << s;
+  }
+  EXPECT_GT(j["mask_steps"].get<int64_t>(), 20);
+  // --schemas: one file each; a schema the compiler refuses is reported with its reason.
+  std::filesystem::create_directories(dir.path() + "/s");
+  std::ofstream(dir.path() + "/s/a_ok.json")
+      << R"({"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]})";
+  std::ofstream(dir.path() + "/s/b_bad.json") << R"({"type":"string","not":{"const":"x"}})";
+  CliRun c =
+      run("bench grammar --walks 1 --model " + dir.path() + "/ck --schemas " + dir.path() + "/s");
+  ASSERT_EQ(c.code, 0) << c.err;
+  auto k = nlohmann::json::parse(c.out);
+  ASSERT_EQ(k["schemas"].size(), 2u);
+  EXPECT_EQ(k["schemas"][0]["name"], "a_ok");
+  EXPECT_EQ(k["schemas"][0]["documents_complete"], 1);
+  EXPECT_NE(k["schemas"][1]["error"].get<std::string>().find("\"not\""), std::string::npos) << k;
+  std::filesystem::create_directories(dir.path() + "/empty");
+  EXPECT_EQ(
+      run("bench grammar --model " + dir.path() + "/ck --schemas " + dir.path() + "/empty").code,
+      1);
+  EXPECT_EQ(run("bench grammar --model " + dir.path() + "/nothing").code, 2);
+}
+
 }  // namespace
 }  // namespace dsv41
 

@@ -2,7 +2,6 @@
 // in-process server over a scripted model; whatever arrives, the server answers with a status
 // below 500 or closes the connection, and stays up. It never loads a model.
 #include <arpa/inet.h>
-#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
