@@ -16,8 +16,8 @@ allowed() {  # directory -> allowed include roots
     model) echo "core io text model" ;;
     model/fast) echo "core io text model ops" ;;
     parallel) echo "core io text model parallel" ;;
-    engine) echo "core io text model parallel engine" ;;
-    server) echo "core text engine server" ;;
+    engine) echo "core io text grammar model parallel engine" ;;
+    server) echo "core text grammar engine server" ;;
     cli) echo "core io text grammar vision model ops parallel engine server cli" ;;
     *) echo "" ;;
   esac

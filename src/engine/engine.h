@@ -25,6 +25,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/speculative.h"
+#include "grammar/grammar.h"
 #include "text/tokenizer.h"
 
 namespace dsv41 {
@@ -36,6 +37,13 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   std::string cache_salt;  // prefix-cache partition: requests with other salts never share blocks
+  // Structured output (docs/structured-outputs.md): the generated tokens are constrained to this
+  // grammar (compiled against this engine's tokenizer, its end id EOS); the request finishes with
+  // kStop once the document is complete and nothing but its end may follow. Null: unconstrained.
+  std::shared_ptr<const Grammar> constraint;
+  // The constraint starts after the reasoning's end token (</think>) was generated: the prompt
+  // opened the reasoning (thinking mode). False: from the first generated token.
+  bool constraint_after_reasoning = false;
 };
 
 struct OutputToken {
@@ -219,6 +227,11 @@ class Engine {
                                const std::vector<float>& logits, int top);
   // Publishes `tok` (drawn from `logits`) as the sequence's next token; true when that finished it.
   bool emit(Active& a, int32_t tok, const std::vector<float>& logits);
+  // A constrained sequence's mask applied to a logits row (-inf where the grammar refuses); false
+  // when it allows no token. Unconstrained sequences: true, the row unchanged.
+  bool constrain(Active& a, std::vector<float>& logits);
+  // Ends a constrained sequence whose grammar allows no token the model may sample (true).
+  bool end_unsatisfiable(Active& a);
   // Speculation: the drafts each planned decode verifies this step (empty: none), drafted now.
   // Shadow probes are drafted in the same call and kept in their Active; `*shadows` counts them.
   std::vector<std::vector<int32_t>> draft_for(const StepPlan& plan,

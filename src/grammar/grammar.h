@@ -17,6 +17,7 @@
 namespace dsv41 {
 
 struct TokenizerTable;
+class Tokenizer;
 
 // The vocabulary as the grammar sees it: each id's bytes, the ids never allowed inside a
 // constrained output (special/added tokens, empty tokens) and the end ids (EOS, stop tokens)
@@ -32,6 +33,9 @@ class TokenVocab {
   // From a tokenizer.json table: every added token (special or not) is excluded.
   static Result<std::shared_ptr<const TokenVocab>> from_table(const TokenizerTable& table,
                                                               const std::vector<int32_t>& end_ids);
+  // From a loaded tokenizer (the engine's): every added token is excluded.
+  static Result<std::shared_ptr<const TokenVocab>> from_tokenizer(
+      const Tokenizer& tokenizer, const std::vector<int32_t>& end_ids);
 
   int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
   std::size_t mask_words() const { return (bytes_.size() + 63) / 64; }
@@ -102,6 +106,9 @@ class Grammar {
   // Computes every state's token sets now (else the first visit of a state pays for its own), or
   // as many as fit in max_ms; returns how many states are left to fill lazily.
   int64_t warm(double max_ms = 1e300) const;
+  // Bytes held by the memo of per-state token sets (it grows as states are first visited): what a
+  // cache of compiled grammars weighs them by.
+  std::size_t memo_bytes() const;
 
   // Internal (matcher.cpp).
   const grammar_detail::Automaton& automaton() const { return *automaton_; }

@@ -7,6 +7,7 @@
 
 #include "grammar/grammar_ir.h"
 #include "text/byte_level.h"
+#include "text/tokenizer.h"
 #include "text/tokenizer_file.h"
 
 namespace dsv41 {
@@ -251,6 +252,20 @@ Result<std::shared_ptr<const TokenVocab>> TokenVocab::from_table(
   return create(std::move(bytes), excluded, end_ids);
 }
 
+Result<std::shared_ptr<const TokenVocab>> TokenVocab::from_tokenizer(
+    const Tokenizer& tokenizer, const std::vector<int32_t>& end_ids) {
+  const int32_t n = tokenizer.vocab_size();
+  std::vector<std::string> bytes(static_cast<std::size_t>(n));
+  std::vector<int32_t> excluded;
+  for (int32_t id = 0; id < n; ++id) {
+    if (tokenizer.is_added(id))
+      excluded.push_back(id);
+    else
+      bytes[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
+  }
+  return create(std::move(bytes), excluded, end_ids);
+}
+
 // ---- Grammar ----
 
 Grammar::~Grammar() = default;
@@ -299,6 +314,17 @@ int64_t Grammar::warm(double max_ms) const {
     (void)node_masks(n);
   }
   return 0;
+}
+
+std::size_t Grammar::memo_bytes() const {
+  std::lock_guard<std::mutex> lock(memo_mutex_);
+  std::size_t n = memo_owned_.size() * sizeof(void*) * 2;
+  for (const auto& m : memo_owned_)
+    if (m)
+      n += sizeof(NodeMasks) + m->accept_bits.capacity() * sizeof(uint64_t) +
+           m->accept_list.capacity() * sizeof(int32_t) + m->uncertain.capacity() * sizeof(int32_t) +
+           m->uncertain_lcp.capacity() * sizeof(uint16_t);
+  return n;
 }
 
 // ---- Matcher ----

@@ -3,6 +3,7 @@
 // naming the field rather than silently ignored.
 #include "server/openai_api.h"
 #include "server/request_fields.h"
+#include "server/structured_outputs.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,13 +53,15 @@ constexpr RefusedField kRefusedFields[] = {
     {"use_beam_search", "false", "beam search is not implemented"},
     {"length_penalty", "1", "beam search is not implemented"},
     {"allowed_token_ids", nullptr, "not implemented (logit_bias can restrict tokens)"},
-    {"guided_json", nullptr, "guided decoding is not implemented"},
-    {"guided_regex", nullptr, "guided decoding is not implemented"},
-    {"guided_choice", nullptr, "guided decoding is not implemented"},
+    {"guided_json", nullptr,
+     "vLLM's old guided fields are not implemented (structured_outputs or response_format are)"},
+    {"guided_regex", nullptr,
+     "vLLM's old guided fields are not implemented (structured_outputs or response_format are)"},
+    {"guided_choice", nullptr,
+     "vLLM's old guided fields are not implemented (structured_outputs or response_format are)"},
     {"guided_grammar", nullptr, "guided decoding is not implemented"},
     {"guided_decoding_backend", nullptr, "guided decoding is not implemented"},
     {"guided_whitespace_pattern", nullptr, "guided decoding is not implemented"},
-    {"structured_outputs", nullptr, "structured outputs are not implemented"},
     {"logits_processors", nullptr, "custom logits processors are not supported"},
     {"prompt_embeds", nullptr, "prompts are text or token ids"},
     {"spaces_between_special_tokens", "true", "special tokens are decoded as they are"},
@@ -254,16 +257,20 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
     if (!token_ids(*ids, vocab, "stop_token_ids", s.stop_token_ids, err)) return err;
   }
   if (const OJson* u = f.get("user"); u && !u->is_string()) return bad("user", "must be a string");
-  if (const OJson* rf = f.get("response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text")
-      return bad("response_format", "only {\"type\": \"text\"} is supported");
-  }
   return std::nullopt;
 }
 
 }  // namespace
 
 namespace {
+
+// Structured outputs (response_format, structured_outputs; server/structured_outputs.h): compiled
+// here, on the request's thread, once every cheaper check passed; a 400 names the field (and a
+// schema keyword's path).
+std::optional<ApiError> structured_output(const OJson& body, const ServedModel& model,
+                                          const Tokenizer& tok, GenerationJob& job) {
+  return parse_structured_output(body, tok, *model.grammars, job);
+}
 
 std::optional<ApiError> parse_max_tokens(Fields& f, const char* name, int default_value,
                                          GenerationJob& job) {
@@ -401,7 +408,8 @@ std::optional<ApiError> parse_completion_request(const OJson& body, const Served
   }
   if (!echo) job.prompt_text.clear();
   if (auto e = truncate_prompt(f, model, job)) return e;
-  return check_prompt_length(job, model, "prompt");
+  if (auto e = check_prompt_length(job, model, "prompt")) return e;
+  return structured_output(body, model, tok, job);
 }
 
 std::optional<ApiError> parse_chat_completion_request(const OJson& body, const ServedModel& model,
@@ -453,7 +461,11 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   job.extract_tools = has_tools && tool_choice != "none";
   job.request.prompt = tok.encode(*prompt);
   if (auto e = truncate_prompt(f, model, job)) return e;
-  return check_prompt_length(job, model, "messages");
+  if (auto e = check_prompt_length(job, model, "messages")) return e;
+  if (auto e = structured_output(body, model, tok, job)) return e;
+  // In thinking mode the constraint applies to the answer: it starts when the reasoning closes.
+  job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ struct ApiError {
 };
 std::string error_body(const ApiError& e);
 
+class GrammarCache;  // server/structured_outputs.h
+
 struct ServedModel {
   std::string name;
   int64_t max_context = 0;
@@ -50,6 +53,10 @@ struct ServedModel {
   int default_max_tokens() const {
     return sampling_defaults.max_new_tokens.value_or(std::numeric_limits<int32_t>::max());
   }
+  // Structured outputs: the compiled grammars of recent requests (response_format,
+  // structured_outputs), shared by every copy of this model's description.
+  std::shared_ptr<GrammarCache> grammars = make_grammar_cache();
+  static std::shared_ptr<GrammarCache> make_grammar_cache();
   bool serves(const std::string& asked) const {
     return asked == name || std::find(aliases.begin(), aliases.end(), asked) != aliases.end();
   }

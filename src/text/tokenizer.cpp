@@ -348,4 +348,8 @@ bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && std::size_t(id) < impl_->special.size() && impl_->special[std::size_t(id)];
 }
 
+bool Tokenizer::is_added(int32_t id) const {
+  return id >= 0 && std::size_t(id) < impl_->is_added.size() && impl_->is_added[std::size_t(id)];
+}
+
 }  // namespace dsv41

@@ -35,6 +35,8 @@ class Tokenizer {
   int32_t token_id(
       std::string_view token) const;  // added-token content or vocab string; -1 if none
   bool is_special(int32_t id) const;
+  // An added token of tokenizer.json (special or not): matched on the raw text, never by BPE.
+  bool is_added(int32_t id) const;
 
  private:
   Tokenizer();
