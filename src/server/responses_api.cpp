@@ -11,6 +11,7 @@
 #include "server/generation_protocol.h"
 #include "server/reasoning_count.h"
 #include "server/request_fields.h"
+#include "server/structured_outputs.h"
 #include "text/chat.h"
 #include "text/special_tokens.h"
 
@@ -203,15 +204,9 @@ std::optional<ApiError> check_stateless(Fields& f) {
   bool background = false;
   if (!f.boolean("background", background)) return f.err;
   if (background) return bad("background", "background responses are not supported");
-  if (const OJson* text = f.get("text")) {
-    if (!text->is_object()) return bad("text", "must be an object");
-    const auto fm = text->find("format");
-    if (fm != text->end() && !fm->is_null()) {
-      const auto type = fm->is_object() ? fm->find("type") : fm->end();
-      if (!fm->is_object() || type == fm->end() || !type->is_string() || *type != "text")
-        return bad("text.format", "only {\"type\": \"text\"} is supported");
-    }
-  }
+  // (text.format is read with the model's vocabulary, in parse_responses_request)
+  if (const OJson* text = f.get("text"); text && !text->is_object())
+    return bad("text", "must be an object");
   if (const OJson* md = f.get("metadata"); md && !md->is_object())
     return bad("metadata", "must be an object");
   return std::nullopt;
@@ -301,6 +296,18 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   apply_reasoning_budget(model, -1, job);  // the server's cap (Responses has no budget field)
   job.extract_tools = extract_tools;
   job.request.prompt = tok.encode(*prompt);
+  // text.format: json_object / json_schema constrain the answer (after the reasoning in thinking
+  // mode), compiled once every cheaper check passed.
+  OJson format_echo = {{"type", "text"}};
+  if (const OJson* text = f.get("text")) {
+    const auto fm = text->find("format");
+    if (fm != text->end() && !fm->is_null()) {
+      if (auto e = check_prompt_length(job, model, "input")) return e;
+      if (auto e = parse_responses_text_format(*fm, tok, *model.grammars, job)) return e;
+      format_echo = *fm;
+    }
+  }
+  job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
   const OJson* ins = f.get("instructions");
   const OJson* tl = f.get("tools");
   const OJson* md = f.get("metadata");
@@ -313,7 +320,8 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
       {"top_p", s.top_p},
       {"tool_choice", tool_choice},
       {"tools", tl ? *tl : OJson::array()},
-      {"metadata", md ? *md : OJson::object()}};
+      {"metadata", md ? *md : OJson::object()},
+      {"text", {{"format", format_echo}}}};
   return check_prompt_length(job, model, "input");
 }
 
@@ -498,7 +506,8 @@ class ResponsesWriter final : public ResponseWriter, BlockListener {
     r["output"] = std::move(output);
     r["previous_response_id"] = nullptr;
     r["store"] = false;
-    r["text"] = {{"format", {{"type", "text"}}}};
+    r["text"] =
+        job_.echo.contains("text") ? job_.echo["text"] : OJson{{"format", {{"type", "text"}}}};
     r["truncation"] = "disabled";
     r["usage"] = status == "in_progress"
                      ? OJson(nullptr)

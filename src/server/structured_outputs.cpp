@@ -219,4 +219,35 @@ std::optional<ApiError> parse_structured_output(const OJson& body, const Tokeniz
   return std::nullopt;
 }
 
+std::optional<ApiError> parse_responses_text_format(const OJson& format, const Tokenizer& tok,
+                                                    GrammarCache& cache, GenerationJob& job) {
+  if (!format.is_object() || !format.contains("type") || !format["type"].is_string())
+    return bad("text.format", "must be an object with a string \"type\"");
+  const std::string type = format["type"].get<std::string>();
+  std::optional<Asked> asked;
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    asked = Asked{GrammarCache::Kind::kJsonObject, "", "text.format"};
+  } else if (type == "json_schema") {
+    if (const auto n = format.find("name"); n != format.end() && !n->is_string())
+      return bad("text.format.name", "must be a string");
+    if (const auto st = format.find("strict");
+        st != format.end() && !st->is_null() && !st->is_boolean())
+      return bad("text.format.strict", "must be a boolean");
+    const auto schema = format.find("schema");
+    if (schema == format.end() || schema->is_null())
+      return bad("text.format.schema", "required (a JSON Schema object)");
+    if (!schema->is_object() && !schema->is_boolean())
+      return bad("text.format.schema", "must be a JSON Schema object");
+    asked = Asked{GrammarCache::Kind::kJsonSchema, dump_safe(*schema), "text.format.schema"};
+  } else {
+    return bad("text.format.type",
+               fmt::format("\"{}\" is not supported (text, json_object or json_schema)", type));
+  }
+  auto g = cache.get(tok, asked->kind, asked->spec);
+  if (!g) return compile_error(asked->param, g.status());
+  job.request.constraint = *g;
+  return std::nullopt;
+}
+
 }  // namespace dsv41

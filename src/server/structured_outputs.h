@@ -66,4 +66,10 @@ class GrammarCache {
 std::optional<ApiError> parse_structured_output(const OJson& body, const Tokenizer& tok,
                                                 GrammarCache& cache, GenerationJob& job);
 
+// The Responses API's `text.format` ({"type": "text"}, {"type": "json_object"} or {"type":
+// "json_schema", "name", "schema", "strict", "description"}, flat as that API has it), read into
+// the same constraint; errors name text.format.*.
+std::optional<ApiError> parse_responses_text_format(const OJson& format, const Tokenizer& tok,
+                                                    GrammarCache& cache, GenerationJob& job);
+
 }  // namespace dsv41

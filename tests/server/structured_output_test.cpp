@@ -194,6 +194,55 @@ TEST(StructuredOutputs, ChatAndCompletionsAnswersValidate) {
 // Through the API too: a seeded constrained answer is the same alone, among 8 concurrent
 // requests (constrained by the same schema, by others, or not), and from a server verifying
 // speculative drafts.
+// The Responses API's text.format (flat: type, name, schema, strict): the message's output_text
+// validates, the response echoes the format, refusals name text.format.*.
+TEST(StructuredOutputs, ResponsesTextFormatConstrainsTheAnswer) {
+  TinyServer t;
+  auto c = t.server->client();
+  const auto schema = nlohmann::json::parse(kSchema);
+  const OJson format = {{"type", "json_schema"},
+                        {"name", "weather"},
+                        {"strict", true},
+                        {"schema", *parse_json_ordered(kSchema)}};
+  auto body = [&](const OJson& fm, int seed) {
+    return OJson{{"model", "scripted"},
+                 {"input", "The weather, as JSON."},
+                 {"max_output_tokens", 200},
+                 {"temperature", 1.0},
+                 {"seed", seed},
+                 {"reasoning", {{"effort", "none"}}},
+                 {"text", {{"format", fm}}}};
+  };
+  std::vector<std::string> docs;
+  for (int seed = 1; seed <= 3; ++seed) {
+    const OJson r = post(c, "/v1/responses", body(format, seed));
+    EXPECT_EQ(r["status"], "completed") << dump_safe(r).substr(0, 400);
+    EXPECT_EQ(r["text"]["format"]["type"], "json_schema");
+    EXPECT_EQ(r["text"]["format"]["name"], "weather");
+    std::string text;
+    for (const auto& item : r["output"])
+      if (item["type"] == "message")
+        for (const auto& part : item["content"])
+          if (part["type"] == "output_text") text += part["text"].get<std::string>();
+    EXPECT_EQ(dsv41::testing::json_text_check(schema, text), "") << text;
+    docs.push_back(text);
+  }
+  for (const std::string& e : ajv_errors(kSchema, docs)) EXPECT_EQ(e, "");
+  // json_object: some JSON object.
+  const OJson jo = post(c, "/v1/responses", body({{"type", "json_object"}}, 4));
+  EXPECT_EQ(jo["text"]["format"]["type"], "json_object");
+  // Refusals.
+  OJson bad_schema = format;
+  bad_schema["schema"] = {{"type", "string"}, {"not", {{"const", "x"}}}};
+  const OJson r1 = post(c, "/v1/responses", body(bad_schema, 1), 400);
+  EXPECT_EQ(r1["error"]["param"], "text.format.schema") << dump_safe(r1);
+  EXPECT_NE(r1["error"]["message"].get<std::string>().find("\"not\""), std::string::npos);
+  const OJson r2 = post(c, "/v1/responses", body({{"type", "xml"}}, 1), 400);
+  EXPECT_EQ(r2["error"]["param"], "text.format.type") << dump_safe(r2);
+  const OJson r3 = post(c, "/v1/responses", body({{"type", "json_schema"}, {"name", "x"}}, 1), 400);
+  EXPECT_EQ(r3["error"]["param"], "text.format.schema") << dump_safe(r3);
+}
+
 TEST(StructuredOutputs, SameAnswerAloneAmongOthersAndWithSpeculation) {
   TinyServer t;
   TinyServer spec(true);
