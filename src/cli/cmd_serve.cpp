@@ -175,6 +175,22 @@ void add_serve(CLI::App& app, Runner* run) {
                   "is cut and its request cancelled (logged)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(4), int64_t(1) << 22));
+  sub->add_option("--grammar-time-budget-ms", a->server.grammar.time_budget_ms,
+                  "Structured outputs: milliseconds a request's schema (or regex) may take to "
+                  "compile; longer is a 400 grammar_too_complex, never a stalled server")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 600000.0));
+  sub->add_option("--grammar-max-states", a->server.grammar.state_budget,
+                  "Structured outputs: automaton states a schema may compile to (more: 400 "
+                  "grammar_too_complex)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(16), int64_t(1) << 30));
+  sub->add_option("--grammar-precompute-ms", a->server.grammar.precompute_ms,
+                  "Structured outputs: milliseconds of a compile spent on each grammar state's "
+                  "token set (the rest fill on first use: a lower value answers sooner, a higher "
+                  "one keeps the slowest steps' masks cheaper)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 600000.0));
   sub->add_option("--shutdown-timeout", a->server.shutdown_timeout_s,
                   "Seconds SIGTERM waits for in-flight requests before stopping")
       ->capture_default_str();

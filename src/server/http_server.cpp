@@ -27,6 +27,7 @@
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/structured_outputs.h"
 #include "server/web_assets.h"
 #include "text/byte_level.h"
 #include "text/chat.h"
@@ -116,6 +117,7 @@ struct HttpServer::Impl {
     model.reasoning_budget = opt.reasoning_budget;
     model.aliases = opt.model_aliases;
     model.default_chat_template_kwargs = opt.default_chat_template_kwargs;
+    model.grammars = std::make_shared<GrammarCache>(64, std::size_t(256) << 20, opt.grammar);
     // One default max_tokens, which the parsers apply and /v1/models shows: --default-max-tokens
     // when given, else the generation config's max_new_tokens.
     model.sampling_defaults = opt.sampling_defaults;

@@ -15,6 +15,7 @@
 
 #include "core/status.h"
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "server/access_control.h"
 #include "server/generation_defaults.h"
 #include "text/json_ordered.h"
@@ -59,6 +60,10 @@ struct ServerOptions {
   // first token, total time, client address; other requests keep their text line) or off.
   enum class RequestLog { kText, kJson, kOff } request_log = RequestLog::kText;
   bool log_prompts = false;  // json: each record also holds the prompt text (it may be private)
+  // Structured outputs: the compile budgets of a request's schema (--grammar-time-budget-ms,
+  // --grammar-max-states: over either, a 400 grammar_too_complex) and the token sets precomputed
+  // at compile (--grammar-precompute-ms).
+  GrammarOptions grammar;
   // --ssl-certfile / --ssl-keyfile (PEM): HTTPS instead of HTTP on the same port.
   std::string ssl_certfile, ssl_keyfile;
 };

@@ -358,6 +358,24 @@ TEST(StructuredOutputs, RefusalsNameTheFieldAndTheKeyword) {
 
 // The compiled-grammar cache: the same (kind, text) compiles once and returns the same grammar;
 // the least recently used entry goes first; refusals are cached too.
+// serve's --grammar-max-states (ServerOptions::grammar) bounds what a schema may compile to.
+TEST(StructuredOutputs, TheServersCompileBudgetIsTheFlags) {
+  InProcess s(0, 64 << 10, {}, {}, [](ServerOptions& o) { o.grammar.state_budget = 40; });
+  auto c = s.client();
+  auto body = [](const char* schema) {
+    return OJson{{"model", "scripted"},
+                 {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                 {"max_tokens", 8},
+                 {"chat_template_kwargs", {{"thinking", false}}},
+                 {"response_format",
+                  {{"type", "json_schema"},
+                   {"json_schema", {{"name", "x"}, {"schema", *parse_json_ordered(schema)}}}}}};
+  };
+  const OJson big = post(c, "/v1/chat/completions", body(kSchema), 400);
+  EXPECT_EQ(big["error"]["code"], "grammar_too_complex") << dump_safe(big);
+  post(c, "/v1/chat/completions", body(R"({"type":"boolean"})"), 200);
+}
+
 TEST(StructuredOutputs, CompiledGrammarsAreCached) {
   auto tok = tiny_tokenizer();
   GrammarCache cache(2);
