@@ -27,6 +27,7 @@ void add_bench_grammar(CLI::App* bench, Runner* run);
 void add_generate(CLI::App& app, Runner* run);
 void add_serve(CLI::App& app, Runner* run);
 void add_run_batch(CLI::App& app, Runner* run);
+void add_image_embed(CLI::App& app, Runner* run);
 void add_convert(CLI::App& app, Runner* run);
 void add_validate(CLI::App& app, Runner* run);
 

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   dsv41::cli::add_generate(app, &run);
   dsv41::cli::add_serve(app, &run);
   dsv41::cli::add_run_batch(app, &run);
+  dsv41::cli::add_image_embed(app, &run);
   dsv41::cli::add_convert(app, &run);
   dsv41::cli::add_validate(app, &run);
   try {

@@ -537,6 +537,36 @@ TEST(Cli, BenchTokenizerReportsThroughput) {
   EXPECT_EQ(run("bench").code, 1);  // a benchmark must be named
 }
 
+TEST(Cli, ImageEmbedWritesThePatchesAndThePlan) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  const std::string img = std::string(DSV41_TEST_DATA) + "/../fuzz/corpus/image/rgb.png";
+  CliRun r = run("image-embed --model " + dir.path() + "/ck --image " + img + " --out " +
+                 dir.path() + "/p.f32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  // 37 x 23 pixels under tiny's 56 x 56 minimum: scaled to 71 x 44, then 84 x 56 (6 x 4 patches).
+  EXPECT_EQ(j["width"], 84);
+  EXPECT_EQ(j["height"], 56);
+  EXPECT_EQ(j["span"], 2 * 3 + 2);
+  EXPECT_EQ(j["rows"], 24);
+  const std::string bytes = testing::read_file(dir.path() + "/p.f32");
+  ASSERT_EQ(bytes.size(), 24u * 588 * 4);
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  for (float x : v) ASSERT_TRUE(x >= -1.0f && x <= 1.0f) << x;
+  // The letterbox's grey (127) fills the first patch's top rows: bf16 of 2 * 127 / 255 - 1.
+  EXPECT_NEAR(v[0], 2.0 * 127 / 255 - 1, 4e-3);
+  EXPECT_EQ(run("image-embed --model " + dir.path() + "/ck --image " + img + " --out " +
+                dir.path() + "/p.f32 --stage vit")
+                .code,
+            1);
+  EXPECT_EQ(run("image-embed --model " + dir.path() + "/ck --image " + dir.path() +
+                "/ck/config.json --out " + dir.path() + "/p.f32")
+                .code,
+            2);
+}
+
 TEST(Cli, BenchGrammarReportsCompileAndMaskTimes) {
   TempDir dir;
   ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
