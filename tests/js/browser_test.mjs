@@ -165,6 +165,28 @@ try {
   check(await page.locator('.msg.assistant').nth(1).locator('details.reasoning').isHidden(),
         'no reasoning block with thinking off');
   check(partial.length > 0, 'the stopped answer had reasoning');
+  // --- A JSON schema: the request carries it as response_format, the answer follows it.
+  await page.fill('#json_schema', JSON.stringify({ type: 'object', properties: { ok: { type: 'boolean' } },
+                                                   required: ['ok'], additionalProperties: false }));
+  await page.fill('#prompt', 'As JSON, please');
+  await page.click('#send');
+  await page.waitForFunction(() => document.querySelectorAll('.msg.assistant').length === 3 &&
+                                   document.querySelectorAll('.msg.assistant')[2].dataset.finish);
+  const third = sent[sent.length - 1];
+  check(third.response_format && third.response_format.type === 'json_schema' &&
+        third.response_format.json_schema.schema.required[0] === 'ok',
+        `the schema reaches the request (${JSON.stringify(third.response_format)})`);
+  const jsonAnswer = (await page.locator('.msg.assistant').nth(2).locator('.content').textContent()).trim();
+  let parsedAnswer = null;
+  try { parsedAnswer = JSON.parse(jsonAnswer); } catch (e) { /* checked below */ }
+  check(parsedAnswer !== null && typeof parsedAnswer.ok === 'boolean' &&
+        Object.keys(parsedAnswer).length === 1, `the answer follows the schema (${jsonAnswer})`);
+  await page.fill('#json_schema', '{not json');
+  await page.fill('#prompt', 'Again');
+  await page.click('#send');
+  await page.waitForFunction(() => [...document.querySelectorAll('.error')].some(
+    (e) => e.textContent.includes('JSON schema: not valid JSON')));
+  await page.fill('#json_schema', '');
   await page.check('#thinking');
   let running = -1;
   for (let i = 0; i < 300 && running !== 0; ++i) {  // up to 30 s on a starved machine

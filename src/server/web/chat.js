@@ -64,7 +64,8 @@ function numberField(body, id, integer) {
   body[id] = integer ? parseInt(v, 10) : parseFloat(v);
 }
 
-// The request body for the conversation so far; throws with a message on a bad tools field.
+// The request body for the conversation so far; throws with a message on a bad tools or schema
+// field.
 function requestBody() {
   const messages = [];
   const system = $('system').value.trim();
@@ -81,6 +82,18 @@ function requestBody() {
   numberField(body, 'seed', true);
   const stops = $('stop_sequences').value.split('\n').filter((s) => s.length > 0);
   if (stops.length) body.stop = stops;
+  // Structured output: the answer (after the reasoning, in thinking mode) follows the schema.
+  const schema = $('json_schema').value.trim();
+  if (schema) {
+    let parsed;
+    try {
+      parsed = JSON.parse(schema);
+    } catch (err) {
+      throw new Error(`JSON schema: not valid JSON (${err.message})`);
+    }
+    body.response_format = { type: 'json_schema',
+                             json_schema: { name: 'page', schema: parsed, strict: true } };
+  }
   const tools = $('tools').value.trim();
   if (tools) {
     try {
