@@ -7,6 +7,8 @@
 // chunks' arrival; the first request's TTFT apart, for --shared-prefix), the prefix-cache hit rate,
 // and the ratio to the decode point (what scheduling, prefill and HTTP cost); the same ratio for
 // the steps that held only decodes (what scheduling and HTTP cost apart from the prompts' prefill).
+// --constrained ab runs each point again with every request under a JSON schema (issue 32): the
+// ratio of the two output rates is what structured outputs cost.
 #include <httplib.h>
 
 #include <algorithm>
@@ -33,7 +35,16 @@ struct ServeBenchArgs {
   int64_t prompt_len = 32, max_tokens = 32, shared_prefix = 0;
   int64_t max_num_batched_tokens = EngineOptions{}.max_num_batched_tokens;
   std::string prefix_cache = "on";
+  std::string constrained = "off";  // off | on | ab (issue 32: structured outputs' cost)
 };
+
+// --constrained: every request's answer follows this schema (structured_outputs.json): 200
+// records, so longer than any --max-tokens here: each request still generates --max-tokens tokens
+// (finish "length") and the tok/s compare with the unconstrained requests'.
+const char* kBenchSchema =
+    R"({"type":"array","minItems":200,"maxItems":200,"items":{"type":"object","properties":)"
+    R"({"name":{"type":"string","maxLength":16},"n":{"type":"integer","minimum":0,"maximum":999}},)"
+    R"("required":["name","n"],"additionalProperties":false}})";
 
 struct RequestTiming {
   double ttft = -1;          // seconds from sending to the first token chunk
@@ -86,7 +97,7 @@ RequestTiming one_request(int port, const nlohmann::json& body) {
 }
 
 nlohmann::ordered_json serve_point(int port, int64_t conc, const ServeBenchArgs& a, int32_t vocab,
-                                   Rng& rng) {
+                                   Rng& rng, bool constrained) {
   const int64_t n = a.requests > 0 ? a.requests : std::max<int64_t>(4, 2 * conc);
   std::vector<int32_t> prefix(std::size_t(std::min(a.shared_prefix, a.prompt_len)));
   for (auto& t : prefix) t = int32_t(rng.below(uint64_t(vocab)));
@@ -101,6 +112,8 @@ nlohmann::ordered_json serve_point(int port, int64_t conc, const ServeBenchArgs&
                       {"ignore_eos", true},
                       {"stream", true},
                       {"stream_options", {{"include_usage", true}}}});
+    if (constrained)
+      bodies.back()["structured_outputs"] = {{"json", nlohmann::json::parse(kBenchSchema)}};
   }
   std::vector<RequestTiming> got(static_cast<std::size_t>(n));
   std::atomic<int64_t> next{0};
@@ -204,7 +217,16 @@ int run_bench_serve(const ServeBenchArgs& a) {
     const int64_t c = std::max<int64_t>(1, (*conc)[i]);
     log::info("bench serve: {} concurrent clients ...", c);
     const EngineStats before = (*engine)->stats();
-    auto p = serve_point(server.port(), c, a, (*engine)->vocab_size(), rng);
+    auto p = serve_point(server.port(), c, a, (*engine)->vocab_size(), rng, a.constrained == "on");
+    if (a.constrained == "ab") {
+      // The same load with every request constrained, right after: the ratio of their tok/s.
+      log::info("bench serve: {} concurrent clients, every request constrained ...", c);
+      Rng again(5 + uint64_t(i));
+      auto q = serve_point(server.port(), c, a, (*engine)->vocab_size(), again, true);
+      p["constrained"] = q;
+      p["constrained_tok_s_ratio"] =
+          q["output_tok_s"].get<double>() / std::max(1e-9, p["output_tok_s"].get<double>());
+    }
     const EngineStats after = (*engine)->stats();
     const int64_t looked = after.prefix_query_tokens - before.prefix_query_tokens;
     p["prefix_hit_rate"] =
@@ -232,6 +254,7 @@ int run_bench_serve(const ServeBenchArgs& a) {
                               {"shared_prefix", a.shared_prefix},
                               {"prefix_cache", a.prefix_cache == "on"},
                               {"max_num_batched_tokens", a.max_num_batched_tokens},
+                              {"constrained", a.constrained},
                               {"preemptions", st.preemptions_total},
                               {"kv_foreign_reads", st.kv_foreign_reads},
                               {"points", points}};
@@ -268,6 +291,12 @@ void add_bench_serve(CLI::App* bench, Runner* run) {
   sub->add_option("--max-num-batched-tokens", a->max_num_batched_tokens,
                   "The engine's token budget per step (serve's option)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
+  sub->add_option("--constrained", a->constrained,
+                  "Structured outputs: off | on (every request's answer follows a JSON schema) | "
+                  "ab (each point also run with every request constrained, right after: "
+                  "constrained_tok_s_ratio)")
+      ->check(CLI::IsMember({"off", "on", "ab"}))
       ->capture_default_str();
   sub->add_option("--prefix-cache", a->prefix_cache, "on | off")
       ->check(CLI::IsMember({"on", "off"}))

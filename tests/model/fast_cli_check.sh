@@ -76,7 +76,7 @@ PY
 "$BIN" bench decode --model "$T/m.dsv41-converted" --streams 2 --context 300 --steps 2 \
   --probe-mb 16 2>/dev/null >"$T/ctx.json"
 "$BIN" bench serve --model "$T/m.dsv41-converted" --concurrency 1,3 --requests 4 \
-  --prompt-len 9 --max-tokens 16 2>/dev/null >"$T/serve.json"
+  --prompt-len 9 --max-tokens 16 --constrained ab 2>/dev/null >"$T/serve.json"
 python3 - "$T/ctx.json" "$T/serve.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); s = json.load(open(sys.argv[2]))
@@ -87,7 +87,12 @@ for q in s["points"]:
     assert q["failed"] == 0 and q["output_tokens"] == 4 * 16, q
     for k in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms", "engine_decode_tok_s", "ratio_to_decode"):
         assert q[k] > 0, (k, q)
-assert s["kv_foreign_reads"] == 0
+    # --constrained ab: the same load under a JSON schema longer than max_tokens: every request
+    # answered, each to max_tokens, and the ratio of the rates reported
+    k = q["constrained"]
+    assert k["failed"] == 0 and k["output_tokens"] == 4 * 16, k
+    assert q["constrained_tok_s_ratio"] > 0, q
+assert s["kv_foreign_reads"] == 0 and s["constrained"] == "ab"
 PY
 # bench decode --speculative on: the three modes alternating; at a forced width (the cost model's
 # choices depend on timings) every decode drafts, and oracle drafts (the control run's own greedy
