@@ -1,9 +1,10 @@
-// `dsv41 image-embed --model DIR --image FILE --out F [--stage patches]` (issue 33 item 6): what
-// the vision path makes of an image, for checking against other implementations. Today the stage
-// `patches`: the image decoded, planned by the model's vision_config (spec §9.1), resized or
-// letterboxed, cut into the ViT's patch rows; written as little-endian f32 (the bf16 values,
-// exactly), row-major [patches, 3 * patch * patch], with one JSON line on stdout giving the plan.
-// The tower's stages (`vit`, `aligner`) come with the tower.
+// `dsv41 image-embed --model DIR --image FILE --out F [--stage patches|vit|aligner]
+// [--precision fp32|fp64]` (issue 33 item 6): what the vision path makes of an image, for checking
+// against other implementations: the image decoded, planned by the model's vision_config (spec
+// §9.1), resized or letterboxed and cut into the ViT's patch rows (`patches`), then through the
+// reference tower (`vit`: the final norm's rows; `aligner`: the rows that fill the span's IMAGE
+// positions). Written as little-endian f32, row-major, with one JSON line on stdout giving the
+// plan and the matrix's shape. The fast tower (--path fast) is not done.
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,7 +12,10 @@
 
 #include "cli/commands.h"
 #include "core/log.h"
+#include "io/checkpoint.h"
 #include "model/config.h"
+#include "model/inventory.h"
+#include "model/reference/vision_tower.h"
 #include "vision/image_decode.h"
 #include "vision/preprocess.h"
 
@@ -19,8 +23,19 @@ namespace dsv41::cli {
 namespace {
 
 struct ImageEmbedArgs {
-  std::string model, image, out, stage = "patches";
+  std::string model, image, out, stage = "patches", precision = "fp32";
 };
+
+// The tower's rows of `patches` in the reference at precision T, as f32 (the stage's matrix).
+template <typename T>
+std::vector<float> tower_rows(const Checkpoint& ck, const ModelConfig& cfg,
+                              const std::vector<uint16_t>& patches, const ImagePlan& plan,
+                              const std::string& stage, int64_t* cols) {
+  const ref::VisionRows<T> r = ref::vision_tower<T>(ck, cfg, patches, plan.vit_w, plan.vit_h);
+  const ref::Mat<T>& m = stage == "vit" ? r.vit : r.aligned;
+  *cols = m.cols;
+  return std::vector<float>(m.v.begin(), m.v.end());
+}
 
 int run_image_embed(const ImageEmbedArgs& a) {
   auto cfg = load_config(a.model + "/config.json");
@@ -32,13 +47,6 @@ int run_image_embed(const ImageEmbedArgs& a) {
     log::error("image-embed: --model {}: config.json has no vision_config (a text-only model)",
                a.model);
     return kExitInvalid;
-  }
-  if (a.stage != "patches") {
-    log::error(
-        "image-embed: --stage {}: not available yet (the vision tower is not implemented; "
-        "--stage patches is)",
-        a.stage);
-    return kExitUsage;
   }
   std::ifstream in(a.image, std::ios::binary);
   std::stringstream ss;
@@ -60,10 +68,31 @@ int run_image_embed(const ImageEmbedArgs& a) {
   if (v.max_image_tokens > 0) o.max_tokens = v.max_image_tokens;
   const ImagePlan plan = plan_image_grid(img->width, img->height, o);
   const std::vector<uint16_t> bf16 = patch_tensor(plan_pixels(*img, plan), o.patch);
-  std::vector<float> f32(bf16.size());
-  for (std::size_t i = 0; i < bf16.size(); ++i) {
-    const uint32_t bits = uint32_t(bf16[i]) << 16;
-    std::memcpy(&f32[i], &bits, 4);
+  std::vector<float> f32;
+  int64_t cols = 3 * o.patch * o.patch;
+  if (a.stage == "patches") {
+    f32.resize(bf16.size());
+    for (std::size_t i = 0; i < bf16.size(); ++i) {
+      const uint32_t bits = uint32_t(bf16[i]) << 16;
+      std::memcpy(&f32[i], &bits, 4);
+    }
+  } else {
+    // The tower's rows, in the reference (the official layout, its vision tensors checked).
+    auto ck = Checkpoint::open(a.model);
+    if (!ck) {
+      log::error(
+          "image-embed: --stage {} runs the reference, which reads the official layout: "
+          "--model {}: {}",
+          a.stage, a.model, ck.status().message());
+      return kExitInvalid;
+    }
+    const InventoryReport rep = check_inventory(expected_vision_tensors(*cfg), *ck);
+    if (!rep.missing.empty() || !rep.wrong_shape.empty() || !rep.wrong_dtype.empty()) {
+      log::error("image-embed: --model {}: the vision tower's tensors: {}", a.model, rep.summary());
+      return kExitInvalid;
+    }
+    f32 = a.precision == "fp64" ? tower_rows<double>(*ck, *cfg, bf16, plan, a.stage, &cols)
+                                : tower_rows<float>(*ck, *cfg, bf16, plan, a.stage, &cols);
   }
   std::ofstream out(a.out, std::ios::binary);
   out.write(reinterpret_cast<const char*>(f32.data()), std::streamsize(f32.size() * 4));
@@ -71,8 +100,7 @@ int run_image_embed(const ImageEmbedArgs& a) {
     log::error("image-embed: --out {}: cannot be written", a.out);
     return kExitInvalid;
   }
-  const int64_t cols = 3 * o.patch * o.patch;
-  nlohmann::ordered_json j = {{"stage", "patches"},
+  nlohmann::ordered_json j = {{"stage", a.stage},
                               {"image_width", img->width},
                               {"image_height", img->height},
                               {"width", plan.width},
@@ -86,6 +114,7 @@ int run_image_embed(const ImageEmbedArgs& a) {
                               {"rows", int64_t(f32.size()) / cols},
                               {"cols", cols},
                               {"dtype", "f32"},
+                              {"precision", a.stage == "patches" ? "bf16" : a.precision},
                               {"out", a.out}};
   std::printf("%s\n", j.dump().c_str());
   return kExitOk;
@@ -97,16 +126,23 @@ void add_image_embed(CLI::App& app, Runner* run) {
   auto a = std::make_shared<ImageEmbedArgs>();
   CLI::App* sub = app.add_subcommand(
       "image-embed",
-      "What the vision path makes of an image (docs/vision.md): --stage patches writes the ViT's "
-      "input rows (little-endian f32 of the bf16 values, [patches, 3 * patch * patch]) after "
-      "DeepSeek's resize plan, and prints the plan as one JSON line.");
+      "What the vision path makes of an image (docs/vision.md), as little-endian f32 rows: "
+      "--stage patches the ViT's input after DeepSeek's resize plan, vit the tower's output, "
+      "aligner the rows of the span's IMAGE positions (the reference tower, fp32 or fp64); the "
+      "plan and the shape as one JSON line.");
   sub->add_option("--model", a->model, "Model directory (its config.json's vision_config)")
       ->required();
   sub->add_option("--image", a->image, "PNG, JPEG, WebP or GIF file")->required();
   sub->add_option("--out", a->out, "Output file")->required();
-  sub->add_option("--stage", a->stage, "patches (vit, aligner: with the tower, not yet)")
+  sub->add_option("--stage", a->stage,
+                  "patches (the ViT's input) | vit (the tower's final norm, one row per patch) | "
+                  "aligner (one row of the text width per IMAGE position); vit and aligner run "
+                  "the reference on the official layout")
       ->capture_default_str()
       ->check(CLI::IsMember({"patches", "vit", "aligner"}));
+  sub->add_option("--precision", a->precision, "fp32 | fp64 (the reference's scalar type)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "fp64"}));
   sub->callback([a, run] { *run = [a] { return run_image_embed(*a); }; });
 }
 

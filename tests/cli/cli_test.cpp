@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <fstream>
 #include <iterator>
 
@@ -557,10 +558,32 @@ TEST(Cli, ImageEmbedWritesThePatchesAndThePlan) {
   for (float x : v) ASSERT_TRUE(x >= -1.0f && x <= 1.0f) << x;
   // The letterbox's grey (127) fills the first patch's top rows: bf16 of 2 * 127 / 255 - 1.
   EXPECT_NEAR(v[0], 2.0 * 127 / 255 - 1, 4e-3);
-  EXPECT_EQ(run("image-embed --model " + dir.path() + "/ck --image " + img + " --out " +
-                dir.path() + "/p.f32 --stage vit")
-                .code,
-            1);
+  // The reference tower's stages: one row per patch of the tower's width, one per LLM position of
+  // the text width; fp32 and fp64 agree closely.
+  for (const char* prec : {"fp32", "fp64"}) {
+    CliRun v = run("image-embed --model " + dir.path() + "/ck --image " + img + " --out " +
+                   dir.path() + "/a." + prec + " --stage aligner --precision " + prec);
+    ASSERT_EQ(v.code, 0) << v.err;
+    auto jv = nlohmann::json::parse(v.out);
+    EXPECT_EQ(jv["rows"], 4);   // 2 x 2 LLM positions
+    EXPECT_EQ(jv["cols"], 64);  // tiny's hidden size
+  }
+  const std::string a32 = testing::read_file(dir.path() + "/a.fp32"),
+                    a64 = testing::read_file(dir.path() + "/a.fp64");
+  ASSERT_EQ(a32.size(), 4u * 64 * 4);
+  ASSERT_EQ(a64.size(), a32.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a32.size() / 4; ++i) {
+    float x, y;
+    std::memcpy(&x, a32.data() + 4 * i, 4);
+    std::memcpy(&y, a64.data() + 4 * i, 4);
+    num += double(x - y) * (x - y), den += double(y) * y;
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
+  CliRun vit = run("image-embed --model " + dir.path() + "/ck --image " + img + " --out " +
+                   dir.path() + "/v.f32 --stage vit");
+  ASSERT_EQ(vit.code, 0) << vit.err;
+  EXPECT_EQ(nlohmann::json::parse(vit.out)["cols"], 32);  // the tower's width
   EXPECT_EQ(run("image-embed --model " + dir.path() + "/ck --image " + dir.path() +
                 "/ck/config.json --out " + dir.path() + "/p.f32")
                 .code,
