@@ -34,7 +34,14 @@ void SequenceConstraint::refresh() {
 }
 
 bool SequenceConstraint::apply(std::vector<float>& logits) const {
-  if (!active()) return true;
+  if (!active()) {
+    // The reasoning may not end the output: the answer after it is what the constraint is for
+    // (a model that stopped inside its reasoning gave an empty, invalid answer).
+    for (int32_t id : grammar_->vocab().end_ids())
+      if (id >= 0 && std::size_t(id) < logits.size())
+        logits[std::size_t(id)] = -std::numeric_limits<float>::infinity();
+    return true;
+  }
   if (!any_allowed_) return false;
   const float ninf = -std::numeric_limits<float>::infinity();
   const std::size_t n = std::min(logits.size(), std::size_t(vocab_size_));
@@ -55,7 +62,7 @@ bool SequenceConstraint::apply(std::vector<float>& logits) const {
 }
 
 bool SequenceConstraint::allows(int32_t token) const {
-  if (!active()) return true;
+  if (!active()) return !grammar_->vocab().is_end(token);
   return token >= 0 && token < vocab_size_ && (mask_[std::size_t(token) >> 6] >> (token & 63) & 1);
 }
 
@@ -74,8 +81,11 @@ bool SequenceConstraint::accept(int32_t token) {
 
 std::size_t SequenceConstraint::admissible_prefix(const std::vector<int32_t>& drafts) {
   std::size_t i = 0;
-  if (!active()) {  // the reasoning runs: unconstrained up to its end, checked after it
-    while (i < drafts.size() && drafts[i] != reasoning_end_) ++i;
+  if (!active()) {  // the reasoning runs: free up to its end (but no end id), checked after it
+    while (i < drafts.size() && drafts[i] != reasoning_end_) {
+      if (grammar_->vocab().is_end(drafts[i])) return i;
+      ++i;
+    }
     if (i == drafts.size()) return i;
     ++i;
     Matcher from_start(grammar_);

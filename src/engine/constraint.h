@@ -3,7 +3,8 @@
 // every accepted token, so a step reads it without recomputing), and the rules the engine applies
 // with it: disallowed logits become -inf before sampling, a draft the grammar refuses is cut before
 // verification, the output ends when the grammar is complete and allows nothing but an end id.
-// In thinking mode the constraint waits for the reasoning's end token, then starts. Owned by the
+// In thinking mode the constraint waits for the reasoning's end token, then starts; meanwhile only
+// the end ids are refused (the output may not end inside the reasoning). Owned by the
 // engine thread (Engine::Active); the Grammar itself is shared and immutable.
 #pragma once
 
@@ -24,10 +25,11 @@ class SequenceConstraint {
 
   // Whether the mask applies to the next token (false while the reasoning runs).
   bool active() const { return reasoning_end_ < 0; }
-  // Sets every logit the grammar disallows to -inf (active only). False when it allows none of
-  // the model's tokens: a dead state the engine ends cleanly.
+  // Sets every logit the grammar disallows to -inf; while the reasoning runs, the end ids' (the
+  // output may not end before its constrained answer). False when the grammar allows none of the
+  // model's tokens: a dead state the engine ends cleanly.
   bool apply(std::vector<float>& logits) const;
-  // Whether `token` may come next (always true while inactive).
+  // Whether `token` may come next (while inactive: anything but an end id).
   bool allows(int32_t token) const;
   // A generated token: advances the matcher (active), or starts the constraint when it is the
   // reasoning's end. Tokens come from masked draws, so the grammar never refuses one; if it does

@@ -5,9 +5,11 @@
 // token ends the request cleanly; in thinking mode the constraint starts after </think>.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <thread>
 
 #include "core/rng.h"
+#include "engine/constraint.h"
 #include "engine/engine.h"
 #include "engine/json_check.h"
 #include "grammar/grammar.h"
@@ -351,6 +353,34 @@ TEST_F(Constrained, StartsWhenTheReasoningCloses) {
     ASSERT_TRUE(answer.is_ok());
     EXPECT_TRUE(*answer == "yes" || *answer == "no") << *answer;
   }
+}
+
+// While the reasoning runs (thinking mode), the constraint refuses only the end ids: an output
+// that ended inside its reasoning would have no answer for the grammar to shape.
+TEST(ConstraintState, TheReasoningCannotEndTheOutput) {
+  // Ids: 0 "a", 1 "b", 2 "</think>" (the reasoning's end), 3 the end id.
+  auto v = TokenVocab::create({"a", "b", "</think>", "<eos>"}, {}, {3});
+  ASSERT_TRUE(v.is_ok()) << v.status().message();
+  auto g = Grammar::from_choices({"ab"}, *v);
+  ASSERT_TRUE(g.is_ok()) << g.status().message();
+  SequenceConstraint c(*g, /*reasoning_end=*/2, /*vocab_size=*/4);
+  ASSERT_FALSE(c.active());
+  std::vector<float> logits = {1, 1, 1, 5};
+  EXPECT_TRUE(c.apply(logits));
+  EXPECT_EQ(logits[0], 1.0f);
+  EXPECT_EQ(logits[2], 1.0f);
+  EXPECT_TRUE(std::isinf(logits[3]) && logits[3] < 0);
+  EXPECT_TRUE(c.allows(0));
+  EXPECT_FALSE(c.allows(3));
+  EXPECT_EQ(c.admissible_prefix({0, 1, 3, 0}), 2u);     // a draft cut before the end id
+  EXPECT_EQ(c.admissible_prefix({1, 2, 0, 1, 3}), 5u);  // after </think>: "ab", then the end
+  ASSERT_TRUE(c.accept(1));
+  ASSERT_TRUE(c.accept(2));  // the reasoning ends: the grammar applies
+  ASSERT_TRUE(c.active());
+  std::vector<float> next = {1, 1, 1, 5};
+  EXPECT_TRUE(c.apply(next));
+  EXPECT_EQ(next[0], 1.0f);  // "a" starts "ab"
+  EXPECT_TRUE(std::isinf(next[1]) && std::isinf(next[3]));
 }
 
 }  // namespace
