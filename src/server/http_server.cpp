@@ -448,7 +448,10 @@ void HttpServer::Impl::routes() {
   });
   on("GET", "/metrics", "/metrics", [this](const Req&, Res& res, const Conn&) {
     EngineStats s = engine->stats();
-    res.set_content(metrics.render(s, in_flight.load()), "text/plain; version=0.0.4");
+    const http::TransportCounters tc = transport->counters();
+    res.set_content(
+        metrics.render(s, in_flight.load(), {tc.open, tc.refused, tc.timed_out, tc.streams_cut}),
+        "text/plain; version=0.0.4");
   });
   // The chat page, the dashboard and their files, from the bytes built into the binary. The
   // policy header keeps the page to this server: nothing is loaded from anywhere else.

@@ -98,8 +98,9 @@ class WorkerPool {
 // whenever its previous write completed, so at most about twice the limit is held.
 class Exchange final : public StreamSink, public Connection {
  public:
-  Exchange(std::size_t limit, const std::atomic<bool>& stopping, int fd, std::string client)
-      : limit_(limit), stopping_(stopping), fd_(fd), client_(std::move(client)) {}
+  Exchange(std::size_t limit, const std::atomic<bool>& stopping, int fd, std::string client,
+           std::atomic<int64_t>& cuts)
+      : limit_(limit), stopping_(stopping), fd_(fd), client_(std::move(client)), cuts_(cuts) {}
 
   // Set once by the session before the handler runs: how to wake the I/O thread.
   std::function<void()> kick;
@@ -122,6 +123,7 @@ class Exchange final : public StreamSink, public Connection {
       // The limit is on the reader's lag (what waits before this write), not on a frame's size.
       if (pending_.size() >= limit_) {
         failed_ = true;
+        cuts_.fetch_add(1);
         log::warn(
             "serve: streamed answer to {} cut: the client reads too slowly ({} bytes waiting, "
             "limit {})",
@@ -218,6 +220,7 @@ class Exchange final : public StreamSink, public Connection {
   mutable std::mutex mu_;
   int fd_;
   std::string client_;
+  std::atomic<int64_t>& cuts_;
   std::string pending_;
   bool finished_ = false, failed_ = false, close_ = false, kicked_ = false;
 };
@@ -336,6 +339,7 @@ struct Transport::Impl {
   std::atomic<int64_t> live{0};
   std::atomic<int64_t> busy{0};           // connections with an answer under way (an exchange)
   std::atomic<int64_t> body_reserved{0};  // bytes of request bodies being read or handled
+  std::atomic<int64_t> refused{0}, timed_out{0}, streams_cut{0};  // TransportCounters
   // Every session, so that stop can break the cycle of one whose answer never finished.
   std::mutex sessions_mu;
   std::vector<std::weak_ptr<class SessionBase>> sessions;
@@ -433,6 +437,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     timer_.async_wait([self = this->shared_from_this(), gen](error_code ec) {
       if (ec || gen != self->timer_gen_) return;
       self->timed_out_ = true;
+      self->t_.timed_out.fetch_add(1);
       self->close();
     });
   }
@@ -580,7 +585,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   std::shared_ptr<Exchange> make_exchange() {
     auto ex = std::make_shared<Exchange>(t_.o.stream_buffer_bytes, t_.stopping,
                                          int(lowest(stream_).native_handle()),
-                                         fmt::format("{}:{}", addr_, port_));
+                                         fmt::format("{}:{}", addr_, port_), t_.streams_cut);
     // The exchange keeps its session alive while a worker holds it (no socket operation may be
     // pending meanwhile); the session drops the exchange when the answer is out or it closes.
     auto self = this->shared_from_this();
@@ -816,7 +821,6 @@ void Transport::Impl::on_accept(error_code ec, tcp::socket s) {
 // Over a connection cap: a 503 and the end of the connection, without reading the request. (On
 // a TLS port there is no answer without a handshake: the connection just closes.)
 void Transport::Impl::refuse_connection(tcp::socket s, const std::string& why) {
-  static std::atomic<int64_t> refused{0};
   if (refused.fetch_add(1) % 1000 == 0) log::warn("serve: connection refused: {}", why);
   if (tls) return;
   struct Refusal {
@@ -927,6 +931,11 @@ int Transport::port() const {
 
 int64_t Transport::open_connections() const {
   return impl_->live.load();
+}
+
+TransportCounters Transport::counters() const {
+  const Impl& t = *impl_;
+  return {t.live.load(), t.refused.load(), t.timed_out.load(), t.streams_cut.load()};
 }
 
 void Transport::run() {

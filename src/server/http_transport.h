@@ -109,6 +109,14 @@ struct TransportHooks {
   std::function<void(const Request&, const Response&)> log;
 };
 
+// What the transport has done, for /metrics.
+struct TransportCounters {
+  int64_t open = 0;         // connections open now
+  int64_t refused = 0;      // connections refused over a cap (503 or closed)
+  int64_t timed_out = 0;    // connections closed at a deadline (headers, body, idle, a write)
+  int64_t streams_cut = 0;  // streamed answers cut for a reader too slow for the buffer
+};
+
 class Transport {
  public:
   Transport(TransportOptions options, TransportHooks hooks);
@@ -123,6 +131,7 @@ class Transport {
   // or requests; answers under way are written (up to drain_timeout), then run() returns.
   void stop();
   int64_t open_connections() const;
+  TransportCounters counters() const;
 
   struct Impl;  // (public for the connection objects of the .cpp; opaque)
 

@@ -102,7 +102,8 @@ void histogram(std::string& out, const char* name, const char* help, const Histo
 
 }  // namespace
 
-std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const {
+std::string Metrics::render(const EngineStats& engine, int64_t in_flight,
+                            const ConnectionFigures& connections) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   header(out, "dsv41_requests_total", "counter", "HTTP requests by endpoint and status code.");
@@ -117,6 +118,16 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight) const 
   value(out, "dsv41_running_requests", "gauge", "Requests the engine is running.", engine.running);
   value(out, "dsv41_in_flight_requests", "gauge",
         "Generation requests accepted and not yet answered.", in_flight);
+  value(out, "dsv41_open_connections", "gauge", "HTTP connections open now.", connections.open);
+  value(out, "dsv41_connections_refused_total", "counter",
+        "Connections refused over --max-connections or --max-connections-per-client.",
+        connections.refused);
+  value(out, "dsv41_connections_timed_out_total", "counter",
+        "Connections closed at a deadline: headers, body, idle keep-alive or a write.",
+        connections.timed_out);
+  value(out, "dsv41_streams_cut_total", "counter",
+        "Streamed answers cut for a reader slower than --stream-buffer-kb allows.",
+        connections.streams_cut);
   value(out, "dsv41_kv_foreign_reads_total", "counter",
         "KV cache rows read whose tag (sequence, block epoch, position) was not the reader's; "
         "the isolation gate, it must stay 0.",

@@ -20,6 +20,11 @@ namespace dsv41 {
 struct EngineStats;
 enum class FinishReason;
 
+// The network layer's figures /metrics exports (http::TransportCounters).
+struct ConnectionFigures {
+  int64_t open = 0, refused = 0, timed_out = 0, streams_cut = 0;
+};
+
 class Metrics {
  public:
   // `model_name`: the served model's name, vLLM's model_name label.
@@ -36,7 +41,9 @@ class Metrics {
   // One sequence (a choice) ended: vllm:request_success_total by vLLM's finished_reason.
   void sequence_finished(FinishReason reason);
   // Gauges and the engine's counters are read at render time from the caller.
-  std::string render(const EngineStats& engine, int64_t in_flight) const;
+  // `connections`: the network layer's gauges and counters (open, refused, timed out, cut).
+  std::string render(const EngineStats& engine, int64_t in_flight,
+                     const ConnectionFigures& connections = ConnectionFigures()) const;
 
  private:
   void render_vllm(std::string& out, const EngineStats& engine) const;  // under mu_

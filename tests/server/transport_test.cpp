@@ -132,6 +132,7 @@ TEST(Transport, HeaderDeadlineClosesASlowlorisThatKeepsSending) {
   EXPECT_LT(after, 1.5);
   EXPECT_GE(after, 0.25);
   close(fd);
+  EXPECT_GE(b.t.counters().timed_out, 1);
   // A connection that sends nothing at all goes the same way.
   const int quiet = connect_to(b.port());
   Read r = read_until(quiet, "", 2000ms);
@@ -184,6 +185,8 @@ TEST(Transport, ConnectionCapsAnswer503AndFreeSlotsAreReused) {
   EXPECT_EQ(r.data.rfind("HTTP/1.1 503", 0), 0u) << r.data;
   EXPECT_NE(r.data.find("--max-connections"), std::string::npos) << r.data;
   EXPECT_TRUE(r.closed);
+  EXPECT_EQ(b.t.counters().refused, 1);
+  EXPECT_EQ(b.t.counters().open, 4);
   close(over);
   close(held.back());
   held.pop_back();
@@ -248,6 +251,7 @@ TEST(Transport, ASlowReaderIsCutAndItsWorkerNeverBlocks) {
   ASSERT_TRUE(send_all(fd, kGet));
   for (int i = 0; i < 200 && ended.load() < 0; ++i) std::this_thread::sleep_for(25ms);
   EXPECT_EQ(ended.load(), 0) << "the stream was not cut (" << written.load() << " bytes written)";
+  EXPECT_EQ(b.t.counters().streams_cut, 1);
   EXPECT_LT(written.load(), 32 << 20);
   EXPECT_LT(slowest_write.load(), 0.05);
   // The connection was closed: what the client reads ends.
@@ -390,6 +394,12 @@ TEST(Connections, ALongPathIs414AndTheServerLivesOn) {
   EXPECT_EQ(h.data.rfind("HTTP/1.1 200", 0), 0u) << h.data;
   EXPECT_NE(h.data.find("Keep-Alive: timeout=5\r\n"), std::string::npos) << h.data;
   close(kept);
+  // The network layer's figures in /metrics.
+  auto m = s.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* name : {"dsv41_open_connections ", "dsv41_connections_refused_total 0",
+                           "dsv41_connections_timed_out_total ", "dsv41_streams_cut_total 0"})
+    EXPECT_NE(m->body.find(name), std::string::npos) << name;
 }
 
 // Issue 37's starvation case on the API server: 400 slowloris connections and 1,000 idle
