@@ -227,11 +227,11 @@ const HttpServer::Impl::Route* HttpServer::Impl::find_route(const std::string& p
 }
 
 // Checks made once the headers are in, before the body is read (on the transport's I/O thread:
-// nothing here may block): a Content-Length that cannot be right (not a plain
-// decimal number, overflowing, repeated with another value) is a 400 and one over the body limit a
-// 413, at once instead of after the read timeout; then 503 while draining; then 405 with Allow for
-// a known path asked with another method. The body of such a request is never read, so the
-// connection is closed after the answer. nullopt: go on routing.
+// nothing here may block): a Content-Length that cannot be right is a 400 and one over the body
+// limit a 413, at once instead of after the body deadline (the parser refuses most of these
+// itself; a list of equal values, "5, 5", it takes as 5, so it is checked here); then 503 while
+// draining; then 405 with Allow for a known path asked with another method. The body of such a
+// request is never read, so the connection is closed after the answer. nullopt: go on routing.
 std::optional<Res> HttpServer::Impl::before_routing(const Req& req) {
   Res res;
   const Route* route = find_route(req.path);

@@ -427,16 +427,13 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
  private:
-  enum class Phase { kHeader, kBody, kHandling, kIdle, kClosing };
-
   // One deadline at a time; a fired one closes the socket (pending operations then complete
-  // with operation_aborted and see timed_out_).
+  // with operation_aborted and find the session closed).
   void arm(std::chrono::milliseconds d) {
     const uint64_t gen = ++timer_gen_;
     timer_.expires_after(d);
     timer_.async_wait([self = this->shared_from_this(), gen](error_code ec) {
       if (ec || gen != self->timer_gen_) return;
-      self->timed_out_ = true;
       self->t_.timed_out.fetch_add(1);
       self->close();
     });
@@ -455,8 +452,6 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   void read_request() {
     if (t_.closing.load()) return close();
-    phase_ = Phase::kHeader;
-    timed_out_ = false;
     req_ = Request{};
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(t_.o.max_header_bytes));
@@ -541,7 +536,6 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void read_body() {
-    phase_ = Phase::kBody;
     arm(t_.o.body_timeout);
     bhttp::async_read(
         stream_, buf_, *parser_,
@@ -597,7 +591,6 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   // An answer made on the I/O thread (a refusal): no worker.
   void answer_now(Response r, bool close) {
-    phase_ = Phase::kHandling;
     ex_ = make_exchange();
     const bool head = req_.method == "HEAD";
     close = close || !keep_alive_ || iequals(r.header("Connection"), "close");
@@ -609,7 +602,6 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   void dispatch() {
-    phase_ = Phase::kHandling;
     unread_body_ = false;
     ex_ = make_exchange();
     t_.pool.post(
@@ -650,7 +642,6 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     // An idle connection keeps a few KB, whatever its last request needed.
     if (buf_.size() == 0) buf_.shrink_to_fit();
     if (close || !keep_alive_ || t_.closing.load()) return finish_connection();
-    phase_ = Phase::kIdle;
     if (buf_.size() > 0) return read_request();  // a pipelined request is already here
     arm(t_.o.keep_alive_timeout);
     stream_.async_read_some(buf_.prepare(4096),
@@ -666,7 +657,6 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   // drained (and dropped) for a moment so that closing does not reset the connection before the
   // client read the answer.
   void finish_connection() {
-    phase_ = Phase::kClosing;
     if constexpr (kTls) {
       arm(std::chrono::milliseconds(1000));
       stream_.async_shutdown([self = this->shared_from_this()](error_code) { self->close(); });
@@ -704,14 +694,12 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   Stream stream_;
   asio::steady_timer timer_;
   uint64_t timer_gen_ = 0;
-  bool timed_out_ = false;
   std::string addr_;
   int port_;
   beast::flat_buffer buf_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   Request req_;
   bool keep_alive_ = true;
-  Phase phase_ = Phase::kHeader;
   std::shared_ptr<Exchange> ex_;
   std::string out_, interim_;
   bool writing_ = false, closed_ = false, unread_body_ = false;
@@ -927,10 +915,6 @@ Status Transport::bind() {
 
 int Transport::port() const {
   return impl_->bound_port;
-}
-
-int64_t Transport::open_connections() const {
-  return impl_->live.load();
 }
 
 TransportCounters Transport::counters() const {

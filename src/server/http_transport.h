@@ -130,7 +130,6 @@ class Transport {
   // Thread-safe, idempotent, also before run() (which then returns at once): no new connections
   // or requests; answers under way are written (up to drain_timeout), then run() returns.
   void stop();
-  int64_t open_connections() const;
   TransportCounters counters() const;
 
   struct Impl;  // (public for the connection objects of the .cpp; opaque)

@@ -109,35 +109,54 @@ struct Asked {
   std::string param;  // the field it came from, for errors
 };
 
-// OpenAI's response_format: text (none), json_object, json_schema {name, schema, strict,
-// description}.
-std::optional<ApiError> read_response_format(const OJson& rf, std::optional<Asked>& asked) {
-  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
-    return bad("response_format", "must be an object with a string \"type\"");
-  const std::string type = rf["type"].get<std::string>();
+// The json_schema fields of `holder` (name, strict, schema; description is free), named under
+// `prefix`. A schema absent or null is any JSON value unless `required` (the Responses API).
+// strict or not, the output follows the schema exactly (the grammar has no lenient mode).
+std::optional<ApiError> read_json_schema(const OJson& holder, const std::string& prefix,
+                                         bool required, std::optional<Asked>& asked) {
+  if (const auto n = holder.find("name"); n != holder.end() && !n->is_string())
+    return bad(prefix + ".name", "must be a string");
+  if (const auto s = holder.find("strict"); s != holder.end() && !s->is_null() && !s->is_boolean())
+    return bad(prefix + ".strict", "must be a boolean");
+  const auto schema = holder.find("schema");
+  const bool absent = schema == holder.end() || schema->is_null();
+  if (absent && required) return bad(prefix + ".schema", "required (a JSON Schema object)");
+  if (!absent && !schema->is_object() && !schema->is_boolean())
+    return bad(prefix + ".schema", "must be a JSON Schema object");
+  asked = Asked{GrammarCache::Kind::kJsonSchema, absent ? "{}" : dump_safe(*schema),
+                prefix + ".schema"};
+  return std::nullopt;
+}
+
+// A format object {"type": text | json_object | json_schema, ...} named `param`: chat's
+// response_format holds the schema's fields in a nested "json_schema" object, the Responses
+// API's text.format holds them itself (`nested` false) and requires the schema.
+std::optional<ApiError> read_format(const OJson& f, const std::string& param, bool nested,
+                                    std::optional<Asked>& asked) {
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    return bad(param, "must be an object with a string \"type\"");
+  const std::string type = f["type"].get<std::string>();
   if (type == "text") return std::nullopt;
   if (type == "json_object") {
-    asked = Asked{GrammarCache::Kind::kJsonObject, "", "response_format"};
+    asked = Asked{GrammarCache::Kind::kJsonObject, "", param};
     return std::nullopt;
   }
   if (type != "json_schema")
-    return bad("response_format.type",
+    return bad(param + ".type",
                fmt::format("\"{}\" is not supported (text, json_object or json_schema)", type));
-  const auto js = rf.find("json_schema");
-  if (js == rf.end() || !js->is_object())
-    return bad("response_format.json_schema", "required (an object with name and schema)");
-  if (const auto n = js->find("name"); n != js->end() && !n->is_string())
-    return bad("response_format.json_schema.name", "must be a string");
-  if (const auto s = js->find("strict"); s != js->end() && !s->is_null() && !s->is_boolean())
-    return bad("response_format.json_schema.strict", "must be a boolean");
-  const auto schema = js->find("schema");
-  if (schema != js->end() && !schema->is_null() && !schema->is_object() && !schema->is_boolean())
-    return bad("response_format.json_schema.schema", "must be a JSON Schema object");
-  // No schema: any JSON value (OpenAI's schema is optional). strict or not, the output follows
-  // the schema exactly (the grammar has no lenient mode).
-  asked = Asked{GrammarCache::Kind::kJsonSchema,
-                schema == js->end() || schema->is_null() ? "{}" : dump_safe(*schema),
-                "response_format.json_schema.schema"};
+  if (!nested) return read_json_schema(f, param, true, asked);
+  const auto js = f.find("json_schema");
+  if (js == f.end() || !js->is_object())
+    return bad(param + ".json_schema", "required (an object with name and schema)");
+  return read_json_schema(*js, param + ".json_schema", false, asked);
+}
+
+// The grammar `asked` names, compiled (or from the cache) into the request's constraint.
+std::optional<ApiError> compile_into(const Asked& asked, const Tokenizer& tok, GrammarCache& cache,
+                                     GenerationJob& job) {
+  auto g = cache.get(tok, asked.kind, asked.spec);
+  if (!g) return compile_error(asked.param, g.status());
+  job.request.constraint = *g;
   return std::nullopt;
 }
 
@@ -206,48 +225,22 @@ std::optional<ApiError> parse_structured_output(const OJson& body, const Tokeniz
                                                 GrammarCache& cache, GenerationJob& job) {
   std::optional<Asked> from_rf, from_so;
   if (const auto rf = body.find("response_format"); rf != body.end() && !rf->is_null())
-    if (auto e = read_response_format(*rf, from_rf)) return e;
+    if (auto e = read_format(*rf, "response_format", true, from_rf)) return e;
   if (const auto so = body.find("structured_outputs"); so != body.end() && !so->is_null())
     if (auto e = read_structured_outputs(*so, from_so)) return e;
   if (from_rf && from_so)
     return bad("structured_outputs", "cannot be combined with a response_format other than text");
   const std::optional<Asked>& asked = from_rf ? from_rf : from_so;
   if (!asked) return std::nullopt;
-  auto g = cache.get(tok, asked->kind, asked->spec);
-  if (!g) return compile_error(asked->param, g.status());
-  job.request.constraint = *g;
-  return std::nullopt;
+  return compile_into(*asked, tok, cache, job);
 }
 
 std::optional<ApiError> parse_responses_text_format(const OJson& format, const Tokenizer& tok,
                                                     GrammarCache& cache, GenerationJob& job) {
-  if (!format.is_object() || !format.contains("type") || !format["type"].is_string())
-    return bad("text.format", "must be an object with a string \"type\"");
-  const std::string type = format["type"].get<std::string>();
   std::optional<Asked> asked;
-  if (type == "text") return std::nullopt;
-  if (type == "json_object") {
-    asked = Asked{GrammarCache::Kind::kJsonObject, "", "text.format"};
-  } else if (type == "json_schema") {
-    if (const auto n = format.find("name"); n != format.end() && !n->is_string())
-      return bad("text.format.name", "must be a string");
-    if (const auto st = format.find("strict");
-        st != format.end() && !st->is_null() && !st->is_boolean())
-      return bad("text.format.strict", "must be a boolean");
-    const auto schema = format.find("schema");
-    if (schema == format.end() || schema->is_null())
-      return bad("text.format.schema", "required (a JSON Schema object)");
-    if (!schema->is_object() && !schema->is_boolean())
-      return bad("text.format.schema", "must be a JSON Schema object");
-    asked = Asked{GrammarCache::Kind::kJsonSchema, dump_safe(*schema), "text.format.schema"};
-  } else {
-    return bad("text.format.type",
-               fmt::format("\"{}\" is not supported (text, json_object or json_schema)", type));
-  }
-  auto g = cache.get(tok, asked->kind, asked->spec);
-  if (!g) return compile_error(asked->param, g.status());
-  job.request.constraint = *g;
-  return std::nullopt;
+  if (auto e = read_format(format, "text.format", false, asked)) return e;
+  if (!asked) return std::nullopt;
+  return compile_into(*asked, tok, cache, job);
 }
 
 }  // namespace dsv41
