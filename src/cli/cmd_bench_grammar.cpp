@@ -8,16 +8,15 @@
 #include <bit>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "core/log.h"
 #include "grammar/grammar.h"
+#include "io/text_file.h"
 #include "text/special_tokens.h"
-#include "text/tokenizer_file.h"
+#include "text/tokenizer.h"
 
 namespace dsv41::cli {
 namespace {
@@ -153,31 +152,24 @@ Result<std::vector<std::pair<std::string, std::string>>> load_schemas(const std:
   if (files.empty()) return Status::error("--schemas " + dir + ": no *.json files");
   std::sort(files.begin(), files.end());
   for (const auto& f : files) {
-    std::ifstream in(f);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in) return Status::error("--schemas: cannot read " + f.string());
-    out.emplace_back(f.stem().string(), ss.str());
+    auto text = read_text_file(f.string());
+    if (!text) return Status::error("--schemas: " + text.status().message());
+    out.emplace_back(f.stem().string(), std::move(*text));
   }
   return out;
 }
 
 int run_bench_grammar(const GrammarBenchArgs& a) {
-  std::ifstream in(a.model + "/tokenizer.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) {
-    log::error("bench grammar: --model {}: cannot read tokenizer.json", a.model);
+  // The vocabulary as the server builds it (GrammarCache): the tokenizer, EOS the end id, every
+  // added token excluded.
+  auto tok = Tokenizer::load(a.model + "/tokenizer.json");
+  if (!tok) {
+    log::error("bench grammar: --model: {}", tok.status().message());
     return kExitInvalid;
   }
-  auto table = parse_tokenizer_json(ss.str(), a.model + "/tokenizer.json");
-  if (!table) {
-    log::error("bench grammar: {}", table.status().message());
-    return kExitInvalid;
-  }
-  const int64_t eos = table->id_of(tokens::kEos);
-  auto vocab = TokenVocab::from_table(
-      *table, eos >= 0 ? std::vector<int32_t>{int32_t(eos)} : std::vector<int32_t>{});
+  const int32_t eos = (*tok)->token_id(tokens::kEos);
+  auto vocab = TokenVocab::from_tokenizer(
+      **tok, eos >= 0 ? std::vector<int32_t>{eos} : std::vector<int32_t>{});
   if (!vocab) {
     log::error("bench grammar: {}", vocab.status().message());
     return kExitInvalid;

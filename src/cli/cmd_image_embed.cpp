@@ -8,11 +8,11 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "core/log.h"
 #include "io/checkpoint.h"
+#include "io/text_file.h"
 #include "model/config.h"
 #include "model/inventory.h"
 #include "model/reference/vision_tower.h"
@@ -48,14 +48,13 @@ int run_image_embed(const ImageEmbedArgs& a) {
                a.model);
     return kExitInvalid;
   }
-  std::ifstream in(a.image, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) {
-    log::error("image-embed: --image {}: cannot be read", a.image);
+  // (the decoder refuses files over its own limit; this bounds the read)
+  auto bytes = read_text_file(a.image, std::size_t(ImageLimits{}.max_bytes) + 1);
+  if (!bytes) {
+    log::error("image-embed: --image: {}", bytes.status().message());
     return kExitInvalid;
   }
-  auto img = decode_image(ss.str());
+  auto img = decode_image(*bytes);
   if (!img) {
     log::error("image-embed: --image {}: {}", a.image, img.status().message());
     return kExitInvalid;
