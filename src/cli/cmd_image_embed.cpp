@@ -10,14 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/prompt_images.h"
 #include "core/log.h"
 #include "io/checkpoint.h"
-#include "io/text_file.h"
 #include "model/config.h"
 #include "model/inventory.h"
 #include "model/reference/vision_tower.h"
-#include "vision/image_decode.h"
-#include "vision/preprocess.h"
 
 namespace dsv41::cli {
 namespace {
@@ -48,27 +46,17 @@ int run_image_embed(const ImageEmbedArgs& a) {
                a.model);
     return kExitInvalid;
   }
-  // (the decoder refuses files over its own limit; this bounds the read)
-  auto bytes = read_text_file(a.image, std::size_t(ImageLimits{}.max_bytes) + 1);
-  if (!bytes) {
-    log::error("image-embed: --image: {}", bytes.status().message());
+  auto planned = load_planned_image(a.image, *cfg->vision);
+  if (!planned) {
+    log::error("image-embed: --image: {}", planned.status().message());
     return kExitInvalid;
   }
-  auto img = decode_image(*bytes);
-  if (!img) {
-    log::error("image-embed: --image {}: {}", a.image, img.status().message());
-    return kExitInvalid;
-  }
-  const VisionConfig& v = *cfg->vision;
-  ImagePlanOptions o;
-  o.patch = v.patch_size;
-  o.downsample = v.downsample_ratio;
-  if (v.min_pixels > 0) o.min_pixels = v.min_pixels;
-  if (v.max_image_tokens > 0) o.max_tokens = v.max_image_tokens;
-  const ImagePlan plan = plan_image_grid(img->width, img->height, o);
-  const std::vector<uint16_t> bf16 = patch_tensor(plan_pixels(*img, plan), o.patch);
+  const RgbImage* img = &planned->decoded;
+  const ImagePlan& plan = planned->plan;
+  const std::vector<uint16_t>& bf16 = planned->patches;
+  const int64_t patch = cfg->vision->patch_size;
   std::vector<float> f32;
-  int64_t cols = 3 * o.patch * o.patch;
+  int64_t cols = 3 * patch * patch;
   if (a.stage == "patches") {
     f32.resize(bf16.size());
     for (std::size_t i = 0; i < bf16.size(); ++i) {

@@ -14,6 +14,7 @@
 #include "cli/fast_logits.h"
 #include "cli/fast_model_dir.h"
 #include "cli/float_file.h"
+#include "cli/prompt_images.h"
 #include "cli/token_args.h"
 #include "core/log.h"
 #include "model/reference/reference_model.h"
@@ -27,6 +28,7 @@ struct LogitsArgs {
   std::string model, tokens, tokens_file, out, path = "reference", mode = "prefill",
                                                index_keys = "owner";
   std::string precision = "fp32", dump_dir;
+  std::vector<std::string> images;  // one per IMG placeholder of the tokens
   bool stream = false;
   bool dspark = false;
   int64_t dspark_prefill = 16;
@@ -54,11 +56,24 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
   }
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Images: each IMG placeholder becomes its span, the tower's rows computed in T; the spans
+  // all go into the first call (DeepSeek merges images in the forward at position 0 only).
+  auto prompt = expand_prompt_images<T>(a.model, ids, a.images);
+  if (!prompt) {
+    log::error("logits: {}", prompt.status().message());
+    return kExitInvalid;
+  }
+  if (a.mode == "prefill") chunk = int64_t(prompt->ids.size());  // IMG counted one before
+  int64_t first_min = 0;
+  for (const auto& img : prompt->images) first_min = img.start + img.span();
   std::vector<T> logits;
   std::vector<std::vector<T>> dump;
   const auto t1 = std::chrono::steady_clock::now();
-  for (const auto& part : split_calls(ids, chunk)) {
-    Status st = (*model)->forward(part, &logits, a.dump_dir.empty() ? nullptr : &dump);
+  bool first = true;
+  for (const auto& part : split_calls(prompt->ids, chunk, first_min)) {
+    Status st = (*model)->forward(part, first ? prompt->images : std::vector<PromptImage<T>>{},
+                                  &logits, a.dump_dir.empty() ? nullptr : &dump);
+    first = false;
     if (!st.is_ok()) {
       log::error("logits: --tokens: {}", st.message());
       return kExitInvalid;
@@ -91,7 +106,7 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
         logits[logits.size() - std::size_t(V) + std::size_t(argmax)])
       argmax = v;
   nlohmann::ordered_json j = {{"out", a.out},
-                              {"tokens", ids.size()},
+                              {"tokens", prompt->ids.size()},
                               {"vocab", V},
                               {"dtype", f64 ? "float64" : "float32"},
                               {"path", a.path},
@@ -105,12 +120,21 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
                               {"run_seconds", run_s},
                               {"last_argmax", argmax}};
   if (!a.dump_dir.empty()) j["dump_layers"] = a.dump_dir;
+  for (std::size_t i = 0; i < prompt->images.size(); ++i) {
+    const ImagePlan& pl = prompt->plans[i];
+    j["images"].push_back({{"span_start", prompt->images[i].start},
+                           {"span", prompt->images[i].span()},
+                           {"llm_w", pl.llm_w},
+                           {"llm_h", pl.llm_h},
+                           {"width", pl.width},
+                           {"height", pl.height}});
+  }
   std::printf("%s\n", j.dump().c_str());
   return kExitOk;
 }
 
 int run_logits(const LogitsArgs& a) {
-  auto ids = load_tokens(a.tokens, a.tokens_file);
+  auto ids = load_tokens(a.tokens, a.tokens_file, !a.images.empty());
   if (!ids) {
     log::error("logits: {}", ids.status().message());
     return kExitUsage;
@@ -121,6 +145,12 @@ int run_logits(const LogitsArgs& a) {
       log::error("logits: {}", st.message());
       return kExitUsage;
     }
+  }
+  if (!a.images.empty() && (a.path == "fast" || a.dspark)) {
+    log::error(
+        "logits: --image runs the reference (--path reference, no --dspark): the fast engine's "
+        "image path is not done yet (issue 33)");
+    return kExitUsage;
   }
   if (a.dspark) {
     if (a.mode != "prefill" || a.stream || !a.dump_dir.empty() || a.fast.companions > 0 ||
@@ -186,6 +216,12 @@ void add_logits(CLI::App& app, Runner* run) {
                                "File of token ids (whitespace or comma separated)");
   tok->excludes(file);
   sub->add_option("--out", a->out, "Output file (LOGITS.f32 or LOGITS.f64)")->required();
+  sub->add_option("--image", a->images,
+                  "An image (PNG, JPEG, WebP, GIF) for each IMG among the tokens, in order "
+                  "(repeat the option): IMG becomes the image's span (spec 9.1: image_token_id "
+                  "at each of its llm_h * (llm_w + 1) + 2 positions) filled by the reference "
+                  "tower at --precision; the first call holds every span. The JSON line lists "
+                  "each span's start and size");
   sub->add_option("--path", a->path, "reference | fast")
       ->check(CLI::IsMember({"reference", "fast"}))
       ->capture_default_str();

@@ -11,11 +11,19 @@
 
 namespace dsv41::cli {
 
-Result<std::vector<int32_t>> parse_tokens(const std::string& text, const std::string& where) {
+Result<std::vector<int32_t>> parse_tokens(const std::string& text, const std::string& where,
+                                          bool allow_image) {
   std::vector<int32_t> ids;
   std::string cur;
   auto flush = [&]() -> Status {
     if (cur.empty()) return Status::ok();
+    if (cur == "IMG") {
+      if (!allow_image)
+        return Status::error(where + ": IMG (an image) is taken by `logits --image` only");
+      ids.push_back(-1);
+      cur.clear();
+      return Status::ok();
+    }
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(cur.c_str(), &end, 10);
@@ -37,14 +45,14 @@ Result<std::vector<int32_t>> parse_tokens(const std::string& text, const std::st
   return ids;
 }
 
-Result<std::vector<int32_t>> load_tokens(const std::string& tokens,
-                                         const std::string& tokens_file) {
-  if (tokens_file.empty()) return parse_tokens(tokens, "--tokens");
+Result<std::vector<int32_t>> load_tokens(const std::string& tokens, const std::string& tokens_file,
+                                         bool allow_image) {
+  if (tokens_file.empty()) return parse_tokens(tokens, "--tokens", allow_image);
   std::ifstream f(tokens_file);
   if (!f) return Status::error("--tokens-file: cannot open " + tokens_file);
   std::ostringstream ss;
   ss << f.rdbuf();
-  return parse_tokens(ss.str(), "--tokens-file " + tokens_file);
+  return parse_tokens(ss.str(), "--tokens-file " + tokens_file, allow_image);
 }
 
 // Chunk sizes of the requested mode over n tokens.
@@ -59,11 +67,15 @@ Result<int64_t> chunk_size(const std::string& mode, int64_t n) {
   return Status::error("--mode: '" + mode + "' is not prefill, decode or chunked:N (N >= 1)");
 }
 
-std::vector<std::vector<int32_t>> split_calls(const std::vector<int32_t>& ids, int64_t chunk) {
+std::vector<std::vector<int32_t>> split_calls(const std::vector<int32_t>& ids, int64_t chunk,
+                                              int64_t first_min) {
   std::vector<std::vector<int32_t>> calls;
-  for (std::size_t b = 0; b < ids.size(); b += std::size_t(chunk))
-    calls.emplace_back(ids.begin() + long(b),
-                       ids.begin() + long(std::min(ids.size(), b + std::size_t(chunk))));
+  for (std::size_t b = 0; b < ids.size();) {
+    const std::size_t len = std::size_t(b == 0 ? std::max(chunk, first_min) : chunk);
+    const std::size_t e = std::min(ids.size(), b + len);
+    calls.emplace_back(ids.begin() + long(b), ids.begin() + long(e));
+    b = e;
+  }
   return calls;
 }
 

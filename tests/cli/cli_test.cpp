@@ -590,6 +590,47 @@ TEST(Cli, ImageEmbedWritesThePatchesAndThePlan) {
             2);
 }
 
+TEST(Cli, LogitsExpandsImgIntoTheImagesSpan) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  const std::string img = std::string(DSV41_TEST_DATA) + "/../fuzz/corpus/image/rgb.png";
+  const std::string base = "logits --model " + dir.path() + "/ck --tokens 5,6,IMG,9,10 --image " +
+                           img + " --out " + dir.path();
+  CliRun p = run(base + "/p.f32");
+  ASSERT_EQ(p.code, 0) << p.err;
+  auto j = nlohmann::json::parse(p.out);
+  // rgb.png is planned at 2 x 2 LLM tokens on tiny (image-embed above): a span of 8 at 2.
+  EXPECT_EQ(j["tokens"], 2 + 8 + 2);
+  ASSERT_EQ(j["images"].size(), 1u);
+  EXPECT_EQ(j["images"][0]["span_start"], 2);
+  EXPECT_EQ(j["images"][0]["span"], 8);
+  // Decode mode: the first call holds the span, then one token a call; the same bytes.
+  CliRun d = run(base + "/d.f32 --mode decode");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_EQ(testing::read_file(dir.path() + "/p.f32"), testing::read_file(dir.path() + "/d.f32"));
+  // The same ids with the span written out by hand but no image: plain text, other logits.
+  CliRun t = run("logits --model " + dir.path() + "/ck --tokens 5,6," +
+                 [&] {
+                   std::string s;
+                   const int id = nlohmann::json::parse(
+                       testing::read_file(dir.path() + "/ck/config.json"))["image_token_id"];
+                   for (int i = 0; i < 8; ++i) s += std::to_string(id) + ",";
+                   return s;
+                 }() +
+                 "9,10 --out " + dir.path() + "/t.f32");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(testing::read_file(dir.path() + "/p.f32"), testing::read_file(dir.path() + "/t.f32"));
+  // Misuse: a count mismatch, IMG without --image, the fast path.
+  CliRun m = run(base + "/x.f32 --image " + img);
+  EXPECT_EQ(m.code, 2);
+  EXPECT_NE(m.err.find("1 IMG placeholder(s) but --image was given 2"), std::string::npos) << m.err;
+  CliRun n =
+      run("logits --model " + dir.path() + "/ck --tokens 5,IMG --out " + dir.path() + "/x.f32");
+  EXPECT_EQ(n.code, 1);
+  EXPECT_NE(n.err.find("IMG"), std::string::npos) << n.err;
+  EXPECT_EQ(run(base + "/x.f32 --path fast").code, 1);
+}
+
 TEST(Cli, BenchGrammarReportsCompileAndMaskTimes) {
   TempDir dir;
   ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);

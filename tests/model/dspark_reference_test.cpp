@@ -17,11 +17,13 @@
 #include "model/reference/reference_model.h"
 #include "model/reference/reference_weights.h"
 #include "model/tiny_checkpoint.h"
+#include "patch_checkpoint.h"
 
 namespace dsv41 {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::patch_tensor;
 using testing::TempDir;
 
 template <typename T>
@@ -53,30 +55,6 @@ Schedule<T> run_schedule(const std::string& dir, const std::vector<int32_t>& tok
     s.confidence.insert(s.confidence.end(), d.confidence.begin(), d.confidence.end());
   }
   return s;
-}
-
-// Overwrites a tensor's bytes in its shard (a test's own copy of a checkpoint).
-void patch_tensor(const std::string& dir, const std::string& name,
-                  const std::function<void(std::vector<uint8_t>*)>& edit) {
-  std::string path;
-  uint64_t offset = 0;
-  std::vector<uint8_t> bytes;
-  {
-    auto ck = Checkpoint::open(dir);
-    ASSERT_TRUE(ck.is_ok()) << ck.status().message();
-    const Checkpoint::Entry* e = ck->find(name);
-    ASSERT_NE(e, nullptr) << name;
-    const SafetensorsFile& f = ck->shards()[e->shard];
-    path = f.path();
-    offset = 8 + f.header_size() + e->info->begin;
-    const auto b = ck->bytes(name);
-    bytes.assign(b.begin(), b.end());
-  }
-  edit(&bytes);
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekp(std::streamoff(offset));
-  f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-  ASSERT_TRUE(bool(f)) << path;
 }
 
 class DsparkReference : public ::testing::Test {

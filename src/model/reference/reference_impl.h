@@ -35,7 +35,7 @@ struct LayerW {
   WeightView i_wk, i_wq_b, i_wproj;  // indexer
   std::vector<T> i_k_norm;
   WeightView gate;
-  std::vector<T> gate_bias;
+  std::vector<T> gate_bias, gate_bias_vl;  // bias_vl: the selection bias of image positions
   std::vector<ExpertW<T>> experts;
   ExpertW<T> shared;
   WeightView e_wkv;     // Engram
@@ -84,6 +84,7 @@ inline LayerW<T> read_layer(const ref::WeightReader& rd, const LayerPlan& p) {
   }
   w.gate = lin(n.gate);
   w.gate_bias = rd.template vec<T>(n.gate_bias);
+  w.gate_bias_vl = rd.template vec<T>(n.gate_bias_vl);
   for (int e = 0; e < p.n_routed_experts; ++e)
     w.experts.push_back({lin(n.expert(e, "w1")), lin(n.expert(e, "w2")), lin(n.expert(e, "w3"))});
   w.shared = {lin(n.sh_w1), lin(n.sh_w2), lin(n.sh_w3)};
@@ -119,6 +120,7 @@ struct ReferenceModel<T>::Impl {
   std::unique_ptr<ref::WeightReader> reader;
   ref::WeightView embed, head;
   std::vector<T> norm;
+  std::vector<T> image_start, image_newline, image_end;  // the span's delimiter vectors [hidden]
   std::vector<ref::LayerW<T>> layers;
   ref::Rope<T> rope_swa, rope_comp;
   std::vector<std::vector<std::string>> layer_tensors;  // per backbone layer, for streaming release
@@ -184,7 +186,8 @@ struct ReferenceModel<T>::Impl {
   void compressor_step(const LayerPlan& p, const ref::LayerW<T>& w, const T* x, int64_t P);
   void indexer(const LayerPlan& p, const ref::LayerW<T>& w, const T* x, const T* qr, int64_t t,
                int64_t P, int64_t end_pos);
-  void moe(const LayerPlan& p, const ref::LayerW<T>& w, const T* x, T* out);
+  // `image`: the position is in an image span (experts selected with gate.bias_vl).
+  void moe(const LayerPlan& p, const ref::LayerW<T>& w, const T* x, T* out, bool image = false);
   // Pieces of attention shared by the backbone and the DSpark stages: qr and the RoPE'd query;
   // a window row (kv_norm, RoPE, FP8 fake-quant); softmax over rows with the sink, inverse RoPE
   // and the grouped output projection.

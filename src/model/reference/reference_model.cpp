@@ -213,13 +213,14 @@ void ReferenceModel<T>::Impl::attention(const LayerPlan& p, const LayerW<T>& w, 
 }
 
 template <typename T>
-void ReferenceModel<T>::Impl::moe(const LayerPlan& p, const LayerW<T>& w, const T* x, T* out) {
+void ReferenceModel<T>::Impl::moe(const LayerPlan& p, const LayerW<T>& w, const T* x, T* out,
+                                  bool image) {
   const TextConfig& tc = cfg.text;
   const int64_t D = tc.hidden_size, E = p.n_routed_experts;
   std::vector<T> logits(static_cast<std::size_t>(E));
   lin(w.gate, x, logits.data());
-  const auto routing = ref::route(logits, w.gate_bias, p.experts_per_tok, T(tc.gate_temp),
-                                  tc.norm_topk_prob, T(tc.routed_scaling_factor));
+  const auto routing = ref::route(logits, image ? w.gate_bias_vl : w.gate_bias, p.experts_per_tok,
+                                  T(tc.gate_temp), tc.norm_topk_prob, T(tc.routed_scaling_factor));
   record(TraceSite::kExperts, cur_pos, routing.experts, routing.biased);
   std::vector<T> y(std::size_t(D), T(0));
   const T lim = T(tc.swiglu_limit);
@@ -274,6 +275,9 @@ Result<std::unique_ptr<ReferenceModel<T>>> ReferenceModel<T>::load(const std::st
   im.embed = rd.mat(kEmbedName);
   im.head = rd.mat(std::string(kHeadName) + ".weight");
   im.norm = rd.template vec<T>(kFinalNormName);
+  im.image_start = rd.template vec<T>("image_start");
+  im.image_newline = rd.template vec<T>("image_newline");
+  im.image_end = rd.template vec<T>("image_end");
   for (int l = 0; l < im.plan.num_backbone; ++l)
     im.layers.push_back(read_layer<T>(rd, im.plan.layers[std::size_t(l)]));
   if (opt.dspark) {
@@ -351,7 +355,66 @@ void ReferenceModel<T>::reset() {
 }
 
 template <typename T>
+std::vector<SpanKind> span_kinds(const std::vector<PromptImage<T>>& images, int64_t first,
+                                 int64_t n) {
+  std::vector<SpanKind> k(std::size_t(n), SpanKind::kText);
+  for (const PromptImage<T>& im : images)
+    for (int64_t i = 0; i < im.span(); ++i) {
+      const int64_t t = im.start + i - first;
+      if (t < 0 || t >= n) continue;
+      SpanKind s = SpanKind::kImage;
+      if (i == 0)
+        s = SpanKind::kImageStart;
+      else if (i == im.span() - 1)
+        s = SpanKind::kImageEnd;
+      else if ((i - 1) % (im.llm_w + 1) == im.llm_w)
+        s = SpanKind::kImageNewline;
+      k[std::size_t(t)] = s;
+    }
+  return k;
+}
+
+namespace {
+
+// The images of a call checked against its tokens (see forward): an error names the image.
+template <typename T>
+Status check_images(const std::vector<PromptImage<T>>& images, const std::vector<int32_t>& tokens,
+                    int64_t start, int64_t image_token_id, int64_t D) {
+  if (images.empty()) return Status::ok();
+  if (start != 0)
+    return Status::error("images are merged only in a forward at position 0 (this call starts at " +
+                         std::to_string(start) + ")");
+  int64_t end_prev = 0;
+  for (std::size_t i = 0; i < images.size(); ++i) {
+    const PromptImage<T>& im = images[i];
+    const std::string who = "image " + std::to_string(i) + ": ";
+    if (im.llm_w < 1 || im.llm_h < 1 || int64_t(im.rows.size()) != im.llm_w * im.llm_h * D)
+      return Status::error(who + "rows must be llm_h x llm_w x " + std::to_string(D) + " values");
+    if (im.start < end_prev || im.start + im.span() > int64_t(tokens.size()))
+      return Status::error(who + "its span [" + std::to_string(im.start) + ", " +
+                           std::to_string(im.start + im.span()) +
+                           ") overlaps the previous one or leaves the call");
+    for (int64_t p = im.start; p < im.start + im.span(); ++p)
+      if (tokens[std::size_t(p)] != image_token_id)
+        return Status::error(who + "position " + std::to_string(p) + " of its span holds token " +
+                             std::to_string(tokens[std::size_t(p)]) + ", not image_token_id " +
+                             std::to_string(image_token_id));
+    end_prev = im.start + im.span();
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+template <typename T>
 Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vector<T>* logits,
+                                  std::vector<std::vector<T>>* dump) {
+  return forward(tokens, {}, logits, dump);
+}
+
+template <typename T>
+Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens,
+                                  const std::vector<PromptImage<T>>& images, std::vector<T>* logits,
                                   std::vector<std::vector<T>>* dump) {
   Impl& im = *impl_;
   const TextConfig& tc = im.cfg.text;
@@ -361,16 +424,45 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
       return Status::error("token " + std::to_string(tokens[std::size_t(t)]) + " at position " +
                            std::to_string(im.pos + t) + " is outside the vocabulary [0, " +
                            std::to_string(V) + ")");
+  if (Status st = check_images(images, tokens, im.pos, im.cfg.image_token_id, D); !st.is_ok())
+    return st;
   const int64_t start = im.pos, end_pos = start + n;
-  for (int32_t tok : tokens) im.history.push_back(im.cmap[std::size_t(tok)]);
+  const std::vector<SpanKind> kind = span_kinds(images, start, n);
+  for (int64_t t = 0; t < n; ++t)  // image positions are dead in the Engram history
+    im.history.push_back(kind[std::size_t(t)] == SpanKind::kText
+                             ? im.cmap[std::size_t(tokens[std::size_t(t)])]
+                             : kEngramDead);
   std::vector<std::vector<T>> h(static_cast<std::size_t>(n)), pre(static_cast<std::size_t>(n));
   for (int64_t t = 0; t < n; ++t) {
     auto& ht = h[std::size_t(t)];
     ht.resize(std::size_t(HC * D));
     im.embed.row(tokens[std::size_t(t)], ht.data());
-    for (int64_t j = 1; j < HC; ++j) std::copy_n(ht.begin(), D, ht.begin() + j * D);
     pre[std::size_t(t)].assign(std::size_t(HC), T(0));
     pre[std::size_t(t)][0] = T(1);
+  }
+  // The merge: delimiters take their learned vectors, IMAGE slots the aligner's rows.
+  for (const PromptImage<T>& img : images) {
+    int64_t row = 0;
+    for (int64_t i = 0; i < img.span(); ++i) {
+      T* ht = h[std::size_t(img.start + i)].data();
+      switch (kind[std::size_t(img.start + i)]) {
+        case SpanKind::kImageStart:
+          std::copy_n(im.image_start.begin(), D, ht);
+          break;
+        case SpanKind::kImageNewline:
+          std::copy_n(im.image_newline.begin(), D, ht);
+          break;
+        case SpanKind::kImageEnd:
+          std::copy_n(im.image_end.begin(), D, ht);
+          break;
+        default:
+          std::copy_n(img.rows.begin() + (row++) * D, D, ht);
+      }
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    auto& ht = h[std::size_t(t)];
+    for (int64_t j = 1; j < HC; ++j) std::copy_n(ht.begin(), D, ht.begin() + j * D);
   }
   im.selections.clear();
   im.candidates.clear();
@@ -391,7 +483,8 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
       const int64_t P = start + t;
       im.cur_layer = l;
       im.cur_pos = P;
-      if (p.engram >= 0) im.engram(p, w, P, ht);
+      const bool image = kind[std::size_t(t)] != SpanKind::kText;
+      if (p.engram >= 0 && !image) im.engram(p, w, P, ht);  // gate 0 at image positions
       if (p.dspark_target >= 0 && im.opt.dspark) im.dspark_tap(p, t, ht);
       const auto mix_a = ref::hc_mixes(ht, HC, D, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale,
                                        eps, hc_eps, tc.hc_sinkhorn_iters);
@@ -403,7 +496,7 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
                                        eps, hc_eps, tc.hc_sinkhorn_iters);
       ref::hc_collapse(h1.data(), mix_a.pre, HC, D, x.data());
       ref::rmsnorm(x.data(), w.ffn_norm.data(), D, eps, x.data());
-      im.moe(p, w, x.data(), a.data());
+      im.moe(p, w, x.data(), a.data(), image);
       ref::hc_expand(a.data(), h1.data(), mix_f, HC, D, ht);
       pre[std::size_t(t)] = mix_f.pre;
     }
@@ -434,6 +527,9 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens, std::vecto
 
 template class ReferenceModel<float>;
 template class ReferenceModel<double>;
+template std::vector<SpanKind> span_kinds(const std::vector<PromptImage<float>>&, int64_t, int64_t);
+template std::vector<SpanKind> span_kinds(const std::vector<PromptImage<double>>&, int64_t,
+                                          int64_t);
 // (These also instantiate the Impl's members defined here, which reference_dspark.cpp calls.)
 
 }  // namespace dsv41

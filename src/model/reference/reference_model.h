@@ -73,6 +73,26 @@ struct TraceEvent {
   std::vector<double> scales;     // per-block scales (fake-quants)
 };
 
+// An image of the prompt (spec §9, §9.1), already through the vision tower: its span starts at
+// absolute position `start` (the IMAGE_START delimiter) and covers llm_h * (llm_w + 1) + 2
+// positions, each carrying the config's image_token_id in the token list; `rows` are the
+// aligner's rows that fill its IMAGE positions ([llm_h * llm_w, hidden], reading order).
+template <typename T>
+struct PromptImage {
+  int64_t start = 0;
+  int64_t llm_w = 0, llm_h = 0;
+  std::vector<T> rows;
+  int64_t span() const { return llm_h * (llm_w + 1) + 2; }
+};
+
+// What a position of an image span is (spec §9.1's token types); kText outside every span.
+enum class SpanKind : uint8_t { kText, kImageStart, kImage, kImageNewline, kImageEnd };
+
+// The kind of each of n positions starting at absolute position `first`, for the given spans.
+template <typename T>
+std::vector<SpanKind> span_kinds(const std::vector<PromptImage<T>>& images, int64_t first,
+                                 int64_t n);
+
 template <typename T>
 class ReferenceModel {
  public:
@@ -95,6 +115,13 @@ class ReferenceModel {
   // appended.
   Status forward(const std::vector<int32_t>& tokens, std::vector<T>* logits,
                  std::vector<std::vector<T>>* dump = nullptr);
+  // The same with images merged into the prompt (spec §9.1): only in a call at position 0
+  // (DeepSeek merges images in the first forward only), every span wholly inside the call, in
+  // order, not overlapping, its positions all image_token_id. Span positions embed the delimiter
+  // vectors and the aligner rows, route with `gate.bias_vl` (selection only; the weights still
+  // come from the unbiased scores), are dead in the Engram history and pass Engram unchanged.
+  Status forward(const std::vector<int32_t>& tokens, const std::vector<PromptImage<T>>& images,
+                 std::vector<T>* logits, std::vector<std::vector<T>>* dump = nullptr);
 
   // The DSpark drafter after the target has consumed positions [0, position()): `next` is the
   // token for position() (sampled from the target's last logits row); the block [next, noise, ...]
@@ -110,6 +137,10 @@ class ReferenceModel {
 };
 
 extern template class ReferenceModel<float>;
+extern template std::vector<SpanKind> span_kinds(const std::vector<PromptImage<float>>&, int64_t,
+                                                 int64_t);
+extern template std::vector<SpanKind> span_kinds(const std::vector<PromptImage<double>>&, int64_t,
+                                                 int64_t);
 extern template class ReferenceModel<double>;
 
 }  // namespace dsv41

@@ -1,0 +1,89 @@
+// Images of a command line: read, decode, plan, and expand into a prompt (prompt_images.h).
+#include "cli/prompt_images.h"
+
+#include "io/checkpoint.h"
+#include "io/text_file.h"
+#include "model/inventory.h"
+#include "model/reference/vision_tower.h"
+#include "vision/image_decode.h"
+
+namespace dsv41::cli {
+
+ImagePlanOptions image_plan_options(const VisionConfig& v) {
+  ImagePlanOptions o;
+  o.patch = v.patch_size;
+  o.downsample = v.downsample_ratio;
+  if (v.min_pixels > 0) o.min_pixels = v.min_pixels;
+  if (v.max_image_tokens > 0) o.max_tokens = v.max_image_tokens;
+  return o;
+}
+
+Result<PlannedImage> load_planned_image(const std::string& path, const VisionConfig& v) {
+  // (the decoder refuses files over its own limit; this bounds the read)
+  auto bytes = read_text_file(path, std::size_t(ImageLimits{}.max_bytes) + 1);
+  if (!bytes) return bytes.status();
+  auto img = decode_image(*bytes);
+  if (!img) return img.status().with_context(path + ": ");
+  PlannedImage p;
+  p.decoded = std::move(*img);
+  const ImagePlanOptions o = image_plan_options(v);
+  p.plan = plan_image_grid(p.decoded.width, p.decoded.height, o);
+  p.patches = patch_tensor(plan_pixels(p.decoded, p.plan), o.patch);
+  return p;
+}
+
+template <typename T>
+Result<ExpandedPrompt<T>> expand_prompt_images(const std::string& model_dir,
+                                               const std::vector<int32_t>& ids,
+                                               const std::vector<std::string>& image_files) {
+  std::size_t holes = 0;
+  for (int32_t id : ids) holes += id == kImagePlaceholder;
+  if (holes != image_files.size())
+    return Status::error("the tokens hold " + std::to_string(holes) +
+                         " IMG placeholder(s) but --image was given " +
+                         std::to_string(image_files.size()) + " time(s): one image per IMG");
+  ExpandedPrompt<T> out;
+  if (holes == 0) {
+    out.ids = ids;
+    return out;
+  }
+  auto cfg = load_config(model_dir + "/config.json");
+  if (!cfg) return cfg.status();
+  if (!cfg->vision)
+    return Status::error(model_dir + "/config.json has no vision_config (a text-only model)");
+  auto ck = Checkpoint::open(model_dir);
+  if (!ck) return ck.status();
+  const InventoryReport rep = check_inventory(expected_vision_tensors(*cfg), *ck);
+  if (!rep.missing.empty() || !rep.wrong_shape.empty() || !rep.wrong_dtype.empty())
+    return Status::error(model_dir + ": the vision tower's tensors: " + rep.summary());
+  std::size_t next = 0;
+  for (int32_t id : ids) {
+    if (id != kImagePlaceholder) {
+      out.ids.push_back(id);
+      continue;
+    }
+    const std::string& file = image_files[next++];
+    auto p = load_planned_image(file, *cfg->vision);
+    if (!p) return p.status().with_context("--image: ");
+    const ref::VisionRows<T> rows =
+        ref::vision_tower<T>(*ck, *cfg, p->patches, p->plan.vit_w, p->plan.vit_h);
+    PromptImage<T> img;
+    img.start = int64_t(out.ids.size());
+    img.llm_w = p->plan.llm_w;
+    img.llm_h = p->plan.llm_h;
+    img.rows = rows.aligned.v;
+    out.ids.insert(out.ids.end(), std::size_t(img.span()), int32_t(cfg->image_token_id));
+    out.images.push_back(std::move(img));
+    out.plans.push_back(p->plan);
+  }
+  return out;
+}
+
+template Result<ExpandedPrompt<float>> expand_prompt_images(const std::string&,
+                                                            const std::vector<int32_t>&,
+                                                            const std::vector<std::string>&);
+template Result<ExpandedPrompt<double>> expand_prompt_images(const std::string&,
+                                                             const std::vector<int32_t>&,
+                                                             const std::vector<std::string>&);
+
+}  // namespace dsv41::cli

@@ -1,0 +1,53 @@
+// Images of a command line (`logits --image`, `image-embed`): an image file read under the
+// decoder's size limit, decoded, planned by the model's vision_config (spec §9.1) and cut into
+// the ViT's patch rows; and a token list whose IMG placeholders become the images' spans, with
+// the reference tower's rows ready for ReferenceModel::forward.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+#include "model/reference/reference_model.h"
+#include "vision/image.h"
+#include "vision/preprocess.h"
+
+namespace dsv41::cli {
+
+// The placeholder parse_tokens(..., allow_image = true) returns for "IMG".
+inline constexpr int32_t kImagePlaceholder = -1;
+
+ImagePlanOptions image_plan_options(const VisionConfig& v);
+
+struct PlannedImage {
+  RgbImage decoded;               // as the file holds it (RGB)
+  ImagePlan plan;                 // the resize plan of spec §9.1
+  std::vector<uint16_t> patches;  // [vit_h * vit_w, 3 * patch * patch] bf16
+};
+
+// `path` read, decoded and planned; errors name the file.
+Result<PlannedImage> load_planned_image(const std::string& path, const VisionConfig& v);
+
+template <typename T>
+struct ExpandedPrompt {
+  std::vector<int32_t> ids;            // each placeholder replaced by its span of image tokens
+  std::vector<PromptImage<T>> images;  // one per placeholder, in order, with the tower's rows
+  std::vector<ImagePlan> plans;
+};
+
+// `ids` (with kImagePlaceholder entries) and one image file per placeholder, for the official
+// checkpoint in `model_dir`: the tower runs in the reference at precision T.
+template <typename T>
+Result<ExpandedPrompt<T>> expand_prompt_images(const std::string& model_dir,
+                                               const std::vector<int32_t>& ids,
+                                               const std::vector<std::string>& image_files);
+
+extern template Result<ExpandedPrompt<float>> expand_prompt_images(const std::string&,
+                                                                   const std::vector<int32_t>&,
+                                                                   const std::vector<std::string>&);
+extern template Result<ExpandedPrompt<double>> expand_prompt_images(
+    const std::string&, const std::vector<int32_t>&, const std::vector<std::string>&);
+
+}  // namespace dsv41::cli
