@@ -146,10 +146,8 @@ int run_logits(const LogitsArgs& a) {
       return kExitUsage;
     }
   }
-  if (!a.images.empty() && (a.path == "fast" || a.dspark)) {
-    log::error(
-        "logits: --image runs the reference (--path reference, no --dspark): the fast engine's "
-        "image path is not done yet (issue 33)");
+  if (!a.images.empty() && a.dspark) {
+    log::error("logits: --image and --dspark do not go together (the drafter never sees images)");
     return kExitUsage;
   }
   if (a.dspark) {
@@ -189,7 +187,23 @@ int run_logits(const LogitsArgs& a) {
     f.out = a.out;
     f.mode = a.mode;
     f.index_keys = a.index_keys;
-    return run_fast_logits(f, ids.value(), chunk.value());
+    if (a.images.empty()) return run_fast_logits(f, ids.value(), chunk.value());
+    // The images' rows from the reference tower in fp32 (the fast tower is not done yet), which
+    // reads the official layout.
+    auto prompt = expand_prompt_images<float>(a.model, ids.value(), a.images);
+    if (!prompt) {
+      log::error(
+          "logits: {} (--image with --path fast runs the reference tower on the official "
+          "layout: give the official --model)",
+          prompt.status().message());
+      return kExitInvalid;
+    }
+    std::vector<SliceImage> images;
+    for (auto& im : prompt->images)
+      images.push_back({int32_t(im.start), int32_t(im.llm_w), int32_t(im.llm_h),
+                        std::make_shared<const std::vector<float>>(std::move(im.rows))});
+    const int64_t n = int64_t(prompt->ids.size());
+    return run_fast_logits(f, prompt->ids, a.mode == "prefill" ? n : chunk.value(), images);
   }
   if (a.fast.companions > 0) {
     log::error("logits: --companions needs --path fast");

@@ -64,7 +64,8 @@ Status step_with_companions(ModelRunner& m, std::vector<Companion>& comp, Rng& r
 
 }  // namespace
 
-int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, int64_t chunk) {
+int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, int64_t chunk,
+                    const std::vector<SliceImage>& images) {
   auto dir = ensure_converted(a.model, a.converted_dir);
   if (!dir) {
     log::error("logits: --model: {}", dir.status().message());
@@ -106,12 +107,16 @@ int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, in
   }
   std::vector<float> logits;
   const auto t1 = std::chrono::steady_clock::now();
-  for (int64_t b = 0; b < int64_t(ids.size()); b += chunk) {
+  int64_t first_min = 0;  // images are merged in the first call only: it holds every span
+  for (const SliceImage& im : images) first_min = im.start + im.span();
+  for (int64_t b = 0; b < int64_t(ids.size());) {
     SeqSlice s;
     s.seq = 1;
     s.first_pos = b;
-    s.tokens.assign(ids.begin() + b,
-                    ids.begin() + std::min<int64_t>(int64_t(ids.size()), b + chunk));
+    const int64_t len = b == 0 ? std::max(chunk, first_min) : chunk;
+    s.tokens.assign(ids.begin() + b, ids.begin() + std::min<int64_t>(int64_t(ids.size()), b + len));
+    b += int64_t(s.tokens.size());
+    if (s.first_pos == 0) s.images = images;
     for (int32_t r = 0; r < int32_t(s.tokens.size()); ++r) s.logits_rows.push_back(r);
     if (Status st = step_with_companions(fm, comp, rng, s, &logits); !st.is_ok()) {
       log::error("logits: {}", st.message());

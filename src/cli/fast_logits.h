@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "model/seam.h"
+
 namespace dsv41::cli {
 
 struct FastLogitsArgs {
@@ -22,6 +24,9 @@ struct FastLogitsArgs {
   double rank_timeout_s = 60;
 };
 
-int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, int64_t chunk);
+// `images`: spans (of the image rows already computed) merged in the first call, which then
+// holds at least every span.
+int run_fast_logits(const FastLogitsArgs& a, const std::vector<int32_t>& ids, int64_t chunk,
+                    const std::vector<SliceImage>& images = {});
 
 }  // namespace dsv41::cli

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,31 @@
 namespace dsv41 {
 
 using SeqId = uint64_t;
+
+// What a position of an image span is (spec §9.1's token types); kText outside every span. A span
+// of an llm_w x llm_h image is llm_h * (llm_w + 1) + 2 positions: IMAGE_START, per row llm_w
+// IMAGE positions and an IMAGE_NEWLINE, then IMAGE_END.
+enum class SpanKind : uint8_t { kText, kImageStart, kImage, kImageNewline, kImageEnd };
+inline int64_t image_span(int64_t llm_w, int64_t llm_h) {
+  return llm_h * (llm_w + 1) + 2;
+}
+// The kind of position i (0-based) of such a span.
+inline SpanKind span_position_kind(int64_t i, int64_t llm_w, int64_t span) {
+  if (i == 0) return SpanKind::kImageStart;
+  if (i == span - 1) return SpanKind::kImageEnd;
+  return (i - 1) % (llm_w + 1) == llm_w ? SpanKind::kImageNewline : SpanKind::kImage;
+}
+
+// An image written into a slice (spec §9.1): slice rows start .. start + span() - 1 carry the
+// model's image_token_id; `rows` are the vision aligner's rows for the IMAGE positions ([llm_h *
+// llm_w, hidden], fp32, reading order). Only in a slice at first_pos 0 (DeepSeek merges images in
+// the first forward only), spans in order and wholly inside the slice.
+struct SliceImage {
+  int32_t start = 0;
+  int32_t llm_w = 0, llm_h = 0;
+  std::shared_ptr<const std::vector<float>> rows;
+  int64_t span() const { return image_span(llm_w, llm_h); }
+};
 
 struct SeqSlice {
   SeqId seq = 0;
@@ -35,6 +61,7 @@ struct SeqSlice {
   // Every layer on every token even when the path's decoder replay is on (a request that wants
   // the logits of every prompt token: prompt_logprobs).
   bool full_stack = false;
+  std::vector<SliceImage> images = {};  // image spans of the slice (a first slice only)
 };
 
 struct StepBatch {
@@ -166,6 +193,33 @@ Status check_step_batch(const StepBatch& b, int32_t vocab, int64_t max_context,
         return Status::error(where() + "logits_rows must be ascending rows of the slice");
     for (std::size_t j = 0; j < i; ++j)
       if (b.slices[j].seq == s.seq) return Status::error(where() + "sequence appears twice");
+  }
+  return Status::ok();
+}
+
+// A slice's images against its tokens (see SliceImage); the error names the slice and the image.
+inline Status check_slice_images(const SeqSlice& s, std::size_t index, int32_t image_token_id,
+                                 int64_t hidden) {
+  if (s.images.empty()) return Status::ok();
+  auto where = [&](std::size_t k) {
+    return "slice " + std::to_string(index) + " image " + std::to_string(k) + ": ";
+  };
+  if (s.first_pos != 0)
+    return Status::error(where(0) + "images are merged only in a slice at position 0");
+  int64_t end_prev = 0;
+  for (std::size_t k = 0; k < s.images.size(); ++k) {
+    const SliceImage& im = s.images[k];
+    if (im.llm_w < 1 || im.llm_h < 1 || !im.rows ||
+        int64_t(im.rows->size()) != int64_t(im.llm_w) * im.llm_h * hidden)
+      return Status::error(where(k) + "rows must be llm_h x llm_w x " + std::to_string(hidden) +
+                           " values");
+    if (im.start < end_prev || im.start + im.span() > int64_t(s.tokens.size()))
+      return Status::error(where(k) + "its span overlaps the previous one or leaves the slice");
+    for (int64_t p = im.start; p < im.start + im.span(); ++p)
+      if (s.tokens[std::size_t(p)] != image_token_id)
+        return Status::error(where(k) + "row " + std::to_string(p) +
+                             " of its span is not image_token_id");
+    end_prev = im.start + im.span();
   }
   return Status::ok();
 }

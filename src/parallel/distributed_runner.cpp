@@ -74,6 +74,11 @@ struct Reader {
     if (n > 0) std::memcpy(v->data(), b.data() + at, n * sizeof(int32_t));
     at += n * sizeof(int32_t);
   }
+  void raw(void* p, std::size_t n) {
+    DSV41_CHECK(at + n <= b.size());
+    if (n > 0) std::memcpy(p, b.data() + at, n);
+    at += n;
+  }
   std::string str() {
     const auto n = get<uint64_t>();
     DSV41_CHECK(at + n <= b.size());
@@ -102,6 +107,15 @@ void decode_step(Reader* r, StepBatch* b) {
     r->ints(&s.logits_rows);
     r->ints(&s.taps);
     s.full_stack = r->get<uint8_t>() != 0;
+    s.images.resize(r->get<uint64_t>());
+    for (SliceImage& im : s.images) {
+      im.start = r->get<int32_t>();
+      im.llm_w = r->get<int32_t>();
+      im.llm_h = r->get<int32_t>();
+      auto rows = std::make_shared<std::vector<float>>(r->get<uint64_t>());
+      r->raw(rows->data(), rows->size() * sizeof(float));
+      im.rows = std::move(rows);
+    }
     s.logits_rows.clear();
     s.taps.clear();
   }
@@ -320,6 +334,15 @@ Status LeadRunner::step(const StepBatch& batch, StepOutput* out) {
     w.ints(sl.logits_rows);
     w.ints(sl.taps);
     w.put<uint8_t>(sl.full_stack ? 1 : 0);
+    w.put<uint64_t>(sl.images.size());
+    for (const SliceImage& im : sl.images) {
+      w.put<int32_t>(im.start);
+      w.put<int32_t>(im.llm_w);
+      w.put<int32_t>(im.llm_h);
+      const std::size_t n = im.rows ? im.rows->size() : 0;
+      w.put<uint64_t>(n);
+      if (n > 0) w.raw(im.rows->data(), n * sizeof(float));
+    }
   }
   if (!send()) return health();
   Status st = guarded([&] { return local_->step(batch, out); }, health_error());

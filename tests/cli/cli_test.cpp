@@ -628,7 +628,24 @@ TEST(Cli, LogitsExpandsImgIntoTheImagesSpan) {
       run("logits --model " + dir.path() + "/ck --tokens 5,IMG --out " + dir.path() + "/x.f32");
   EXPECT_EQ(n.code, 1);
   EXPECT_NE(n.err.find("IMG"), std::string::npos) << n.err;
-  EXPECT_EQ(run(base + "/x.f32 --path fast").code, 1);
+  // The fast path (the tower's rows from the reference): within design.md 7's gate of the
+  // reference's, and the same bits among companions.
+  CliRun f = run(base + "/f.f32 --path fast --mode chunked:3");
+  ASSERT_EQ(f.code, 0) << f.err;
+  CliRun fc = run(base + "/fc.f32 --path fast --mode chunked:3 --companions 5");
+  ASSERT_EQ(fc.code, 0) << fc.err;
+  EXPECT_EQ(testing::read_file(dir.path() + "/f.f32"), testing::read_file(dir.path() + "/fc.f32"));
+  const std::string rf = testing::read_file(dir.path() + "/p.f32"),
+                    ff = testing::read_file(dir.path() + "/f.f32");
+  ASSERT_EQ(rf.size(), ff.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < rf.size() / 4; ++i) {
+    float x, y;
+    std::memcpy(&x, ff.data() + 4 * i, 4);
+    std::memcpy(&y, rf.data() + 4 * i, 4);
+    num += double(x - y) * (x - y), den += double(y) * y;
+  }
+  EXPECT_LT(std::sqrt(num / den), 5e-3);
 }
 
 TEST(Cli, BenchGrammarReportsCompileAndMaskTimes) {

@@ -216,9 +216,11 @@ try {
     }
     check(v === 1, `holder ${k + 1} is ${k === 0 ? 'running' : 'waiting'}`);
   }
+  // (an earlier step left an error on the page: wait for a new one, not any)
+  const errorsBefore = await page.locator('.error').count();
   await page.fill('#prompt', 'Are you busy?');
   await page.click('#send');
-  await page.waitForFunction(() => document.querySelectorAll('.error').length > 0);
+  await page.waitForFunction((n) => document.querySelectorAll('.error').length > n, errorsBefore);
   const busyText = await page.locator('.error').last().textContent();
   check(busyText.includes('HTTP 429') && busyText.includes('retry after 1 s'),
         `a 429 is shown with its Retry-After (${busyText})`);

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "io/mapped_file.h"
 #include "io/test_util.h"
+#include "model/config.h"
 #include "model/convert/converter.h"
 #include "model/reference/reference_runner.h"
 #include "model/tiny_checkpoint.h"
@@ -96,6 +97,11 @@ std::string official_dir() {
 }
 std::string converted_dir() {
   return tiny().converted.path() + "/c";
+}
+
+int32_t image_token_id() {
+  static const int32_t id = int32_t(load_config(official_dir() + "/config.json")->image_token_id);
+  return id;
 }
 
 std::unique_ptr<FastModel> load_fast(FastOptions o = {}) {
@@ -302,12 +308,17 @@ TEST(FastModel, DecodeAndChunkedTrackPrefill) {
 
 // Steps a target sequence (prefill chunks then decode) either alone or with companions that are
 // opened, prefilled, decoded and freed around it; returns the target's logits.
-std::vector<float> target_among(int companions, uint64_t seed, bool act_quant = false) {
+// With `image`, the target's first slice (9 tokens) holds a 2 x 2 image's span at rows 1-8.
+std::vector<float> target_among(int companions, uint64_t seed, bool act_quant = false,
+                                const SliceImage* image = nullptr) {
   FastOptions o;
   o.act_quant = act_quant;
   auto m = load_fast(o);
   const int32_t v = m->vocab_size();
-  const auto toks = random_tokens(5, 60, v);
+  auto toks = random_tokens(5, 60, v);
+  if (image)
+    for (int64_t i = 0; i < image->span(); ++i)
+      toks[std::size_t(image->start + i)] = image_token_id();
   Rng rng(seed);
   EXPECT_TRUE(m->open(1).is_ok());
   std::vector<std::pair<SeqId, std::vector<int32_t>>> comp;
@@ -342,6 +353,7 @@ std::vector<float> target_among(int companions, uint64_t seed, bool act_quant = 
     t.first_pos = pos;
     t.tokens.assign(toks.begin() + pos, toks.begin() + pos + len);
     for (int r = 0; r < int(len); ++r) t.logits_rows.push_back(r);
+    if (image && pos == 0) t.images.push_back(*image);
     const std::size_t me = b.slices.size();
     b.slices.push_back(t);
     for (std::size_t i = split; i < others.size(); ++i) b.slices.push_back(others[i]);
@@ -360,6 +372,18 @@ std::vector<float> target_among(int companions, uint64_t seed, bool act_quant = 
   }
   EXPECT_EQ(m->stats().foreign_reads, 0);
   return got;
+}
+
+// A random image of llm_w x llm_h aligner rows whose span starts at slice row `start`.
+SliceImage random_image(int32_t start, int32_t w, int32_t h, uint64_t seed, int64_t hidden) {
+  SliceImage im;
+  im.start = start, im.llm_w = w, im.llm_h = h;
+  auto rows = std::make_shared<std::vector<float>>();
+  Rng rng(seed);
+  for (int64_t i = 0; i < int64_t(w) * h * hidden; ++i)
+    rows->push_back(float(rng.uniform() * 2 - 1));
+  im.rows = rows;
+  return im;
 }
 
 // In both numerics modes (act-quant on runs the FP8 linears through the act-quant GEMM on tiers
@@ -808,6 +832,98 @@ TEST(FastModel, BadBatchesAreRefusedNamingTheSlice) {
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("vocabulary"), std::string::npos);
   EXPECT_EQ(m->length(1), 0);
+}
+
+// An image span (spec §9.1) through the fast path: gated against the reference given the same
+// aligner rows (design.md §7, fp32, the rows before the first rounding flip), different from the
+// same ids as text, batch-invariant among companions in both numerics modes, and misuse refused.
+TEST(FastModel, ImageSpansMatchTheReferenceAndStayBatchInvariant) {
+  auto m = load_fast();
+  ASSERT_TRUE(m);
+  const int64_t v = m->vocab_size(), D = m->hidden_size();
+  const SliceImage img = random_image(1, 2, 2, 3, D);
+  ASSERT_EQ(img.span(), 8);
+  auto toks = random_tokens(21, 14, int32_t(v));
+  for (int64_t i = 0; i < img.span(); ++i) toks[std::size_t(1 + i)] = image_token_id();
+  // The span in the first call, then one token a call.
+  auto run_img = [&](ModelRunner& r, SeqId id, bool with_image) {
+    EXPECT_TRUE(r.open(id).is_ok());
+    std::vector<float> all;
+    for (int64_t b = 0; b < int64_t(toks.size());) {
+      SeqSlice s;
+      s.seq = id;
+      s.first_pos = b;
+      const int64_t n = b == 0 ? 9 : 1;
+      s.tokens.assign(toks.begin() + b, toks.begin() + b + n);
+      for (int r = 0; r < int(n); ++r) s.logits_rows.push_back(r);
+      if (b == 0 && with_image) s.images.push_back(img);
+      StepBatch batch;
+      batch.slices.push_back(s);
+      StepOutput out;
+      const Status st = r.step(batch, &out);
+      EXPECT_TRUE(st.is_ok()) << st.message();
+      if (!st.is_ok()) return all;
+      all.insert(all.end(), out.slices[0].logits.begin(), out.slices[0].logits.end());
+      b += n;
+    }
+    return all;
+  };
+  const auto fast = run_img(*m, 1, true);
+  auto ref = ReferenceRunner<float>::load(official_dir(), {});
+  ASSERT_TRUE(ref.is_ok());
+  const auto want = run_img(**ref, 1, true);
+  const Agreement g = compare(fast, want, toks, v, 12);
+  EXPECT_LE(g.first_rel_l2, 5e-3);
+  // The reference runner replays a sequence with its image after another one ran.
+  EXPECT_EQ(run_img(**ref, 2, false).size(), want.size());
+  StepBatch next;
+  next.slices.push_back({1, int64_t(toks.size()), {5}, {0}, {}});
+  StepOutput o1;
+  ASSERT_TRUE((*ref)->step(next, &o1).is_ok());
+  EXPECT_FALSE((*ref)->truncate(1, 4).is_ok()) << "a truncation into the span is refused";
+  // The same ids without the image are plain text: other logits from the span on.
+  const auto text = run_img(*m, 2, false);
+  EXPECT_EQ(0, std::memcmp(fast.data(), text.data(), std::size_t(v) * sizeof(float)));
+  EXPECT_NE(0, std::memcmp(fast.data() + v, text.data() + v, std::size_t(v) * sizeof(float)));
+  // Batch invariance with the image's sequence among others, both numerics modes.
+  const SliceImage first = random_image(1, 2, 2, 9, D);
+  for (bool aq : {false, true}) {
+    const auto solo = target_among(0, 1, aq, &first);
+    const auto mixed = target_among(7, 7, aq, &first);
+    ASSERT_EQ(solo.size(), mixed.size());
+    EXPECT_EQ(0, std::memcmp(solo.data(), mixed.data(), solo.size() * sizeof(float)))
+        << "act-quant " << aq;
+  }
+  // Misuse: an image after position 0, a span over text, rows of the wrong size.
+  ASSERT_TRUE(m->open(5).is_ok());
+  StepOutput out;
+  auto refused = [&](SeqSlice s, const std::string& words) {
+    StepBatch b;
+    b.slices.push_back(std::move(s));
+    const Status st = m->step(b, &out);
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find(words), std::string::npos) << st.message();
+  };
+  SeqSlice bad;
+  bad.seq = 5;
+  bad.tokens.assign(toks.begin(), toks.begin() + 9);
+  bad.images.push_back(img);
+  bad.images[0].start = 0;
+  refused(bad, "is not image_token_id");
+  bad.images[0] = img;
+  bad.images[0].rows = std::make_shared<std::vector<float>>(3, 0.0f);
+  refused(bad, "rows must be");
+  EXPECT_EQ(m->length(5), 0);
+  StepBatch one;
+  one.slices.push_back({5, 0, {toks[0]}, {}, {}});
+  ASSERT_TRUE(m->step(one, &out).is_ok());
+  SeqSlice later;
+  later.seq = 5;
+  later.first_pos = 1;
+  later.tokens.assign(toks.begin() + 1, toks.begin() + 9);
+  later.images.push_back(img);
+  later.images[0].start = 0;
+  refused(later, "position 0");
 }
 
 // Checkpoints of other widths and layer plans than the presets' (the outside check runs DeepSeek's

@@ -63,6 +63,7 @@ struct LayerW {
   Linear c_wkv, c_wgate, i_wk, i_wq_b, i_wproj;
   Linear gate;
   const float* gate_bias = nullptr;
+  const float* gate_bias_vl = nullptr;  // the selection bias of image positions (spec §9.1)
   std::vector<ExpertW> experts;
   Linear sh_w1, sh_w2, sh_w3;
   Linear e_wkv;
@@ -200,6 +201,7 @@ struct TokenRow {
   int32_t token = 0;
   int slice = 0;
   int row_in_slice = 0;
+  SpanKind kind = SpanKind::kText;  // an image span's position: bias_vl routing, no Engram
 };
 
 }  // namespace dsv41::fast
@@ -237,6 +239,7 @@ struct FastModel::Impl {
   const uint16_t* embed = nullptr;
   Linear head;
   std::vector<float> norm;
+  std::vector<float> image_start, image_newline, image_end;  // the span's delimiter vectors
   ref::Rope<float> rope_swa, rope_comp;
   std::unordered_map<SeqId, std::unique_ptr<fast::SeqState>> seqs;
   std::unordered_map<std::string, fast::PrefixEntry> prefix;  // by chain hash
@@ -343,6 +346,8 @@ struct FastModel::Impl {
 
   // ---- a block's per-token pieces (fast_model.cpp), shared by the step and the drafter ----
   void embed_rows();  // scratch for rows, their embeddings in every copy, one-hot pre
+  // The batch's image spans written over their rows' embeddings (before the copies are made).
+  void merge_images(const StepBatch& batch);
   // Token t: the attention mix (pre_a, mix_post, mix_comb) and attn_norm(collapse(h, pre)) -> xs.
   void mhc_attention_input(const fast::LayerW& w, int64_t t);
   // Token t: h1 = expand(ys, h); the ffn mix (pre, mix_post, mix_comb); ffn_norm(collapse(h1,

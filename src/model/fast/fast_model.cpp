@@ -97,6 +97,7 @@ fast::LayerW bind_layer(const fast::Binder& b, const LayerPlan& p, const EngramH
   }
   w.gate = b.lin(n.gate);
   w.gate_bias = b.f32(n.gate_bias);
+  w.gate_bias_vl = b.f32(n.gate_bias_vl);
   w.experts.resize(std::size_t(p.n_routed_experts));  // another process's experts stay unbound
   for (int e = int(sh.e0(p.n_routed_experts)); e < sh.e1(p.n_routed_experts); ++e) {
     // the converted layout's fused w13 and w2
@@ -172,6 +173,9 @@ Result<std::unique_ptr<FastModel>> FastModel::load(const std::string& dir, const
   im.embed = reinterpret_cast<const uint16_t*>(im.wts->get(kEmbedName).data);
   im.head = b.lin(kHeadName);
   im.norm = b.vec(kFinalNormName);
+  im.image_start = b.vec("image_start");
+  im.image_newline = b.vec("image_newline");
+  im.image_end = b.vec("image_end");
   for (int l = 0; l < im.plan.num_backbone; ++l)
     im.layers.push_back(bind_layer(b, im.plan.layers[std::size_t(l)], *im.hasher, tc.o_lora_rank,
                                    tc.head_dim, share));
@@ -805,6 +809,35 @@ void FastModel::Impl::embed_rows() {
   }
 }
 
+void FastModel::Impl::merge_images(const StepBatch& batch) {
+  const int64_t D = cfg.text.hidden_size, HC = cfg.text.hc_mult;
+  int64_t t0 = 0;  // the slice's first row
+  for (const SeqSlice& sl : batch.slices) {
+    for (const SliceImage& img : sl.images) {
+      int64_t row = 0;
+      for (int64_t i = 0; i < img.span(); ++i) {
+        float* ht = hs.data() + (t0 + img.start + i) * HC * D;
+        const float* src = nullptr;
+        switch (rows[std::size_t(t0 + img.start + i)].kind) {
+          case SpanKind::kImageStart:
+            src = image_start.data();
+            break;
+          case SpanKind::kImageNewline:
+            src = image_newline.data();
+            break;
+          case SpanKind::kImageEnd:
+            src = image_end.data();
+            break;
+          default:
+            src = img.rows->data() + (row++) * D;
+        }
+        for (int64_t j = 0; j < HC; ++j) std::copy_n(src, D, ht + j * D);
+      }
+    }
+    t0 += int64_t(sl.tokens.size());
+  }
+}
+
 void FastModel::Impl::mhc_attention_input(const fast::LayerW& w, int64_t t) {
   const TextConfig& tc = cfg.text;
   const int64_t D = tc.hidden_size, HC = tc.hc_mult;
@@ -897,6 +930,9 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   const TextConfig& tc = im.cfg.text;
   DSV41_RETURN_IF_ERROR(
       check_step_batch(batch, vocab_size(), max_context(), [&](SeqId id) { return length(id); }));
+  for (std::size_t i = 0; i < batch.slices.size(); ++i)
+    DSV41_RETURN_IF_ERROR(
+        check_slice_images(batch.slices[i], i, int32_t(im.cfg.image_token_id), tc.hidden_size));
   ++im.count_epoch;
   for (std::size_t i = 0; i < batch.slices.size(); ++i) {
     const auto& taps = batch.slices[i].taps;
@@ -925,16 +961,28 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
   for (std::size_t si = 0; si < batch.slices.size(); ++si) {
     const SeqSlice& sl = batch.slices[si];
     fast::SeqState& s = *im.seqs.at(sl.seq);
+    const std::size_t r0 = im.rows.size();
     for (std::size_t t = 0; t < sl.tokens.size(); ++t) {
       im.rows.push_back({&s, sl.first_pos + int64_t(t), sl.tokens[t], int(si), int(t)});
-      s.history.push_back(im.cmap[std::size_t(sl.tokens[t])]);
       s.tokens.push_back(sl.tokens[t]);
     }
+    for (const SliceImage& img : sl.images)
+      for (int64_t i = 0; i < img.span(); ++i)
+        im.rows[r0 + std::size_t(img.start + i)].kind =
+            span_position_kind(i, img.llm_w, img.span());
+    // Image positions are dead in the Engram history. A prefix cache keyed by token ids cannot
+    // tell two images apart (every span position is image_token_id): not cached.
+    for (std::size_t t = 0; t < sl.tokens.size(); ++t)
+      s.history.push_back(im.rows[r0 + t].kind == SpanKind::kText
+                              ? im.cmap[std::size_t(sl.tokens[t])]
+                              : kEngramDead);
+    if (!sl.images.empty()) s.cacheable = false;
   }
   auto grow = [](std::vector<float>& v, int64_t sz) {
     if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));
   };
   im.embed_rows();
+  im.merge_images(batch);
   const int64_t n_targets = int64_t(tc.dspark_target_layer_ids.size());
   if (im.opt.dspark) grow(im.main_hidden, n * n_targets * D);
   if (int64_t(im.sel.size()) < n) im.sel.resize(std::size_t(n));

@@ -110,9 +110,12 @@ void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) 
       const float* lg = logits_e.data() + (t - c0) * E;
       float* score = tmp.data();
       float* biased = tmp.data() + E;
+      // Image positions select with bias_vl (spec §9.1); the weights come from the scores.
+      const float* bias =
+          rows[std::size_t(t)].kind == SpanKind::kText ? w.gate_bias : w.gate_bias_vl;
       for (int64_t e = 0; e < E; ++e) {
         score[e] = std::sqrt(ref::softplus(lg[e] / temp));
-        biased[e] = score[e] + w.gate_bias[e];
+        biased[e] = score[e] + bias[e];
       }
       const int64_t got = ops::topk_threshold(biased, E, K, topk_out.data());
       DSV41_CHECK(got == K);
@@ -187,9 +190,13 @@ void FastModel::Impl::engram_chunk(const LayerPlan& p, const fast::LayerW& w, in
   if (int64_t(emb.size()) < n * width) emb.resize(std::size_t(n * width));
   for (int64_t t = 0; t < n; ++t) {
     const fast::TokenRow& row = rows[std::size_t(t0 + t)];
+    float* et = emb.data() + t * width;
+    if (row.kind != SpanKind::kText) {  // an image position: no lookup (its gate is 0 below)
+      std::fill_n(et, width, 0.0f);
+      continue;
+    }
     hasher->hash(row.seq->history, row.pos, std::size_t(p.engram), topk_out.data());
     stats.weight_bytes += int64_t(cols) * (hd + hd / 32);
-    float* et = emb.data() + t * width;
     for (std::size_t c = 0; c < cols; ++c) {
       const int64_t r = topk_out[c] - offsets[c];  // the row inside hash column c's bucket
       const uint8_t* codes = w.e_codes[c] + r * hd;
@@ -203,6 +210,7 @@ void FastModel::Impl::engram_chunk(const LayerPlan& p, const fast::LayerW& w, in
   linear_batch(w.e_wkv, emb.data(), n, ekv.data());
   const float eps = float(tc.rms_norm_eps);
   for (int64_t t = 0; t < n; ++t) {
+    if (rows[std::size_t(t0 + t)].kind != SpanKind::kText) continue;  // passes unchanged
     float* ht = hs.data() + (t0 + t) * HC * D;
     const float* ek = ekv.data() + t * w.e_wkv.out;
     const float* value = ek + HC * D;

@@ -362,14 +362,7 @@ std::vector<SpanKind> span_kinds(const std::vector<PromptImage<T>>& images, int6
     for (int64_t i = 0; i < im.span(); ++i) {
       const int64_t t = im.start + i - first;
       if (t < 0 || t >= n) continue;
-      SpanKind s = SpanKind::kImage;
-      if (i == 0)
-        s = SpanKind::kImageStart;
-      else if (i == im.span() - 1)
-        s = SpanKind::kImageEnd;
-      else if ((i - 1) % (im.llm_w + 1) == im.llm_w)
-        s = SpanKind::kImageNewline;
-      k[std::size_t(t)] = s;
+      k[std::size_t(t)] = span_position_kind(i, im.llm_w, im.span());
     }
   return k;
 }

@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "model/layer_plan.h"
+#include "model/seam.h"
 
 namespace dsv41 {
 
@@ -82,11 +83,8 @@ struct PromptImage {
   int64_t start = 0;
   int64_t llm_w = 0, llm_h = 0;
   std::vector<T> rows;
-  int64_t span() const { return llm_h * (llm_w + 1) + 2; }
+  int64_t span() const { return image_span(llm_w, llm_h); }
 };
-
-// What a position of an image span is (spec §9.1's token types); kText outside every span.
-enum class SpanKind : uint8_t { kText, kImageStart, kImage, kImageNewline, kImageEnd };
 
 // The kind of each of n positions starting at absolute position `first`, for the given spans.
 template <typename T>

@@ -32,6 +32,7 @@ Status ReferenceRunner<T>::open(SeqId seq) {
 template <typename T>
 void ReferenceRunner<T>::free(SeqId seq) {
   tokens_.erase(seq);
+  images_.erase(seq);
   if (holding_ && held_ == seq) holding_ = false;
 }
 template <typename T>
@@ -41,7 +42,13 @@ Status ReferenceRunner<T>::truncate(SeqId seq, int64_t length) {
   if (length < 0 || length > int64_t(it->second.size()))
     return Status::error("truncate: length " + std::to_string(length) + " is outside [0, " +
                          std::to_string(it->second.size()) + "]");
+  for (const auto& img : images_[seq])
+    if (length > img.start && length < img.start + img.span())
+      return Status::error("truncate: length " + std::to_string(length) +
+                           " cuts an image span (images are merged only whole)");
   it->second.resize(std::size_t(length));
+  auto& imgs = images_[seq];
+  while (!imgs.empty() && imgs.back().start >= length) imgs.pop_back();
   if (holding_ && held_ == seq) holding_ = false;  // the next step replays
   return Status::ok();
 }
@@ -72,7 +79,16 @@ Status ReferenceRunner<T>::step(const StepBatch& batch, StepOutput* out) {
     DSV41_RETURN_IF_ERROR(hold(sl.seq));
     rows.clear();
     std::vector<std::vector<T>> dump;
-    DSV41_RETURN_IF_ERROR(model_->forward(sl.tokens, &rows, sl.taps.empty() ? nullptr : &dump));
+    std::vector<PromptImage<T>> imgs;
+    for (const SliceImage& si : sl.images) {
+      PromptImage<T> pi;
+      pi.start = si.start, pi.llm_w = si.llm_w, pi.llm_h = si.llm_h;
+      if (si.rows) pi.rows.assign(si.rows->begin(), si.rows->end());
+      imgs.push_back(std::move(pi));
+    }
+    DSV41_RETURN_IF_ERROR(
+        model_->forward(sl.tokens, imgs, &rows, sl.taps.empty() ? nullptr : &dump));
+    if (!imgs.empty()) images_[sl.seq] = std::move(imgs);
     toks.insert(toks.end(), sl.tokens.begin(), sl.tokens.end());
     SliceOutput& so = out->slices[i];
     for (int32_t r : sl.logits_rows) {
@@ -103,7 +119,7 @@ Status ReferenceRunner<T>::hold(SeqId seq) {
   holding_ = false;
   if (!toks.empty()) {
     std::vector<T> rows;
-    DSV41_RETURN_IF_ERROR(model_->forward(toks, &rows));
+    DSV41_RETURN_IF_ERROR(model_->forward(toks, images_[seq], &rows));
   }
   held_ = seq;
   holding_ = true;

@@ -45,6 +45,8 @@ class ReferenceRunner final : public ModelRunner {
   Status hold(SeqId seq);
   std::unique_ptr<ReferenceModel<T>> model_;
   std::map<SeqId, std::vector<int32_t>> tokens_;
+  // A sequence's images (its first slice's), merged again whenever its tokens are replayed.
+  std::map<SeqId, std::vector<PromptImage<T>>> images_;
   SeqId held_ = 0;
   bool holding_ = false;
   bool dspark_ = false;
