@@ -17,10 +17,13 @@
 #include <vector>
 
 #include "engine/json_check.h"
+#include "grammar/grammar.h"
 #include "model/tiny_converted.h"
 #include "server/request_fields.h"
 #include "server/server_harness.h"
+#include "text/dsml_parser.h"
 #include "text/json_ordered.h"
+#include "text/special_tokens.h"
 
 namespace dsv41::forced_tools_test {
 namespace {
@@ -385,6 +388,64 @@ TEST(ForcedToolCalls, RefusalsNameToolChoiceAndTheSchema) {
   r_none.erase("tools");
   e = post(c, "/v1/responses", r_none, 400);
   EXPECT_EQ(e["error"]["param"], "tool_choice") << dump_safe(e);
+}
+
+// What the grammar lets through is what the DSML parser reads back: raw string parameters
+// (string="true") with '<' but never "</", a length bound, JSON parameters, the marker only as
+// its added token (the private bytes of TokenVocab's placed id, never its text spelled out).
+TEST(ForcedToolCalls, TheGrammarsTextIsWhatTheParserReadsBack) {
+  auto tok = tiny_tokenizer();
+  ServedModel model = parser_model();
+  const int32_t dsml = tok->token_id(tokens::kDsml);
+  ASSERT_GE(dsml, 0);
+  ASSERT_TRUE(tok->is_added(dsml));
+  auto vocab = model.grammars->tool_vocab(*tok);
+  ASSERT_TRUE(vocab.is_ok());
+  const std::string placed = (*vocab)->placed_bytes(dsml);
+  ASSERT_EQ(placed.size(), 2u);
+  const char* params = R"({"type":"object","properties":{"note":{"type":"string"},
+    "tag":{"type":"string","maxLength":3},"n":{"type":"integer"}},"required":["note","n"]})";
+  OJson tools = OJson::array();
+  tools.push_back({{"type", "function"},
+                   {"function", {{"name", "t"}, {"parameters", *parse_json_ordered(params)}}}});
+  tools.push_back(openai_tools()[2]);  // ping, not forced here
+  const OJson body = {{"model", "m"},
+                      {"messages", {{{"role", "user"}, {"content", "q"}}}},
+                      {"tools", tools},
+                      {"tool_choice", {{"type", "function"}, {"function", {{"name", "t"}}}}},
+                      {"chat_template_kwargs", {{"thinking", false}}}};
+  GenerationJob job;
+  ASSERT_FALSE(parse_chat_completion_request(body, model, *tok, job).has_value());
+  ASSERT_NE(job.request.constraint, nullptr);
+  EXPECT_FALSE(job.request.constraint_after_reasoning);
+  EXPECT_TRUE(job.extract_tools);
+  auto text = [](const std::string& m, const std::string& note, const std::string& tag) {
+    std::string p =
+        "<" + m + " parameter name=\"note\" string=\"true\">" + note + "</" + m + " parameter>\n";
+    if (!tag.empty())
+      p += "<" + m + " parameter name=\"tag\" string=\"true\">" + tag + "</" + m + " parameter>\n";
+    p += "<" + m + " parameter name=\"n\" string=\"false\">-12</" + m + " parameter>";
+    return "\n\n<" + m + " calls>\n<" + m + " invoke name=\"t\">\n" + p + "\n</" + m +
+           " invoke>\n</" + m + " calls>";
+  };
+  auto accepted = [&](const std::string& t) {
+    Matcher m(job.request.constraint);
+    return m.accept_bytes(t) && m.is_complete();
+  };
+  EXPECT_TRUE(accepted(text(placed, "a<b <<", "xy")));
+  EXPECT_TRUE(accepted(text(placed, "", "")));
+  EXPECT_FALSE(accepted(text(placed, "a</b", "")));       // the closing tag could begin there
+  EXPECT_FALSE(accepted(text(placed, "ok", "abcd")));     // maxLength 3
+  EXPECT_FALSE(accepted(text(placed, "ok", "a<")));       // bounded: no '<'
+  EXPECT_FALSE(accepted(text(tokens::kDsml, "ok", "")));  // the marker spelled by bytes
+  const std::string good = text(tokens::kDsml, "a<b <<", "xy");
+  const ParsedAssistant parsed = parse_assistant_text(good, false);
+  ASSERT_EQ(parsed.tool_calls.size(), 1u) << good;
+  EXPECT_EQ(parsed.tool_calls[0].name, "t");
+  EXPECT_EQ(parsed.content, "");
+  const std::string args = parsed.tool_calls[0].arguments_json();
+  EXPECT_EQ(args, R"({"note": "a<b <<", "tag": "xy", "n": -12})");
+  EXPECT_EQ(dsv41::testing::json_text_check(json::parse(params), args), "");
 }
 
 // The real clients: `openai` (chat completions and Responses) and `@anthropic-ai/sdk`, calls
