@@ -89,6 +89,10 @@ int ExprPool::repeat(int kid, int min, int max) {
   e_.push_back(std::move(x));
   return static_cast<int>(e_.size()) - 1;
 }
+int ExprPool::add(Expr e) {
+  e_.push_back(std::move(e));
+  return static_cast<int>(e_.size()) - 1;
+}
 int ExprPool::call(int rule) {
   Expr x;
   x.kind = ExprKind::kCall;

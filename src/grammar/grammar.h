@@ -27,15 +27,23 @@ class TokenVocab {
  public:
   // token_bytes[id] = the raw bytes id decodes to; excluded ids never appear in a mask except as
   // end ids. Ids of end_ids outside [0, size) are an input error.
+  // `placed`: excluded (added) tokens a grammar may still write where it names them
+  // (GrammarComposer::token: the DSML marker of a forced tool call). Each gets private bytes,
+  // kPlacedLead then one byte 1..255 (its index + 1), which no other token can spell: with any
+  // placed id, every other token holding the byte 0xFF (never part of UTF-8 text, so never needed
+  // by a constraint) is excluded too. At most 255 placed ids.
   static Result<std::shared_ptr<const TokenVocab>> create(std::vector<std::string> token_bytes,
                                                           const std::vector<int32_t>& excluded,
-                                                          const std::vector<int32_t>& end_ids);
+                                                          const std::vector<int32_t>& end_ids,
+                                                          const std::vector<int32_t>& placed = {});
+  static constexpr char kPlacedLead = '\xFF';
   // From a tokenizer.json table: every added token (special or not) is excluded.
   static Result<std::shared_ptr<const TokenVocab>> from_table(const TokenizerTable& table,
                                                               const std::vector<int32_t>& end_ids);
-  // From a loaded tokenizer (the engine's): every added token is excluded.
+  // From a loaded tokenizer (the engine's): every added token is excluded but the `placed` ones.
   static Result<std::shared_ptr<const TokenVocab>> from_tokenizer(
-      const Tokenizer& tokenizer, const std::vector<int32_t>& end_ids);
+      const Tokenizer& tokenizer, const std::vector<int32_t>& end_ids,
+      const std::vector<int32_t>& placed = {});
 
   int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
   std::size_t mask_words() const { return (bytes_.size() + 63) / 64; }
@@ -43,6 +51,9 @@ class TokenVocab {
   bool is_end(int32_t id) const;
   bool is_excluded(int32_t id) const { return excluded_[id] != 0; }
   const std::vector<int32_t>& end_ids() const { return end_ids_; }
+  // The private bytes of a placed id ("" when id is not placed).
+  std::string placed_bytes(int32_t id) const;
+  const std::vector<int32_t>& placed_ids() const { return placed_; }
 
   // The byte trie of the allowed tokens in preorder (lexicographic), walked once per cached mask.
   struct Trie {
@@ -59,6 +70,7 @@ class TokenVocab {
   std::vector<std::string> bytes_;
   std::vector<uint8_t> excluded_;
   std::vector<int32_t> end_ids_;
+  std::vector<int32_t> placed_;
   Trie trie_;
   int max_depth_ = 0;
 };
@@ -73,6 +85,44 @@ struct GrammarOptions {
   // After compiling, the per-state token sets are computed for up to this long (the rest fill on
   // first use, each costing up to ~1 ms on a 129k vocabulary): trades compile time for mask p99.
   double precompute_ms = 150;
+};
+
+// A grammar built from pieces (forced tool calls: literal wrappers around JSON values): nodes are
+// literal bytes, a placed token of the vocabulary, a JSON value under a schema (or a sub-schema of
+// a document, its $refs resolved in the whole document), a raw-text regex, and sequences,
+// alternations and bounded repetitions of nodes. Build it, then Grammar::compose(composer, root).
+// key() is a canonical text of everything that goes in (a cache key with the options).
+class GrammarComposer {
+ public:
+  int literal(std::string bytes);
+  int token(int32_t placed_id);  // the vocabulary's placed token (TokenVocab::create's `placed`)
+  // The JSON text of a schema document (kept once, however many values use it).
+  int document(std::string schema_json);
+  // A JSON value under the sub-schema at JSON pointer `pointer` ("" = the whole document) of
+  // `doc`; `where` names it in errors (prefixed to the schema compiler's message).
+  int json_value(int doc, std::string pointer, std::string where);
+  // Raw UTF-8 text matching the whole regex (docs/structured-outputs.md subset).
+  int regex(std::string pattern, std::string where);
+  int seq(std::vector<int> parts);
+  int alt(std::vector<int> alternatives);
+  int repeat(int part, int min, int max);  // max -1: unbounded
+  std::string key(int root) const;
+
+  enum class Kind : uint8_t { kLiteral, kToken, kJson, kRegex, kSeq, kAlt, kRepeat };
+  struct Node {
+    Kind kind;
+    std::string text;  // kLiteral bytes, kJson pointer, kRegex pattern
+    std::string where;
+    int64_t a = 0, b = 0, c = 0;  // kToken id; kJson doc; kRepeat min, max
+    std::vector<int> kids;
+  };
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<std::string>& documents() const { return docs_; }
+
+ private:
+  int add(Node n);
+  std::vector<Node> nodes_;
+  std::vector<std::string> docs_;
 };
 
 namespace grammar_detail {
@@ -99,6 +149,11 @@ class Grammar {
   static Result<std::shared_ptr<const Grammar>> from_choices(
       const std::vector<std::string>& choices, std::shared_ptr<const TokenVocab> vocab,
       const GrammarOptions& options = {});
+  // A composed grammar (GrammarComposer), `root` its start node; errors as the pieces' own, or
+  // kInvalidArgument for a token the vocabulary has not placed.
+  static Result<std::shared_ptr<const Grammar>> compose(const GrammarComposer& composer, int root,
+                                                        std::shared_ptr<const TokenVocab> vocab,
+                                                        const GrammarOptions& options = {});
   ~Grammar();
 
   const TokenVocab& vocab() const { return *vocab_; }

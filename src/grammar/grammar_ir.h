@@ -70,6 +70,7 @@ class ExprPool {
   int repeat(int kid, int min, int max);
   int opt(int kid) { return repeat(kid, 0, 1); }
   int call(int rule);
+  int add(Expr e);  // a copy of an expression (its kids already in this pool)
   const Expr& at(int i) const { return e_[i]; }
   std::size_t size() const { return e_.size(); }
 
@@ -128,8 +129,10 @@ Result<Automaton> build_automaton(const Draft& draft, Budget& budget);
 NodeMasks compute_node_masks(const Automaton& a, const TokenVocab& vocab, uint32_t node);
 
 // Front ends. Each returns the draft (rule 0 = the start).
+// `pointer` (a JSON pointer, "" = the root): the draft of that sub-schema, $refs resolved in the
+// whole document, paths in errors from the root.
 Result<Draft> draft_from_schema(std::string_view schema_json, const GrammarOptions& o,
-                                Budget& budget);
+                                Budget& budget, const std::string& pointer = "");
 Draft draft_any_json_object(const GrammarOptions& o);
 
 // Regex (docs/structured-outputs.md subset) into pool expressions. json_string: characters are

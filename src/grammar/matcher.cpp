@@ -181,9 +181,16 @@ bool TokenVocab::is_end(int32_t id) const {
   return std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
 }
 
+std::string TokenVocab::placed_bytes(int32_t id) const {
+  for (std::size_t k = 0; k < placed_.size(); ++k)
+    if (placed_[k] == id) return std::string{kPlacedLead, static_cast<char>(k + 1)};
+  return {};
+}
+
 Result<std::shared_ptr<const TokenVocab>> TokenVocab::create(std::vector<std::string> token_bytes,
                                                              const std::vector<int32_t>& excluded,
-                                                             const std::vector<int32_t>& end_ids) {
+                                                             const std::vector<int32_t>& end_ids,
+                                                             const std::vector<int32_t>& placed) {
   auto v = std::shared_ptr<TokenVocab>(new TokenVocab());
   const int64_t n = static_cast<int64_t>(token_bytes.size());
   if (n == 0 || n > (int64_t{1} << 30)) return Status::error("grammar vocabulary: bad size");
@@ -200,6 +207,21 @@ Result<std::shared_ptr<const TokenVocab>> TokenVocab::create(std::vector<std::st
       return Status::error("grammar vocabulary: end id " + std::to_string(id) + " out of range");
     v->excluded_[id] = 1;  // end ids are handled apart from the trie
     v->end_ids_.push_back(id);
+  }
+  if (placed.size() > 255) return Status::error("grammar vocabulary: more than 255 placed ids");
+  if (!placed.empty())  // the lead byte is private: no other token may spell it
+    for (int32_t id = 0; id < n; ++id)
+      if (v->bytes_[id].find(kPlacedLead) != std::string::npos) v->excluded_[id] = 1;
+  for (std::size_t k = 0; k < placed.size(); ++k) {
+    const int32_t id = placed[k];
+    if (id < 0 || id >= n)
+      return Status::error("grammar vocabulary: placed id " + std::to_string(id) + " out of range");
+    if (v->is_end(id) || v->placed_bytes(id).size())
+      return Status::error("grammar vocabulary: placed id " + std::to_string(id) +
+                           " is an end id or placed twice");
+    v->placed_.push_back(id);
+    v->bytes_[id] = v->placed_bytes(id);
+    v->excluded_[id] = 0;
   }
   std::vector<int32_t> order;
   for (int32_t id = 0; id < n; ++id) {
@@ -253,7 +275,8 @@ Result<std::shared_ptr<const TokenVocab>> TokenVocab::from_table(
 }
 
 Result<std::shared_ptr<const TokenVocab>> TokenVocab::from_tokenizer(
-    const Tokenizer& tokenizer, const std::vector<int32_t>& end_ids) {
+    const Tokenizer& tokenizer, const std::vector<int32_t>& end_ids,
+    const std::vector<int32_t>& placed) {
   const int32_t n = tokenizer.vocab_size();
   std::vector<std::string> bytes(static_cast<std::size_t>(n));
   std::vector<int32_t> excluded;
@@ -263,7 +286,7 @@ Result<std::shared_ptr<const TokenVocab>> TokenVocab::from_tokenizer(
     else
       bytes[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
   }
-  return create(std::move(bytes), excluded, end_ids);
+  return create(std::move(bytes), excluded, end_ids, placed);
 }
 
 // ---- Grammar ----

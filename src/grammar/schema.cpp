@@ -77,9 +77,15 @@ class SchemaCompiler {
   SchemaCompiler(const Json& root, const GrammarOptions& o, Budget& budget)
       : root_(root), o_(o), budget_(budget) {}
 
-  Result<Draft> run() {
-    int start = d_.add_rule("schema");
-    auto body = schema_expr(root_, "", 0);
+  Result<Draft> run(const std::string& pointer) {
+    int start = d_.add_rule(pointer.empty() ? "schema" : pointer);
+    const Json* at = &root_;
+    if (!pointer.empty()) {
+      auto target = resolve_ref(Json("#" + pointer), "");
+      if (!target.is_ok()) return target.status();
+      at = target.value();
+    }
+    auto body = schema_expr(*at, pointer, 0);
     if (!body.is_ok()) return body.status();
     d_.body[start] = body.value();
     return std::move(d_);
@@ -745,14 +751,14 @@ class SchemaCompiler {
 }  // namespace
 
 Result<Draft> draft_from_schema(std::string_view schema_json, const GrammarOptions& o,
-                                Budget& budget) {
+                                Budget& budget, const std::string& pointer) {
   Json root = Json::parse(schema_json, nullptr, false);
   if (root.is_discarded()) return Status::error("json_schema: the schema is not valid JSON");
   if (json_depth(root, 0) > kMaxSchemaDepth)
     return Status::error("json_schema: the schema is nested deeper than " +
                          std::to_string(kMaxSchemaDepth) + " levels");
   SchemaCompiler c(root, o, budget);
-  return c.run();
+  return c.run(pointer);
 }
 
 Draft draft_any_json_object(const GrammarOptions& o) {

@@ -284,7 +284,7 @@ std::optional<ApiError> parse_sampling(Fields& f, const OJson& body, SamplingPar
 std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tokens,
                                               bool count_only, ChatRequest& chat,
                                               bool& extract_tools, int64_t* budget,
-                                              bool* single_call) {
+                                              bool* single_call, ToolForcing* forcing) {
   Fields f(body);
   std::vector<ChatMessage>& msgs = chat.messages;
   ChatOptions& opt = chat.options;
@@ -319,10 +319,21 @@ std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tok
         return bad("tool_choice.disable_parallel_tool_use", "must be a boolean");
       if (single_call) *single_call = one->get<bool>();
     }
-    if (tool_choice != "auto" && tool_choice != "none")
+    if (tool_choice == "any" || tool_choice == "tool") {
+      if (forcing) forcing->mode = ToolForcing::Mode::kRequired;
+      if (tool_choice == "tool") {
+        const auto name = tc->find("name");
+        if (name == tc->end() || !name->is_string())
+          return bad("tool_choice.name", "required with type 'tool' (the name of a tool in tools)");
+        if (forcing) {
+          forcing->mode = ToolForcing::Mode::kNamed;
+          forcing->name = name->get<std::string>();
+        }
+      }
+    } else if (tool_choice != "auto" && tool_choice != "none") {
       return bad("tool_choice.type",
-                 "only 'auto' and 'none' are supported (V4.1 has no forced tool call), got '" +
-                     tool_choice + "'");
+                 "must be 'auto', 'any', 'tool' or 'none', got '" + tool_choice + "'");
+    }
   }
   int64_t asked = -1;
   if (auto e = convert_thinking(body, max_tokens, count_only, opt, asked)) return e;
@@ -359,9 +370,13 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
   ChatRequest chat;
   bool extract_tools = false;
   int64_t budget = -1;
+  ToolForcing forcing;
   if (auto e = messages_conversation(body, max_tokens, count_only, chat, extract_tools, &budget,
-                                     &job.single_tool_call))
+                                     &job.single_tool_call, &forcing))
     return e;
+  const ToolFieldNames tool_names{"tool_choice", "tools[{}].name", "tools[{}].input_schema"};
+  const std::vector<OJson> functions = declared_functions(chat.messages);
+  if (auto e = check_tool_forcing(forcing, functions, tool_names)) return e;
   const std::vector<ChatMessage>& msgs = chat.messages;
   const ChatOptions& opt = chat.options;
   auto prompt = encode_chat(msgs, opt);
@@ -373,7 +388,10 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
   job.request.prompt = tok.encode(*prompt);
   // count_tokens answers for any length: a prompt over the context is what a client asks it about.
   if (count_only) return std::nullopt;
-  return check_prompt_length(job, model, "messages");
+  if (auto e = check_prompt_length(job, model, "messages")) return e;
+  // tool_choice any / tool: the answer is a calls block of the tools' schemas (after the
+  // reasoning in thinking mode).
+  return force_tool_calls(forcing, functions, tool_names, tok, *model.grammars, job);
 }
 
 namespace {

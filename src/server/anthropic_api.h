@@ -8,7 +8,8 @@
 #include <optional>
 #include <string>
 
-#include "server/openai_api.h"  // ApiError, GenerationJob, ServedModel
+#include "server/forced_tools.h"  // ToolForcing
+#include "server/openai_api.h"    // ApiError, GenerationJob, ServedModel
 #include "text/chat.h"
 
 namespace dsv41 {
@@ -20,11 +21,13 @@ std::string anthropic_error_body(const ApiError& e);
 // The conversation of a Messages body as the chat encoder takes it (system, messages, tools
 // attached; options: thinking and effort, continue_final_message for a final assistant prefill);
 // what parse_messages_request encodes. `max_tokens` bounds thinking.budget_tokens, which `budget`
-// receives (-1: none); `single_call`: tool_choice.disable_parallel_tool_use.
+// receives (-1: none); `single_call`: tool_choice.disable_parallel_tool_use; `forcing`:
+// tool_choice any (required) or tool (named).
 std::optional<ApiError> messages_conversation(const OJson& body, int64_t max_tokens,
                                               bool count_only, ChatRequest& chat,
                                               bool& extract_tools, int64_t* budget = nullptr,
-                                              bool* single_call = nullptr);
+                                              bool* single_call = nullptr,
+                                              ToolForcing* forcing = nullptr);
 
 // Parses a Messages request into `job` (chat prompt tokenized); `count_only`: the count_tokens
 // body (no max_tokens, nothing generated, any length: the context limit is not checked).

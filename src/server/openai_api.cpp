@@ -2,6 +2,7 @@
 // do); every known field is type- and range-checked, and unsupported values are refused with a 400
 // naming the field rather than silently ignored.
 #include "server/openai_api.h"
+#include "server/forced_tools.h"
 #include "server/request_fields.h"
 #include "server/structured_outputs.h"
 
@@ -264,6 +265,30 @@ std::optional<ApiError> parse_common(const OJson& body, const ServedModel& model
 
 namespace {
 
+// tool_choice: "auto", "none", "required" or {"type": "function", "function": {"name": N}}.
+std::optional<ApiError> read_chat_tool_choice(const OJson& tc, ToolForcing& out) {
+  if (tc.is_string()) {
+    const std::string s = tc.get<std::string>();
+    if (s == "auto") return std::nullopt;
+    if (s == "none" || s == "required") {
+      out.mode = s == "none" ? ToolForcing::Mode::kNone : ToolForcing::Mode::kRequired;
+      return std::nullopt;
+    }
+    return bad("tool_choice",
+               "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+               "\"function\": {\"name\": ...}}");
+  }
+  if (!tc.is_object() || tc.value("type", OJson()) != "function")
+    return bad("tool_choice",
+               "an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  const auto fn = tc.find("function");
+  if (fn == tc.end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+    return bad("tool_choice.function.name", "required (the name of a tool in tools)");
+  out.mode = ToolForcing::Mode::kNamed;
+  out.name = (*fn)["name"].get<std::string>();
+  return std::nullopt;
+}
+
 // Structured outputs (response_format, structured_outputs; server/structured_outputs.h): compiled
 // here, on the request's thread, once every cheaper check passed; a 400 names the field (and a
 // schema keyword's path).
@@ -435,12 +460,9 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   int64_t budget = -1;  // vLLM's thinking_token_budget
   if (!f.integer("thinking_token_budget", 0, std::numeric_limits<int32_t>::max(), budget))
     return f.err;
-  std::string tool_choice = "auto";
-  if (const OJson* tc = f.get("tool_choice")) {
-    if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
-      return bad("tool_choice", "only \"auto\" and \"none\" are supported");
-    tool_choice = tc->get<std::string>();
-  }
+  ToolForcing forcing;
+  if (const OJson* tc = f.get("tool_choice"))
+    if (auto e = read_chat_tool_choice(*tc, forcing)) return e;
   auto req = parse_chat_request(with_default_kwargs(body, model));
   if (!req) {
     const std::string& msg = req.status().message();
@@ -456,13 +478,19 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   // reasoning already.
   job.thinking = generation_starts_in_reasoning(req->messages, req->options);
   apply_reasoning_budget(model, budget, job);
-  bool has_tools = false;
-  for (const auto& m : req->messages) has_tools |= !m.tools.empty();
-  job.extract_tools = has_tools && tool_choice != "none";
+  const std::vector<OJson> functions = declared_functions(req->messages);
+  for (std::size_t i = 0; i < functions.size(); ++i)
+    if (const auto st = functions[i].find("strict");
+        st != functions[i].end() && !st->is_null() && !st->is_boolean())
+      return bad(fmt::format("tools[{}].function.strict", i), "must be a boolean");
+  if (auto e = check_tool_forcing(forcing, functions, {})) return e;
+  job.extract_tools = !functions.empty() && forcing.mode != ToolForcing::Mode::kNone;
   job.request.prompt = tok.encode(*prompt);
   if (auto e = truncate_prompt(f, model, job)) return e;
   if (auto e = check_prompt_length(job, model, "messages")) return e;
   if (auto e = structured_output(body, model, tok, job)) return e;
+  // tool_choice required / a named function: the answer is a calls block of the tools' schemas.
+  if (auto e = force_tool_calls(forcing, functions, {}, tok, *model.grammars, job)) return e;
   // In thinking mode the constraint applies to the answer: it starts when the reasoning closes.
   job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
   return std::nullopt;

@@ -216,7 +216,7 @@ std::optional<ApiError> check_stateless(Fields& f) {
 
 std::optional<ApiError> responses_conversation(const OJson& body, ChatRequest& chat,
                                                bool& extract_tools, OJson& reasoning_echo,
-                                               std::string& tool_choice) {
+                                               std::string& tool_choice, ToolForcing* forcing) {
   Fields f(body);
   std::vector<ChatMessage>& msgs = chat.messages;
   ChatOptions& opt = chat.options;
@@ -247,10 +247,24 @@ std::optional<ApiError> responses_conversation(const OJson& body, ChatRequest& c
   attach_tools(msgs, std::move(tools));
   tool_choice = "auto";
   if (const OJson* tc = f.get("tool_choice")) {
-    if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
+    // "auto", "none", "required" or {"type": "function", "name": N}.
+    if (tc->is_string() && (*tc == "auto" || *tc == "none" || *tc == "required")) {
+      tool_choice = tc->get<std::string>();
+      if (forcing && tool_choice == "required") forcing->mode = ToolForcing::Mode::kRequired;
+    } else if (tc->is_object() && tc->value("type", OJson()) == "function") {
+      const auto name = tc->find("name");
+      if (name == tc->end() || !name->is_string())
+        return bad("tool_choice.name", "required (the name of a function in tools)");
+      tool_choice = "function";
+      if (forcing) {
+        forcing->mode = ToolForcing::Mode::kNamed;
+        forcing->name = name->get<std::string>();
+      }
+    } else {
       return bad("tool_choice",
-                 "only \"auto\" and \"none\" are supported (V4.1 has no forced tool call)");
-    tool_choice = tc->get<std::string>();
+                 "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                 "\"name\": ...}");
+    }
   }
   if (auto e = convert_reasoning(f.get("reasoning"), opt, reasoning_echo)) return e;
   extract_tools = has_tools && tool_choice != "none";
@@ -286,8 +300,13 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   bool extract_tools = false;
   OJson reasoning_echo;
   std::string tool_choice;
-  if (auto e = responses_conversation(body, chat, extract_tools, reasoning_echo, tool_choice))
+  ToolForcing forcing;
+  if (auto e =
+          responses_conversation(body, chat, extract_tools, reasoning_echo, tool_choice, &forcing))
     return e;
+  const ToolFieldNames tool_names{"tool_choice", "tools[{}].name", "tools[{}].parameters"};
+  const std::vector<OJson> functions = declared_functions(chat.messages);
+  if (auto e = check_tool_forcing(forcing, functions, tool_names)) return e;
   const std::vector<ChatMessage>& msgs = chat.messages;
   const ChatOptions& opt = chat.options;
   auto prompt = encode_chat(msgs, opt);
@@ -307,6 +326,9 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
       format_echo = *fm;
     }
   }
+  // tool_choice required / a named function: the answer is a calls block of the tools' schemas.
+  if (auto e = force_tool_calls(forcing, functions, tool_names, tok, *model.grammars, job))
+    return e;
   job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
   const OJson* ins = f.get("instructions");
   const OJson* tl = f.get("tools");
@@ -318,7 +340,7 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
       {"reasoning", reasoning_echo},
       {"temperature", s.temperature},
       {"top_p", s.top_p},
-      {"tool_choice", tool_choice},
+      {"tool_choice", f.get("tool_choice") ? *f.get("tool_choice") : OJson(tool_choice)},
       {"tools", tl ? *tl : OJson::array()},
       {"metadata", md ? *md : OJson::object()},
       {"text", {{"format", format_echo}}}};

@@ -7,17 +7,20 @@
 
 #include <optional>
 
-#include "server/openai_api.h"  // ApiError, GenerationJob, ServedModel
+#include "server/forced_tools.h"  // ToolForcing
+#include "server/openai_api.h"    // ApiError, GenerationJob, ServedModel
 #include "text/chat.h"
 
 namespace dsv41 {
 
 // The conversation of a Responses body as the chat encoder takes it (instructions, input items,
 // tools attached; options: thinking and effort); what parse_responses_request encodes.
-// `reasoning_echo`: the request's reasoning as the response repeats it.
+// `reasoning_echo`: the request's reasoning as the response repeats it; `tool_choice`: auto, none,
+// required or function; `forcing`: required or the named function.
 std::optional<ApiError> responses_conversation(const OJson& body, ChatRequest& chat,
                                                bool& extract_tools, OJson& reasoning_echo,
-                                               std::string& tool_choice);
+                                               std::string& tool_choice,
+                                               ToolForcing* forcing = nullptr);
 
 std::optional<ApiError> parse_responses_request(const OJson& body, const ServedModel& model,
                                                 const Tokenizer& tok, GenerationJob& job);

@@ -21,23 +21,43 @@ Result<std::shared_ptr<const TokenVocab>> GrammarCache::vocab_for(const Tokenize
   if (!v) return v.status();
   tok_ = &tok;
   vocab_ = *v;
+  tool_vocab_.reset();
   lru_.clear();
   index_.clear();
   return vocab_;
 }
 
-Result<std::shared_ptr<const Grammar>> GrammarCache::get(const Tokenizer& tok, Kind kind,
-                                                         const std::string& spec) {
-  // The key holds everything the grammar depends on: the kind, the text, the options.
-  const std::string key =
-      fmt::format("{}|{}|{}|{}|{}\n{}", int(kind), options_.max_whitespace, options_.time_budget_ms,
-                  options_.state_budget, options_.precompute_ms, spec);
+Result<std::shared_ptr<const TokenVocab>> GrammarCache::tool_vocab(const Tokenizer& tok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto v = vocab_for(tok);
+  if (!v) return v.status();
+  if (tool_vocab_) return tool_vocab_;
+  // V4.1's tokenizer has the DSML marker as an added token: the tool grammars write it as that
+  // token (what the model was trained on), never spelled by bytes.
+  std::vector<int32_t> placed;
+  const int32_t dsml = tok.token_id(tokens::kDsml);
+  if (dsml >= 0 && tok.is_added(dsml)) placed.push_back(dsml);
+  auto t = TokenVocab::from_tokenizer(tok, {tok.token_id(tokens::kEos)}, placed);
+  if (!t) return t.status();
+  tool_vocab_ = *t;
+  return tool_vocab_;
+}
+
+Result<std::shared_ptr<const Grammar>> GrammarCache::lookup(const Tokenizer& tok, bool tools,
+                                                            const std::string& key,
+                                                            const Compile& compile) {
   std::shared_ptr<const TokenVocab> vocab;
+  if (tools) {
+    auto v = tool_vocab(tok);
+    if (!v) return v.status();
+    vocab = *v;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto v = vocab_for(tok);
     if (!v) return v.status();
-    vocab = *v;
+    if (!tools) vocab = *v;
+    if (tools && vocab != tool_vocab_) return Status::error("the tokenizer changed meanwhile");
     if (auto it = index_.find(key); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
       ++hits_;
@@ -45,27 +65,10 @@ Result<std::shared_ptr<const Grammar>> GrammarCache::get(const Tokenizer& tok, K
       return it->second->grammar;
     }
   }
-  Result<std::shared_ptr<const Grammar>> g = Status::error("unreachable");
-  switch (kind) {
-    case Kind::kJsonSchema:
-      g = Grammar::from_json_schema(spec, vocab, options_);
-      break;
-    case Kind::kJsonObject:
-      g = Grammar::any_json_object(vocab, options_);
-      break;
-    case Kind::kRegex:
-      g = Grammar::from_regex(spec, vocab, options_);
-      break;
-    case Kind::kChoice: {
-      std::vector<std::string> choices;
-      for (const auto& c : nlohmann::json::parse(spec)) choices.push_back(c.get<std::string>());
-      g = Grammar::from_choices(choices, vocab, options_);
-      break;
-    }
-  }
+  Result<std::shared_ptr<const Grammar>> g = compile(vocab);
   std::lock_guard<std::mutex> lock(mu_);
   ++compiles_;
-  if (vocab_ != vocab) return g;    // another tokenizer came meanwhile: not cached
+  if ((tools ? tool_vocab_ : vocab_) != vocab) return g;  // another tokenizer came meanwhile
   if (index_.count(key)) return g;  // compiled twice at once: the first one stays
   lru_.push_front({key, g ? *g : nullptr, g ? Status::ok() : g.status()});
   index_[key] = lru_.begin();
@@ -78,6 +81,41 @@ Result<std::shared_ptr<const Grammar>> GrammarCache::get(const Tokenizer& tok, K
     lru_.pop_back();
   }
   return g;
+}
+
+std::string GrammarCache::options_key() const {
+  return fmt::format("{}|{}|{}|{}", options_.max_whitespace, options_.time_budget_ms,
+                     options_.state_budget, options_.precompute_ms);
+}
+
+Result<std::shared_ptr<const Grammar>> GrammarCache::get(const Tokenizer& tok, Kind kind,
+                                                         const std::string& spec) {
+  // The key holds everything the grammar depends on: the kind, the text, the options.
+  const std::string key = fmt::format("{}|{}\n{}", int(kind), options_key(), spec);
+  return lookup(tok, false, key, [&](std::shared_ptr<const TokenVocab> vocab) {
+    switch (kind) {
+      case Kind::kJsonSchema:
+        return Grammar::from_json_schema(spec, vocab, options_);
+      case Kind::kJsonObject:
+        return Grammar::any_json_object(vocab, options_);
+      case Kind::kRegex:
+        return Grammar::from_regex(spec, vocab, options_);
+      case Kind::kChoice:
+        break;
+    }
+    std::vector<std::string> choices;
+    for (const auto& c : nlohmann::json::parse(spec)) choices.push_back(c.get<std::string>());
+    return Grammar::from_choices(choices, vocab, options_);
+  });
+}
+
+Result<std::shared_ptr<const Grammar>> GrammarCache::get_composed(const Tokenizer& tok,
+                                                                  const GrammarComposer& composer,
+                                                                  int root) {
+  const std::string key = fmt::format("composed|{}\n{}", options_key(), composer.key(root));
+  return lookup(tok, true, key, [&](std::shared_ptr<const TokenVocab> vocab) {
+    return Grammar::compose(composer, root, vocab, options_);
+  });
 }
 
 int64_t GrammarCache::hits() const {

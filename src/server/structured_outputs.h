@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,13 @@ class GrammarCache {
   // budget). Thread-safe; compilation runs outside the lock.
   Result<std::shared_ptr<const Grammar>> get(const Tokenizer& tok, Kind kind,
                                              const std::string& spec);
+  // A composed grammar (forced tool calls) over `tok`'s vocabulary with the added DSML marker
+  // token placed (TokenVocab::placed_bytes; none when the tokenizer has no such added token),
+  // keyed by the composer's key(root) and the options; same errors and caching as get().
+  Result<std::shared_ptr<const Grammar>> get_composed(const Tokenizer& tok,
+                                                      const GrammarComposer& composer, int root);
+  // The vocabulary get_composed() compiles against (built once): composers read its placed ids.
+  Result<std::shared_ptr<const TokenVocab>> tool_vocab(const Tokenizer& tok);
   int64_t hits() const;
   int64_t compiles() const;
   std::size_t size() const;
@@ -49,12 +57,18 @@ class GrammarCache {
     Status status;
   };
   Result<std::shared_ptr<const TokenVocab>> vocab_for(const Tokenizer& tok);
+  std::string options_key() const;
+  using Compile =
+      std::function<Result<std::shared_ptr<const Grammar>>(std::shared_ptr<const TokenVocab>)>;
+  Result<std::shared_ptr<const Grammar>> lookup(const Tokenizer& tok, bool tools,
+                                                const std::string& key, const Compile& compile);
   std::size_t capacity_, max_bytes_;
   GrammarOptions options_;
   mutable std::mutex mu_;
   const Tokenizer* tok_ = nullptr;  // the vocabulary below is this tokenizer's
   std::shared_ptr<const TokenVocab> vocab_;
-  std::list<Entry> lru_;  // most recent first
+  std::shared_ptr<const TokenVocab> tool_vocab_;  // vocab_ with the DSML marker placed
+  std::list<Entry> lru_;                          // most recent first
   std::unordered_map<std::string, std::list<Entry>::iterator> index_;
   int64_t hits_ = 0, compiles_ = 0;
 };

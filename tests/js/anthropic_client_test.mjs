@@ -139,7 +139,8 @@ async function toolsMode() {
   // tool_choice none: the DSML block stays plain text.
   const none = await client.messages.create({ ...req, tool_choice: { type: 'none' } });
   check(none.content.every((b) => b.type !== 'tool_use') && none.stop_reason === 'end_turn', 'tool_choice none');
-  await expectTypedError(client.messages.create({ ...req, tool_choice: { type: 'any' } }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'tool_choice any refused');
+  // A forced tool that is not declared is refused (forced calls themselves: anthropic_forced_tools_test.mjs).
+  await expectTypedError(client.messages.create({ ...req, tool_choice: { type: 'tool', name: 'nope' } }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'tool_choice of an undeclared tool refused');
 }
 
 await runMode(mode, { basic, tools: toolsMode });
