@@ -4,16 +4,20 @@
 // §9.1), resized or letterboxed and cut into the ViT's patch rows (`patches`), then through the
 // reference tower (`vit`: the final norm's rows; `aligner`: the rows that fill the span's IMAGE
 // positions). Written as little-endian f32, row-major, with one JSON line on stdout giving the
-// plan and the matrix's shape. The fast tower (--path fast) is not done.
+// plan and the matrix's shape. --path fast runs the fast tower (model/fast/fast_vision.h).
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/fast_model_dir.h"
 #include "cli/prompt_images.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
+#include "model/fast/converted_weights.h"
+#include "model/fast/fast_vision.h"
 #include "model/inventory.h"
 #include "model/reference/vision_tower.h"
 
@@ -21,8 +25,29 @@ namespace dsv41::cli {
 namespace {
 
 struct ImageEmbedArgs {
-  std::string model, image, out, stage = "patches", precision = "fp32";
+  std::string model, image, out, stage = "patches", precision = "fp32", path = "reference";
+  std::string converted_dir;
+  int threads = 0;
 };
+
+// The tower's rows of `patches` on the fast path (the converted layout, converted first if
+// --model is official), as the stage's matrix.
+Result<std::vector<float>> fast_tower_rows(const ImageEmbedArgs& a,
+                                           const std::vector<uint16_t>& patches,
+                                           const ImagePlan& plan, int64_t* cols) {
+  auto dir = ensure_converted(a.model, a.converted_dir);
+  if (!dir) return dir.status();
+  auto w = ConvertedWeights::open(*dir, false);
+  if (!w) return w.status();
+  ThreadPool pool(std::size_t(a.threads));
+  auto tower = FastVisionTower::create(**w, pool);
+  if (!tower) return tower.status();
+  FastVisionTower::Rows r = (*tower)->encode(patches, plan.vit_w, plan.vit_h);
+  const bool vit = a.stage == "vit";
+  std::vector<float>& m = vit ? r.vit : r.aligned;
+  *cols = int64_t(m.size()) / (vit ? plan.vit_w * plan.vit_h : plan.llm_w * plan.llm_h);
+  return std::move(m);
+}
 
 // The tower's rows of `patches` in the reference at precision T, as f32 (the stage's matrix).
 template <typename T>
@@ -63,6 +88,13 @@ int run_image_embed(const ImageEmbedArgs& a) {
       const uint32_t bits = uint32_t(bf16[i]) << 16;
       std::memcpy(&f32[i], &bits, 4);
     }
+  } else if (a.path == "fast") {
+    auto rows = fast_tower_rows(a, bf16, plan, &cols);
+    if (!rows) {
+      log::error("image-embed: --model {}: {}", a.model, rows.status().message());
+      return kExitInvalid;
+    }
+    f32 = std::move(*rows);
   } else {
     // The tower's rows, in the reference (the official layout, its vision tensors checked).
     auto ck = Checkpoint::open(a.model);
@@ -101,7 +133,10 @@ int run_image_embed(const ImageEmbedArgs& a) {
                               {"rows", int64_t(f32.size()) / cols},
                               {"cols", cols},
                               {"dtype", "f32"},
-                              {"precision", a.stage == "patches" ? "bf16" : a.precision},
+                              {"precision", a.stage == "patches" ? "bf16"
+                                            : a.path == "fast"   ? "fp32"
+                                                                 : a.precision},
+                              {"path", a.stage == "patches" ? "preprocess" : a.path},
                               {"out", a.out}};
   std::printf("%s\n", j.dump().c_str());
   return kExitOk;
@@ -130,6 +165,16 @@ void add_image_embed(CLI::App& app, Runner* run) {
   sub->add_option("--precision", a->precision, "fp32 | fp64 (the reference's scalar type)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "fp64"}));
+  sub->add_option("--path", a->path,
+                  "reference (the official layout, plain loops) | fast (the converted layout: "
+                  "BF16 GEMM kernels, fp32; an official --model is converted first)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"reference", "fast"}));
+  sub->add_option("--converted", a->converted_dir,
+                  "--path fast, official-layout --model: where its one-time conversion goes "
+                  "(default: DIR.dsv41-converted beside it)");
+  sub->add_option("--threads", a->threads, "--path fast: threads (0: every core)")
+      ->check(CLI::Range(0, 4096));
   sub->callback([a, run] { *run = [a] { return run_image_embed(*a); }; });
 }
 

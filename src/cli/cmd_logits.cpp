@@ -17,6 +17,9 @@
 #include "cli/prompt_images.h"
 #include "cli/token_args.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
+#include "model/fast/converted_weights.h"
+#include "model/fast/fast_vision.h"
 #include "model/reference/reference_model.h"
 
 namespace dsv41::cli {
@@ -188,14 +191,30 @@ int run_logits(const LogitsArgs& a) {
     f.mode = a.mode;
     f.index_keys = a.index_keys;
     if (a.images.empty()) return run_fast_logits(f, ids.value(), chunk.value());
-    // The images' rows from the reference tower in fp32 (the fast tower is not done yet), which
-    // reads the official layout.
-    auto prompt = expand_prompt_images<float>(a.model, ids.value(), a.images);
+    // The images' rows from the fast tower (the converted layout; converted first if need be).
+    auto dir = ensure_converted(a.model, a.fast.converted_dir);
+    if (!dir) {
+      log::error("logits: --model: {}", dir.status().message());
+      return kExitInvalid;
+    }
+    f.model = *dir;
+    auto wts = ConvertedWeights::open(*dir, false);
+    if (!wts) {
+      log::error("logits: --model: {}", wts.status().message());
+      return kExitInvalid;
+    }
+    ThreadPool pool(std::size_t(a.fast.threads));
+    auto tower = FastVisionTower::create(**wts, pool);
+    if (!tower) {
+      log::error("logits: --image: {}", tower.status().message());
+      return kExitInvalid;
+    }
+    auto prompt = expand_prompt_images<float>(
+        (*wts)->config(), ids.value(), a.images, [&](const PlannedImage& p) {
+          return (*tower)->encode(p.patches, p.plan.vit_w, p.plan.vit_h).aligned;
+        });
     if (!prompt) {
-      log::error(
-          "logits: {} (--image with --path fast runs the reference tower on the official "
-          "layout: give the official --model)",
-          prompt.status().message());
+      log::error("logits: {}", prompt.status().message());
       return kExitInvalid;
     }
     std::vector<SliceImage> images;

@@ -32,30 +32,27 @@ Result<PlannedImage> load_planned_image(const std::string& path, const VisionCon
   return p;
 }
 
-template <typename T>
-Result<ExpandedPrompt<T>> expand_prompt_images(const std::string& model_dir,
-                                               const std::vector<int32_t>& ids,
-                                               const std::vector<std::string>& image_files) {
+namespace {
+std::size_t count_holes(const std::vector<int32_t>& ids) {
   std::size_t holes = 0;
   for (int32_t id : ids) holes += id == kImagePlaceholder;
+  return holes;
+}
+}  // namespace
+
+template <typename T>
+Result<ExpandedPrompt<T>> expand_prompt_images(
+    const ModelConfig& cfg, const std::vector<int32_t>& ids,
+    const std::vector<std::string>& image_files,
+    const std::function<std::vector<T>(const PlannedImage&)>& tower) {
+  const std::size_t holes = count_holes(ids);
   if (holes != image_files.size())
     return Status::error("the tokens hold " + std::to_string(holes) +
                          " IMG placeholder(s) but --image was given " +
                          std::to_string(image_files.size()) + " time(s): one image per IMG");
   ExpandedPrompt<T> out;
-  if (holes == 0) {
-    out.ids = ids;
-    return out;
-  }
-  auto cfg = load_config(model_dir + "/config.json");
-  if (!cfg) return cfg.status();
-  if (!cfg->vision)
-    return Status::error(model_dir + "/config.json has no vision_config (a text-only model)");
-  auto ck = Checkpoint::open(model_dir);
-  if (!ck) return ck.status();
-  const InventoryReport rep = check_inventory(expected_vision_tensors(*cfg), *ck);
-  if (!rep.missing.empty() || !rep.wrong_shape.empty() || !rep.wrong_dtype.empty())
-    return Status::error(model_dir + ": the vision tower's tensors: " + rep.summary());
+  if (holes > 0 && !cfg.vision)
+    return Status::error("the model's config.json has no vision_config (a text-only model)");
   std::size_t next = 0;
   for (int32_t id : ids) {
     if (id != kImagePlaceholder) {
@@ -63,22 +60,44 @@ Result<ExpandedPrompt<T>> expand_prompt_images(const std::string& model_dir,
       continue;
     }
     const std::string& file = image_files[next++];
-    auto p = load_planned_image(file, *cfg->vision);
+    auto p = load_planned_image(file, *cfg.vision);
     if (!p) return p.status().with_context("--image: ");
-    const ref::VisionRows<T> rows =
-        ref::vision_tower<T>(*ck, *cfg, p->patches, p->plan.vit_w, p->plan.vit_h);
     PromptImage<T> img;
     img.start = int64_t(out.ids.size());
     img.llm_w = p->plan.llm_w;
     img.llm_h = p->plan.llm_h;
-    img.rows = rows.aligned.v;
-    out.ids.insert(out.ids.end(), std::size_t(img.span()), int32_t(cfg->image_token_id));
+    img.rows = tower(*p);
+    out.ids.insert(out.ids.end(), std::size_t(img.span()), int32_t(cfg.image_token_id));
     out.images.push_back(std::move(img));
     out.plans.push_back(p->plan);
   }
   return out;
 }
 
+template <typename T>
+Result<ExpandedPrompt<T>> expand_prompt_images(const std::string& model_dir,
+                                               const std::vector<int32_t>& ids,
+                                               const std::vector<std::string>& image_files) {
+  auto cfg = load_config(model_dir + "/config.json");
+  if (!cfg) return cfg.status();
+  if (count_holes(ids) == 0 || !cfg->vision)
+    return expand_prompt_images<T>(*cfg, ids, image_files, nullptr);
+  auto ck = Checkpoint::open(model_dir);
+  if (!ck) return ck.status();
+  const InventoryReport rep = check_inventory(expected_vision_tensors(*cfg), *ck);
+  if (!rep.missing.empty() || !rep.wrong_shape.empty() || !rep.wrong_dtype.empty())
+    return Status::error(model_dir + ": the vision tower's tensors: " + rep.summary());
+  return expand_prompt_images<T>(*cfg, ids, image_files, [&](const PlannedImage& p) {
+    return ref::vision_tower<T>(*ck, *cfg, p.patches, p.plan.vit_w, p.plan.vit_h).aligned.v;
+  });
+}
+
+template Result<ExpandedPrompt<float>> expand_prompt_images(
+    const ModelConfig&, const std::vector<int32_t>&, const std::vector<std::string>&,
+    const std::function<std::vector<float>(const PlannedImage&)>&);
+template Result<ExpandedPrompt<double>> expand_prompt_images(
+    const ModelConfig&, const std::vector<int32_t>&, const std::vector<std::string>&,
+    const std::function<std::vector<double>(const PlannedImage&)>&);
 template Result<ExpandedPrompt<float>> expand_prompt_images(const std::string&,
                                                             const std::vector<int32_t>&,
                                                             const std::vector<std::string>&);

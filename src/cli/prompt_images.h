@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,15 @@ struct ExpandedPrompt {
   std::vector<ImagePlan> plans;
 };
 
-// `ids` (with kImagePlaceholder entries) and one image file per placeholder, for the official
-// checkpoint in `model_dir`: the tower runs in the reference at precision T.
+// `ids` (with kImagePlaceholder entries) and one image file per placeholder, planned by `cfg`;
+// `tower` makes an image's aligner rows ([llm_h * llm_w, hidden]).
+template <typename T>
+Result<ExpandedPrompt<T>> expand_prompt_images(
+    const ModelConfig& cfg, const std::vector<int32_t>& ids,
+    const std::vector<std::string>& image_files,
+    const std::function<std::vector<T>(const PlannedImage&)>& tower);
+
+// The same for the official checkpoint in `model_dir`, the tower run in the reference at T.
 template <typename T>
 Result<ExpandedPrompt<T>> expand_prompt_images(const std::string& model_dir,
                                                const std::vector<int32_t>& ids,

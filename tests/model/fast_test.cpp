@@ -13,13 +13,19 @@
 #include <new>
 
 #include "core/rng.h"
+#include "core/thread_pool.h"
+#include "io/checkpoint.h"
 #include "io/mapped_file.h"
 #include "io/test_util.h"
 #include "model/config.h"
 #include "model/convert/converter.h"
+#include "model/fast/converted_weights.h"
+#include "model/fast/fast_vision.h"
 #include "model/reference/reference_runner.h"
+#include "model/reference/vision_tower.h"
 #include "model/tiny_checkpoint.h"
 #include "model/tiny_converted.h"
+#include "vision/preprocess.h"
 
 // Counts heap allocations of this test program (the hot-path test reads the counter). Every
 // unaligned form is replaced, plain and array, throwing and nothrow (std::stable_sort's buffer is a
@@ -924,6 +930,49 @@ TEST(FastModel, ImageSpansMatchTheReferenceAndStayBatchInvariant) {
   later.images.push_back(img);
   later.images[0].start = 0;
   refused(later, "position 0");
+}
+
+// The fast tower (model/fast/fast_vision.h) against the fp64 reference tower on the tiny preset's
+// tower, over plans of every shape (letterbox, a grid that is not a multiple of 3, tall, square);
+// and the same bits on one thread as on two (an image's rows depend on its patches only).
+TEST(FastVisionTower, TracksTheFp64ReferenceAndIsDeterministic) {
+  auto wts = ConvertedWeights::open(converted_dir(), false);
+  ASSERT_TRUE(wts.is_ok()) << wts.status().message();
+  auto ck = Checkpoint::open(official_dir());
+  ASSERT_TRUE(ck.is_ok());
+  const ModelConfig& cfg = (*wts)->config();
+  ThreadPool two(2), one(1);
+  auto t2 = FastVisionTower::create(**wts, two);
+  auto t1 = FastVisionTower::create(**wts, one);
+  ASSERT_TRUE(t2.is_ok() && t1.is_ok());
+  ImagePlanOptions o;
+  o.min_pixels = cfg.vision->min_pixels;
+  o.max_tokens = cfg.vision->max_image_tokens;
+  auto rel = [](const std::vector<float>& a, const std::vector<double>& b) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    return std::sqrt(num / den);
+  };
+  for (auto [w, h] : {std::pair{70, 50}, {100, 100}, {30, 90}, {56, 56}}) {
+    RgbImage px;
+    px.width = w, px.height = h;
+    px.rgb.resize(std::size_t(w * h * 3));
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t x = 0; x < w; ++x)
+        for (int c = 0; c < 3; ++c) px.row(y)[x * 3 + c] = uint8_t((x * 11 + y * 7 + c * 90) % 256);
+    const ImagePlan plan = plan_image_grid(w, h, o);
+    const auto patches = patch_tensor(plan_pixels(px, plan), cfg.vision->patch_size);
+    const auto fast = (*t2)->encode(patches, plan.vit_w, plan.vit_h);
+    const auto want = ref::vision_tower<double>(*ck, cfg, patches, plan.vit_w, plan.vit_h);
+    ASSERT_EQ(fast.vit.size(), want.vit.v.size());
+    ASSERT_EQ(fast.aligned.size(), want.aligned.v.size());
+    EXPECT_LT(rel(fast.vit, want.vit.v), 1e-5) << w << " x " << h;
+    EXPECT_LT(rel(fast.aligned, want.aligned.v), 1e-5) << w << " x " << h;
+    const auto single = (*t1)->encode(patches, plan.vit_w, plan.vit_h);
+    EXPECT_EQ(0, std::memcmp(single.aligned.data(), fast.aligned.data(),
+                             fast.aligned.size() * sizeof(float)));
+  }
 }
 
 // Checkpoints of other widths and layer plans than the presets' (the outside check runs DeepSeek's
