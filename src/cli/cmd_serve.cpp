@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "cli/fast_model_dir.h"
+#include "cli/image_encoder.h"
 #include "core/cpu_set.h"
 #include "core/load_progress.h"
 #include "core/log.h"
@@ -417,14 +418,23 @@ void add_serve(CLI::App& app, Runner* run) {
               "rank 0 at once (clients see their connections close) instead of rank 0 failing "
               "the requests and answering 503 on /health (docs/parallel.md)");
       }
+      // Images: the model's vision tower behind the server's encoder (none: no vision_config).
+      auto images = make_image_encoder(eo);
+      if (!images) {
+        log::error("serve: the vision tower: {}", images.status().message());
+        stop_listening();
+        return kExitInvalid;
+      }
       if (!server) {  // (a follower rank never gets here: it follows rank 0 inside the load)
         server = std::make_unique<HttpServer>(**engine, a->server);
+        server->set_image_encoder(*images);
         if (Status st = server->bind(); !st) {
           log::error("serve: {}", st.message());
           return kExitUsage;
         }
         serving = std::thread([&] { server->serve(); });
       } else {
+        server->set_image_encoder(*images);
         server->attach(**engine, a->server.sampling_defaults);
       }
       loaded = true;

@@ -44,6 +44,11 @@ struct GenerationRequest {
   // The constraint starts after the reasoning's end token (</think>) was generated: the prompt
   // opened the reasoning (thinking mode). False: from the first generated token.
   bool constraint_after_reasoning = false;
+  // Images of the prompt (spec §9.1; SliceImage in model/seam.h, `start` a prompt position): each
+  // span's positions hold the model's image_token_id. They go into the model with the prompt's
+  // first slice, which the scheduler makes long enough to hold every span; such a request takes
+  // nothing from the prefix cache.
+  std::vector<SliceImage> images;
 };
 
 struct OutputToken {
@@ -197,6 +202,8 @@ class Engine {
   // Requests the engine holds at once at most: running (max_num_seqs) plus waiting (max_queue).
   int64_t max_requests() const { return int64_t(limits_.max_seqs) + options_.max_queue; }
   int32_t eos_id() const { return eos_id_; }
+  // The id every position of an image span carries (-1: the tokenizer has no image token).
+  int32_t image_token_id() const { return image_token_id_; }
   EngineStats stats() const;
   // The model's health (ModelRunner::health): not ok once a split model's ranks stopped answering;
   // submissions are then refused as unavailable. Any thread.
@@ -252,7 +259,8 @@ class Engine {
   int32_t vocab_size_ = 0;
   int64_t max_context_ = 0;
   int32_t eos_id_ = -1;
-  int32_t think_end_id_ = -1;  // the reasoning's end (thinking_token_budget)
+  int32_t think_end_id_ = -1;    // the reasoning's end (thinking_token_budget)
+  int32_t image_token_id_ = -1;  // every position of an image span (GenerationRequest::images)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

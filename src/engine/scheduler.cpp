@@ -47,7 +47,8 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
     const bool decode = left == 1;
     decodes_left -= decode;
     const int64_t n = decode ? 1 : std::min(left, budget - decodes_left);
-    if (left <= 0 || n <= 0) {
+    // An image prompt's first slice holds every span, or waits for a step with room for it.
+    if (left <= 0 || n <= 0 || (s->computed == 0 && n < std::min(s->first_min, left))) {
       ++i;
       continue;
     }
@@ -80,6 +81,13 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
     if (admitted_now) admit(*s);
     const int64_t n = std::min(s->known - s->computed, budget);
     DSV41_CHECK(n > 0);
+    if (s->computed == 0 && n < std::min(s->first_min, s->known)) {  // its spans wait for room
+      if (admitted_now && s->open) {
+        model.free(s->id);
+        s->open = false;
+      }
+      break;
+    }
     const int64_t need = bounded ? model.kv_blocks_to_grow(s->id, s->computed + n) : 0;
     // All of its tokens must fit (bounded by what one sequence holds at once), not just this chunk.
     const int64_t need_all =

@@ -36,6 +36,8 @@ struct SchedSeq {
   // Not admitted while set (the engine holds a parallel sample until its first sibling has
   // computed the shared prompt); later waiting sequences pass it.
   bool hold = false;
+  // Tokens its first slice (from position 0) must hold at least: the end of its last image span.
+  int64_t first_min = 0;
 };
 
 struct Scheduled {

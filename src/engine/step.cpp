@@ -26,6 +26,16 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     // its salt (a one-token prefix attaches nothing, the last token always being left to compute),
     // so the blocks it registers for later requests stay in its salt's partition.
     const std::string& salt = a.ch->request().cache_salt;
+    // An image prompt takes nothing from the cache: its first slice must start at 0 with its
+    // spans (and a cached prefix of image_token_ids could hold another image's rows).
+    if (!a.ch->request().images.empty()) {
+      s.computed = 0;
+      if (!a.ch->cached_known()) {
+        a.ch->set_cached(0);
+        a.ch->mark_cached_known();
+      }
+      return;
+    }
     s.computed = a.ch->request().sampling.prompt_logprobs >= 0
                      ? backend_->attach_cached_prefix(
                            s.id, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + 1), salt)
@@ -86,6 +96,7 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     sl.first_pos = a.sched.computed;
     sl.tokens.assign(a.tokens.begin() + a.sched.computed,
                      a.tokens.begin() + a.sched.computed + sc.tokens);
+    if (sl.first_pos == 0) sl.images = a.ch->request().images;
     // prompt_logprobs: a row for every prompt position whose next token is still unpublished,
     // on the full stack (decoder replay would leave them without logits).
     if (a.ch->request().sampling.prompt_logprobs >= 0 && a.sched.computed < a.prompt_len) {

@@ -137,6 +137,7 @@ struct HttpServer::Impl {
     }
     engine = &e;
     model.max_context = e.max_context();
+    model.image_token_id = e.image_token_id();
     ready.store(true, std::memory_order_release);
   }
 
@@ -880,6 +881,10 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options)
 
 HttpServer::HttpServer(ServerOptions options, int64_t max_requests)
     : impl_(std::make_unique<Impl>(nullptr, std::move(options), max_requests)) {}
+
+void HttpServer::set_image_encoder(std::shared_ptr<const ImageEncoder> encoder) {
+  impl_->model.images = std::move(encoder);
+}
 
 void HttpServer::attach(Engine& engine, const SamplingDefaults& sampling_defaults) {
   impl_->attach(engine, sampling_defaults);

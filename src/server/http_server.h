@@ -18,6 +18,7 @@
 #include "grammar/grammar.h"
 #include "server/access_control.h"
 #include "server/generation_defaults.h"
+#include "server/openai_api.h"
 #include "text/json_ordered.h"
 
 namespace dsv41 {
@@ -79,6 +80,9 @@ class HttpServer {
   // The model is loaded: requests are served from now on, with these sampling defaults (read
   // from the model's directory, so known only now).
   void attach(Engine& engine, const SamplingDefaults& sampling_defaults);
+  // Images (server/image_inputs.h): the model's encoder; before attach (requests read it once the
+  // model is attached). Without one, an image part is a 400 ("this model takes no images").
+  void set_image_encoder(std::shared_ptr<const ImageEncoder> encoder);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.h"
@@ -31,6 +33,13 @@ struct ApiError {
 std::string error_body(const ApiError& e);
 
 class GrammarCache;  // server/structured_outputs.h
+
+// An image file's bytes -> its span and the aligner's rows (server/image_inputs.h).
+struct EncodedImage {
+  int32_t llm_w = 0, llm_h = 0;                    // the span's grid of LLM tokens
+  std::shared_ptr<const std::vector<float>> rows;  // the aligner's rows, [llm_h * llm_w, hidden]
+};
+using ImageEncoder = std::function<Result<EncodedImage>(std::string_view file)>;
 
 struct ServedModel {
   std::string name;
@@ -57,6 +66,10 @@ struct ServedModel {
   // structured_outputs), shared by every copy of this model's description.
   std::shared_ptr<GrammarCache> grammars = make_grammar_cache();
   static std::shared_ptr<GrammarCache> make_grammar_cache();
+  // Images (server/image_inputs.h): the model's encoder (null: it takes no images) and the id of
+  // its image token.
+  std::shared_ptr<const ImageEncoder> images;
+  int32_t image_token_id = -1;
   bool serves(const std::string& asked) const {
     return asked == name || std::find(aliases.begin(), aliases.end(), asked) != aliases.end();
   }

@@ -30,6 +30,10 @@ struct ChatMessage {
   std::string tool_call_id;              // tool
   std::vector<OJson> tools;              // function objects declared in a system/developer message
   bool prefix = false;  // assistant: DeepSeek's chat prefix completion (continued, not answered)
+  // user: the URLs of its image parts, in order; the content holds the image placeholder
+  // (<｜deepseek_image｜>) where each one goes. `image_params` names each part for errors
+  // ("messages[1].content[2].image_url").
+  std::vector<std::string> images, image_params;
 };
 
 struct ChatOptions {

@@ -33,15 +33,20 @@ Status type_error(const std::string& param, const char* expected, const OJson& g
   return Status::error(fmt::format("{}: expected {}, got {}", param, expected, type_name(got)));
 }
 
-// Content: a string, null, or an array of text parts joined by a blank line (the reference's
-// separator for raw text parts). Images are refused: this server serves the text model only.
-Result<std::optional<std::string>> parse_content(const OJson& v, const std::string& param) {
+// Content: a string, null, or an array of parts: text parts joined by a blank line (the
+// reference's separator for raw text parts); an image part (a user message's) becomes the image
+// placeholder in place, with no separator around it (docs/decisions.md), its URL kept in `images`
+// (null: images refused, as in a non-user message).
+Result<std::optional<std::string>> parse_content(const OJson& v, const std::string& param,
+                                                 std::vector<std::string>* images = nullptr,
+                                                 std::vector<std::string>* image_params = nullptr) {
   if (v.is_null()) return std::optional<std::string>();
   if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
   if (!v.is_array()) return type_error(param, "a string or an array of content parts", v);
   // As OpenAI: an array holds at least one part (an empty string is how to send no text).
   if (v.empty()) return Status::error(param + ": an empty array (give at least one content part)");
   std::string joined;
+  bool after_text = false;  // a text part follows another text part with a blank line
   for (std::size_t i = 0; i < v.size(); ++i) {
     const OJson& part = v[i];
     std::string p = fmt::format("{}[{}]", param, i);
@@ -54,11 +59,23 @@ Result<std::optional<std::string>> parse_content(const OJson& v, const std::stri
       auto text = part.find("text");
       if (text == part.end() || !text->is_string())
         return Status::error(p + ".text: required string field missing");
-      if (i > 0) joined += "\n\n";
+      if (after_text) joined += "\n\n";
       joined += text->get<std::string>();
+      after_text = true;
+    } else if (t == "image_url" && images) {
+      // {"type": "image_url", "image_url": {"url": ..., "detail": ...}} (or the URL as a string)
+      auto iu = part.find("image_url");
+      const OJson* url = nullptr;
+      if (iu != part.end() && iu->is_string()) url = &*iu;
+      if (iu != part.end() && iu->is_object())
+        if (auto u = iu->find("url"); u != iu->end() && u->is_string()) url = &*u;
+      if (!url) return Status::error(p + ".image_url.url: required string field missing");
+      images->push_back(url->get<std::string>());
+      image_params->push_back(p + ".image_url");
+      joined += tokens::kImage;
+      after_text = false;
     } else if (t == "image_url" || t == "input_image" || t == "image_pil") {
-      return Status::error(p +
-                           ".type: image input is not supported (this server runs the text model)");
+      return Status::error(p + ".type: images are taken in user messages' image_url parts only");
     } else {
       return Status::error(
           fmt::format("{}.type: unsupported content part type '{}' (text only)", p, t));
@@ -113,7 +130,9 @@ Result<ChatMessage> parse_message(const OJson& m, const std::string& param) {
         "{}.role: invalid role '{}' (expected system, developer, user, assistant or tool)", param,
         msg.role));
   if (auto c = m.find("content"); c != m.end()) {
-    auto content = parse_content(*c, param + ".content");
+    const bool user = msg.role == "user";
+    auto content = parse_content(*c, param + ".content", user ? &msg.images : nullptr,
+                                 user ? &msg.image_params : nullptr);
     if (!content) return content.status();
     msg.content = std::move(*content);
   }
