@@ -2,6 +2,8 @@
 // encoding; engine output -> content blocks through the same DSML/reasoning parser as chat
 // completions, so reasoning and tool calls come back the same way through every API.
 #include "server/anthropic_api.h"
+#include "server/image_inputs.h"
+#include "text/special_tokens.h"
 
 #include <limits>
 
@@ -110,15 +112,20 @@ std::optional<ApiError> convert_message(const OJson& m, const std::string& param
   if (!c.is_array() || c.empty())
     return bad(param + ".content", "must be a string or a non-empty array of blocks");
   std::string text, reasoning;
-  bool has_text = false, has_reasoning = false;
+  bool has_text = false, has_reasoning = false, after_text = false;
+  std::vector<std::string> images, image_params;  // a user message's image blocks, in order
   auto flush_user_text = [&] {
     if (!has_text) return;
     ChatMessage u;
     u.role = "user";
     u.content = text;
+    u.images = std::move(images);
+    u.image_params = std::move(image_params);
+    images.clear();
+    image_params.clear();
     out.push_back(std::move(u));
     text.clear();
-    has_text = false;
+    has_text = after_text = false;
   };
   for (std::size_t j = 0; j < c.size(); ++j) {
     const std::string p = fmt::format("{}.content[{}]", param, j);
@@ -129,12 +136,36 @@ std::optional<ApiError> convert_message(const OJson& m, const std::string& param
     if (type == "text") {
       if (!b.contains("text") || !b["text"].is_string())
         return bad(p + ".text", "must be a string");
-      if (has_text) text += "\n\n";  // consecutive text blocks: joined as chat content parts
+      if (after_text) text += "\n\n";  // consecutive text blocks: joined as chat content parts
       text += b["text"].get<std::string>();
+      has_text = after_text = true;
+    } else if (r == "user" && type == "image") {
+      // source {type: base64, media_type, data} (as a data: URL) or {type: url, url}; the
+      // placeholder goes where the block is (as chat completions' image_url parts).
+      const auto src = b.find("source");
+      if (src == b.end() || !src->is_object() || !src->contains("type") ||
+          !(*src)["type"].is_string())
+        return bad(p + ".source", "must be an object with a type (base64 or url)");
+      const std::string st = (*src)["type"].get<std::string>();
+      if (st == "base64") {
+        if (!src->contains("data") || !(*src)["data"].is_string() || !src->contains("media_type") ||
+            !(*src)["media_type"].is_string())
+          return bad(p + ".source", "a base64 source needs media_type and data strings");
+        images.push_back("data:" + (*src)["media_type"].get<std::string>() + ";base64," +
+                         (*src)["data"].get<std::string>());
+      } else if (st == "url" && src->contains("url") && (*src)["url"].is_string()) {
+        images.push_back((*src)["url"].get<std::string>());
+      } else {
+        return bad(p + ".source.type", "must be base64 or url (with a url string)");
+      }
+      image_params.push_back(p + ".source");
+      text += tokens::kImage;
       has_text = true;
-    } else if (type == "image" || type == "document") {
-      return bad(p + ".type",
-                 "'" + type + "' blocks are not supported (this model reads text only)");
+      after_text = false;
+    } else if (type == "image") {
+      return bad(p + ".type", "'image' blocks are taken in user messages only");
+    } else if (type == "document") {
+      return bad(p + ".type", "'document' blocks are not supported (this model reads text only)");
     } else if (r == "user" && type == "tool_result") {
       if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string())
         return bad(p + ".tool_use_id", "must be a string");
@@ -386,6 +417,7 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
   apply_reasoning_budget(model, budget, job);
   job.extract_tools = extract_tools;
   job.request.prompt = tok.encode(*prompt);
+  if (auto e = expand_chat_images(msgs, model, job)) return e;
   // count_tokens answers for any length: a prompt over the context is what a client asks it about.
   if (count_only) return std::nullopt;
   if (auto e = check_prompt_length(job, model, "messages")) return e;

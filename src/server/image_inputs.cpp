@@ -106,4 +106,14 @@ std::optional<ApiError> expand_images(const std::vector<std::string>& urls,
   return std::nullopt;
 }
 
+std::optional<ApiError> expand_chat_images(const std::vector<ChatMessage>& messages,
+                                           const ServedModel& model, GenerationJob& job) {
+  std::vector<std::string> urls, params;
+  for (const ChatMessage& m : messages) {
+    urls.insert(urls.end(), m.images.begin(), m.images.end());
+    params.insert(params.end(), m.image_params.begin(), m.image_params.end());
+  }
+  return expand_images(urls, params, model.images.get(), model.image_token_id, job);
+}
+
 }  // namespace dsv41

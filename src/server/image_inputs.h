@@ -14,6 +14,7 @@
 
 #include "core/status.h"
 #include "server/openai_api.h"
+#include "text/chat.h"
 
 namespace dsv41 {
 
@@ -35,5 +36,10 @@ std::optional<ApiError> expand_images(const std::vector<std::string>& urls,
                                       const std::vector<std::string>& params,
                                       const ImageEncoder* encoder, int32_t image_token_id,
                                       GenerationJob& job);
+
+// expand_images over the image parts of a chat's messages (ChatMessage::images, in order), with
+// the model's encoder: what every API calls after tokenizing the chat.
+std::optional<ApiError> expand_chat_images(const std::vector<ChatMessage>& messages,
+                                           const ServedModel& model, GenerationJob& job);
 
 }  // namespace dsv41

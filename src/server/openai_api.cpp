@@ -487,17 +487,10 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   if (auto e = check_tool_forcing(forcing, functions, {})) return e;
   job.extract_tools = !functions.empty() && forcing.mode != ToolForcing::Mode::kNone;
   job.request.prompt = tok.encode(*prompt);
-  {  // image parts: the placeholders become the images' spans
-    std::vector<std::string> urls, params;
-    for (const ChatMessage& m : req->messages) {
-      urls.insert(urls.end(), m.images.begin(), m.images.end());
-      params.insert(params.end(), m.image_params.begin(), m.image_params.end());
-    }
-    if (!urls.empty() && f.get("truncate_prompt_tokens"))
-      return bad("truncate_prompt_tokens", "cannot cut a prompt with images");
-    if (auto e = expand_images(urls, params, model.images.get(), model.image_token_id, job))
-      return e;
-  }
+  // Image parts: the placeholders become the images' spans.
+  if (auto e = expand_chat_images(req->messages, model, job)) return e;
+  if (!job.request.images.empty() && f.get("truncate_prompt_tokens"))
+    return bad("truncate_prompt_tokens", "cannot cut a prompt with images");
   if (auto e = truncate_prompt(f, model, job)) return e;
   if (auto e = check_prompt_length(job, model, "messages")) return e;
   if (auto e = structured_output(body, model, tok, job)) return e;

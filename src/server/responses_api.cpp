@@ -9,6 +9,7 @@
 
 #include "server/assistant_blocks.h"
 #include "server/generation_protocol.h"
+#include "server/image_inputs.h"
 #include "server/reasoning_count.h"
 #include "server/request_fields.h"
 #include "server/structured_outputs.h"
@@ -29,6 +30,51 @@ std::optional<ApiError> parts_text(const OJson& v, const std::string& param, std
       "part",
       "unknown content part type '{}'"};
   return join_text_parts(v, param, kRules, out);
+}
+
+// A user message's content with input_image parts (image_url: a URL string): the placeholder in
+// place of each image, text parts joined as parts_text joins them, the URLs into `m`.
+std::optional<ApiError> user_parts_with_images(const OJson& c, const std::string& param,
+                                               ChatMessage& m) {
+  std::string text;
+  bool after_text = false;
+  for (std::size_t j = 0; j < c.size(); ++j) {
+    const std::string pj = fmt::format("{}[{}]", param, j);
+    const OJson& part = c[j];
+    const auto type = part.is_object() ? part.find("type") : part.end();
+    if (type == part.end() || !type->is_string()) return bad(pj + ".type", "must be a string");
+    if (*type == "input_image") {
+      const auto url = part.find("image_url");
+      if (url == part.end() || !url->is_string())
+        return bad(pj + ".image_url", part.contains("file_id")
+                                          ? "file_id images are not supported (give image_url)"
+                                          : "must be a string");
+      m.images.push_back(url->get<std::string>());
+      m.image_params.push_back(pj + ".image_url");
+      text += tokens::kImage;
+      after_text = false;
+      continue;
+    }
+    std::string one;  // a text part, checked by the usual rules
+    if (auto e = parts_text(OJson::array({part}), param, one)) {  // named as part j, not 0
+      const std::string as0 = param + "[0]";
+      if (e->param.starts_with(as0)) e->param = pj + e->param.substr(as0.size());
+      if (e->message.starts_with(as0)) e->message = pj + e->message.substr(as0.size());
+      return e;
+    }
+    if (after_text) text += "\n\n";
+    text += one;
+    after_text = true;
+  }
+  m.content = std::move(text);
+  return std::nullopt;
+}
+
+bool has_input_image(const OJson& c) {
+  if (!c.is_array()) return false;
+  for (const OJson& part : c)
+    if (part.is_object() && part.value("type", OJson()) == "input_image") return true;
+  return false;
 }
 
 std::optional<ApiError> string_field(const OJson& item, const char* key, const std::string& param,
@@ -88,6 +134,13 @@ std::optional<ApiError> convert_item(const OJson& item, const std::string& p,
       return bad(p + ".role", "must be user, system, developer or assistant, got '" + role + "'");
     const auto c = item.find("content");
     if (c == item.end() || c->is_null()) return bad(p + ".content", "required field missing");
+    if (role == "user" && has_input_image(*c)) {
+      ChatMessage m;
+      m.role = role;
+      if (auto e = user_parts_with_images(*c, p + ".content", m)) return e;
+      msgs.push_back(std::move(m));
+      return std::nullopt;
+    }
     std::string text;
     if (auto e = parts_text(*c, p + ".content", text)) return e;
     if (role == "assistant") {
@@ -315,6 +368,7 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   apply_reasoning_budget(model, -1, job);  // the server's cap (Responses has no budget field)
   job.extract_tools = extract_tools;
   job.request.prompt = tok.encode(*prompt);
+  if (auto e = expand_chat_images(msgs, model, job)) return e;
   // text.format: json_object / json_schema constrain the answer (after the reasoning in thinking
   // mode), compiled once every cheaper check passed.
   OJson format_echo = {{"type", "text"}};

@@ -59,7 +59,9 @@ async function basic() {
   await expectParamError(client.responses.create({ ...req, model: 'nope' }), OpenAI.NotFoundError, 404, 'model', 'unknown model');
   await expectParamError(client.responses.create({ ...req, temperature: 5 }), OpenAI.BadRequestError, 400, 'temperature', 'temperature range');
   await expectParamError(client.responses.create({ ...req, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'https://x/y.png' }] }] }),
-    OpenAI.BadRequestError, 400, 'input[0].content[0].type', 'images refused');
+    OpenAI.BadRequestError, 400, 'input[0].content[0].image_url', 'an http image URL refused');
+  await expectParamError(client.responses.create({ ...req, input: [{ role: 'user', content: [{ type: 'input_file', file_id: 'f' }] }] }),
+    OpenAI.BadRequestError, 400, 'input[0].content[0].type', 'files refused');
 }
 
 async function toolsMode() {

@@ -110,6 +110,52 @@ TEST_F(ImageServe, TheOpenAiClientSendsImages) {
   EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
 }
 
+TEST_F(ImageServe, TheAnthropicClientSendsImages) {
+  auto [code, out] = run_command(
+      node_client(p_->port, "tiny", "basic", "anthropic_image_test.mjs") + " " + kImageFile + " 8");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+// The Responses API's input_image parts (image_url: a data: URL): the span in the usage, errors
+// naming the part.
+TEST_F(ImageServe, ResponsesInputImages) {
+  httplib::Client c("127.0.0.1", p_->port);
+  c.set_read_timeout(120, 0);
+  auto ask = [&](const Json& content, int* status) {
+    Json body = {{"model", "tiny"},
+                 {"max_output_tokens", 4},
+                 {"temperature", 0},
+                 {"input", Json::array({Json{{"role", "user"}, {"content", content}}})}};
+    auto r = c.Post("/v1/responses", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    *status = r ? r->status : 0;
+    return r ? Json::parse(r->body) : Json();
+  };
+  const Json text = {{"type", "input_text"}, {"text", "What is it?"}};
+  int st = 0;
+  const Json with =
+      ask({text, {{"type", "input_image"}, {"image_url", data_url(kImageFile)}}}, &st);
+  ASSERT_EQ(st, 200) << with;
+  const Json plain = ask(Json::array({text}), &st);
+  ASSERT_EQ(st, 200) << plain;
+  EXPECT_EQ(with["usage"]["input_tokens"].get<int>() - plain["usage"]["input_tokens"].get<int>(), 8)
+      << with["usage"] << plain["usage"];
+  Json bad = ask(Json::array({text, {{"type", "input_image"}, {"file_id", "file-1"}}}), &st);
+  EXPECT_EQ(st, 400) << bad;
+  EXPECT_EQ(bad["error"]["param"], "input[0].content[1].image_url") << bad;
+  bad = ask(
+      Json::array({text, {{"type", "input_image"}, {"image_url", "https://example.com/a.png"}}}),
+      &st);
+  EXPECT_EQ(st, 400) << bad;
+  EXPECT_EQ(bad["error"]["param"], "input[0].content[1].image_url") << bad;
+  bad = ask(Json::array({Json{{"type", "input_image"}, {"image_url", data_url(kImageFile)}},
+                         Json{{"type", "nope"}}}),
+            &st);
+  EXPECT_EQ(st, 400) << bad;
+  EXPECT_EQ(bad["error"]["param"].get<std::string>().rfind("input[0].content[1]", 0), 0u) << bad;
+}
+
 TEST_F(ImageServe, AnImageRequestIsTheSameAloneAndAmongOthers) {
   const Json req = image_request(data_url(kImageFile));
   int status = 0;
