@@ -62,6 +62,10 @@ class TokenVocab {
     std::vector<uint32_t> end;        // one past the last node of i's subtree
     std::vector<uint32_t> tok_begin;  // tokens ending at node i: ids[tok_begin[i]..tok_begin[i+1])
     std::vector<int32_t> ids;         // token ids in preorder
+    // Bytes of the deepest token of i's subtree below i's parent (depth of it - depth[i] + 1):
+    // how far a walk from i's parent can read inside the subtree.
+    std::vector<uint16_t> height;
+    std::vector<uint32_t> pos;  // per token id: its index in ids (UINT32_MAX if not in the trie)
   };
   const Trie& trie() const { return trie_; }
   int max_depth() const { return max_depth_; }
@@ -83,8 +87,10 @@ struct GrammarOptions {
   double time_budget_ms = 1000;
   int64_t state_budget = 200000;  // automaton states over all rules
   // After compiling, the per-state token sets are computed for up to this long (the rest fill on
-  // first use, each costing up to ~1 ms on a 129k vocabulary): trades compile time for mask p99.
-  double precompute_ms = 150;
+  // first use, each costing up to ~2 ms on a 129k vocabulary): trades compile time for mask p99.
+  // Most states derive their sets from an equivalent computed one in microseconds, so typical
+  // schemas finish well within it (docs/structured-outputs.md); it bounds a compile near 100 ms.
+  double precompute_ms = 80;
 };
 
 // A grammar built from pieces (forced tool calls: literal wrappers around JSON values): nodes are
@@ -127,6 +133,7 @@ class GrammarComposer {
 
 namespace grammar_detail {
 struct Automaton;
+struct Equivalence;
 struct NodeMasks;
 }  // namespace grammar_detail
 
@@ -176,6 +183,8 @@ class Grammar {
                                                        const GrammarOptions& options);
   std::shared_ptr<const TokenVocab> vocab_;
   std::unique_ptr<grammar_detail::Automaton> automaton_;
+  // Which nodes' token sets can be derived from (or are) another's; null without leaf rules.
+  std::unique_ptr<grammar_detail::Equivalence> equivalence_;
   mutable std::mutex memo_mutex_;
   mutable std::unique_ptr<std::atomic<const grammar_detail::NodeMasks*>[]> memo_;
   mutable std::vector<std::unique_ptr<grammar_detail::NodeMasks>> memo_owned_;

@@ -3,6 +3,7 @@
 // deterministic byte automaton per rule, rules calling rules: a pushdown automaton).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -125,8 +126,45 @@ struct NodeMasks {
   std::vector<uint16_t> uncertain_lcp;
 };
 
+// Bounded-length equivalence of the nodes of each leaf rule (equivalence.cpp): nodes x and y are
+// h-equivalent when every byte string of length <= h is read alike from both (each prefix defined
+// or not, final or not). Kept per rule at some levels h (every h <= 16, sparser above), rounding a
+// query's length up to a kept level (finer classes: never a wrong answer). A rule without a table
+// (not a leaf, or too big to refine cheaply) has slots == 0.
+struct Equivalence {
+  struct Rule {
+    uint32_t first = 0, n = 0, slots = 0;
+    std::vector<uint16_t> cls;  // [slot * n + node - first]: the node's class at that level
+    // [slot * n + class]: 1 + a node of that class whose token sets are computed, 0 if none.
+    // Mutable state of a shared grammar: guarded by the grammar's memo mutex.
+    std::vector<uint32_t> rep;
+  };
+  std::vector<uint16_t> levels;      // per slot, the level h it holds
+  std::vector<uint16_t> level_slot;  // per h in [0, max depth]: the first slot with level >= h
+  std::vector<Rule> rules;
+
+  // The slot standing for strings of up to h bytes in rule r (r has a table).
+  uint32_t slot(const Rule& r, int h) const {
+    uint32_t s =
+        level_slot[std::min<std::size_t>(static_cast<std::size_t>(h), level_slot.size() - 1)];
+    return s < r.slots ? s : r.slots - 1;
+  }
+  // x and y (nodes of rule r) are h-equivalent.
+  bool same(const Rule& r, int h, uint32_t x, uint32_t y) const {
+    const std::size_t base = static_cast<std::size_t>(slot(r, h)) * r.n - r.first;
+    return r.cls[base + x] == r.cls[base + y];
+  }
+  std::size_t bytes() const;
+};
+
 Result<Automaton> build_automaton(const Draft& draft, Budget& budget);
-NodeMasks compute_node_masks(const Automaton& a, const TokenVocab& vocab, uint32_t node);
+// max_depth: the longest token of the vocabulary in bytes (no level above it is needed).
+Equivalence build_equivalence(const Automaton& a, int max_depth);
+// The token sets of `node`: a walk of the vocabulary's trie from it, or, given the computed sets of
+// a node of the same leaf rule (base), a walk of only the subtrees where the two may differ.
+NodeMasks compute_node_masks(const Automaton& a, const TokenVocab& vocab, uint32_t node,
+                             const Equivalence* eq = nullptr, uint32_t base = 0,
+                             const NodeMasks* base_masks = nullptr);
 
 // Front ends. Each returns the draft (rule 0 = the start).
 // `pointer` (a JSON pointer, "" = the root): the draft of that sub-schema, $refs resolved in the

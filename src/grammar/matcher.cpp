@@ -13,6 +13,7 @@
 namespace dsv41 {
 
 using grammar_detail::Automaton;
+using grammar_detail::Equivalence;
 using grammar_detail::NodeMasks;
 using Stack = Matcher::Stack;
 
@@ -67,7 +68,6 @@ bool has_final_bottom(const Automaton& a, const std::vector<Stack>& set) {
 struct MaskBuilder {
   const TokenVocab& vocab;
   std::vector<uint64_t> bits;
-  std::size_t count = 0;
   std::vector<int32_t> uncertain;
   explicit MaskBuilder(const TokenVocab& v) : vocab(v), bits(v.mask_words(), 0) {}
   void accept_at(uint32_t node) {
@@ -75,7 +75,18 @@ struct MaskBuilder {
     for (uint32_t k = t.tok_begin[node], e = t.tok_begin[node + 1]; k < e; ++k) {
       int32_t id = t.ids[k];
       bits[id >> 6] |= uint64_t{1} << (id & 63);
-      ++count;
+    }
+  }
+  // Starts from another node's accepted set (a walk from a base then corrects it).
+  void accept_all_of(const NodeMasks& m) {
+    if (!m.accept_bits.empty()) bits = m.accept_bits;
+    for (int32_t id : m.accept_list) bits[id >> 6] |= uint64_t{1} << (id & 63);
+  }
+  void clear_subtree(uint32_t node) {
+    const auto& t = vocab.trie();
+    for (uint32_t k = t.tok_begin[node], e = t.tok_begin[t.end[node]]; k < e; ++k) {
+      int32_t id = t.ids[k];
+      bits[id >> 6] &= ~(uint64_t{1} << (id & 63));
     }
   }
   void uncertain_subtree(uint32_t node) {
@@ -85,6 +96,8 @@ struct MaskBuilder {
   }
   NodeMasks finish() {
     NodeMasks m;
+    std::size_t count = 0;
+    for (uint64_t w : bits) count += static_cast<std::size_t>(__builtin_popcountll(w));
     if (count > kListMax) {
       m.accept_bits = std::move(bits);
     } else {
@@ -137,6 +150,58 @@ void walk_leaf(const Automaton& a, const TokenVocab& vocab, uint32_t start, Mask
   }
 }
 
+// The same sets as walk_leaf from `start`, given those of `base`, a node of the same rule whose
+// sets are computed (bm): both walk the trie side by side, and wherever the two states (and whether
+// the walk already passed a possible return) are equivalent for every string as long as the
+// subtree's deepest token, the subtree is classified alike from both: base's bits are already in
+// place and its uncertain ids there are copied, without walking it. Elsewhere start's walk corrects
+// the bits.
+void walk_leaf_from_base(const Automaton& a, const TokenVocab& vocab, const Equivalence& eq,
+                         uint32_t start, uint32_t base, const NodeMasks& bm, MaskBuilder& mb) {
+  const auto& t = vocab.trie();
+  const uint32_t rule = a.rule_of[start];
+  const Equivalence::Rule& er = eq.rules[rule];
+  const grammar_detail::ByteSet& follow = a.follow[rule];
+  const uint8_t* cls = &a.byte_class[rule * 256];
+  const std::size_t levels = static_cast<std::size_t>(vocab.max_depth()) + 2;
+  std::vector<int32_t> ps(levels, -1), qs(levels, -1);  // start's and base's states (-1: dead)
+  std::vector<uint8_t> pu(levels, 0), qu(levels, 0);    // "up" of walk_leaf, per side
+  ps[0] = static_cast<int32_t>(start);
+  qs[0] = static_cast<int32_t>(base);
+  mb.accept_all_of(bm);
+  std::size_t cur = 0;  // bm.uncertain is in trie order: a cursor finds each subtree's share
+  const uint32_t size = static_cast<uint32_t>(t.byte.size());
+  for (uint32_t i = 1; i < size;) {
+    const int d = t.depth[i];
+    const uint8_t b = t.byte[i];
+    const int32_t p = ps[d - 1], q = qs[d - 1];
+    if (q >= 0 && pu[d - 1] == qu[d - 1] &&
+        eq.same(er, t.height[i], static_cast<uint32_t>(p), static_cast<uint32_t>(q))) {
+      const uint32_t lo = t.tok_begin[i], hi = t.tok_begin[t.end[i]];
+      while (cur < bm.uncertain.size() && t.pos[bm.uncertain[cur]] < lo) ++cur;
+      while (cur < bm.uncertain.size() && t.pos[bm.uncertain[cur]] < hi)
+        mb.uncertain.push_back(bm.uncertain[cur++]);
+      i = t.end[i];
+      continue;
+    }
+    const int32_t p2 = a.trans[a.trans_base[p] + cls[b]];
+    const int32_t q2 = q >= 0 ? a.trans[a.trans_base[q] + cls[b]] : -1;
+    const bool u = pu[d - 1] || (d >= 2 && a.final[p] && follow.test(b));
+    if (p2 < 0) {
+      if (u) mb.uncertain_subtree(i);
+      if (q2 >= 0) mb.clear_subtree(i);  // base accepted some of it; a dead base accepted none
+      i = t.end[i];
+      continue;
+    }
+    ps[d] = p2;
+    pu[d] = u;
+    qs[d] = q2;
+    qu[d] = q2 >= 0 && (qu[d - 1] || (d >= 2 && a.final[q] && follow.test(b)));
+    if (t.tok_begin[i] != t.tok_begin[i + 1]) mb.accept_at(i);
+    ++i;
+  }
+}
+
 // Any rule: positions are sets of stacks over the node (bottom = the node's own frame).
 void walk_generic(const Automaton& a, const TokenVocab& vocab, uint32_t start, MaskBuilder& mb) {
   const auto& t = vocab.trie();
@@ -165,9 +230,14 @@ void walk_generic(const Automaton& a, const TokenVocab& vocab, uint32_t start, M
 }  // namespace
 
 namespace grammar_detail {
-NodeMasks compute_node_masks(const Automaton& a, const TokenVocab& vocab, uint32_t node) {
+NodeMasks compute_node_masks(const Automaton& a, const TokenVocab& vocab, uint32_t node,
+                             const Equivalence* eq, uint32_t base, const NodeMasks* base_masks) {
   MaskBuilder mb(vocab);
-  if (a.rule_is_leaf[a.rule_of[node]])
+  if (base_masks) {
+    DSV41_CHECK(eq && a.rule_of[base] == a.rule_of[node] && a.rule_is_leaf[a.rule_of[node]] &&
+                eq->rules[a.rule_of[node]].slots > 0);
+    walk_leaf_from_base(a, vocab, *eq, node, base, *base_masks, mb);
+  } else if (a.rule_is_leaf[a.rule_of[node]])
     walk_leaf(a, vocab, node, mb);
   else
     walk_generic(a, vocab, node, mb);
@@ -261,6 +331,18 @@ Result<std::shared_ptr<const TokenVocab>> TokenVocab::create(std::vector<std::st
     path.pop_back();
   }
   t.tok_begin.push_back(static_cast<uint32_t>(t.ids.size()));  // sentinel
+  // Heights bottom-up: a node's deepest descendant is its children's deepest (children of i are
+  // i + 1, then end[] of each).
+  const uint32_t nodes = static_cast<uint32_t>(t.byte.size());
+  std::vector<uint16_t> deepest(t.depth);
+  for (uint32_t i = nodes; i-- > 0;)
+    for (uint32_t c = i + 1; c < t.end[i]; c = t.end[c])
+      deepest[i] = std::max(deepest[i], deepest[c]);
+  t.height.resize(nodes);
+  for (uint32_t i = 0; i < nodes; ++i)
+    t.height[i] = static_cast<uint16_t>(deepest[i] - t.depth[i] + 1);
+  t.pos.assign(static_cast<std::size_t>(n), UINT32_MAX);
+  for (uint32_t k = 0; k < t.ids.size(); ++k) t.pos[t.ids[k]] = k;
   return std::shared_ptr<const TokenVocab>(std::move(v));
 }
 
@@ -305,6 +387,8 @@ Result<std::shared_ptr<const Grammar>> Grammar::finish(Result<grammar_detail::Au
   g->memo_ = std::make_unique<std::atomic<const NodeMasks*>[]>(nn);
   for (uint32_t i = 0; i < nn; ++i) g->memo_[i].store(nullptr, std::memory_order_relaxed);
   g->memo_owned_.resize(nn);
+  g->equivalence_ = std::make_unique<grammar_detail::Equivalence>(
+      grammar_detail::build_equivalence(*g->automaton_, g->vocab_->max_depth()));
   if (options.precompute_ms > 0) g->warm(options.precompute_ms);
   return std::shared_ptr<const Grammar>(std::move(g));
 }
@@ -313,17 +397,64 @@ int64_t Grammar::num_states() const {
   return automaton_->num_nodes();
 }
 
+namespace {
+// A base below this level of equivalence saves little of the walk (the vocabulary's first bytes
+// already tell the nodes apart).
+constexpr int kMinBaseLevel = 2;
+
+// The computed node of node's rule most equivalent to it (the deepest kept level at which one
+// shares its class) and that slot; {0, -1} if none. Under the memo mutex.
+std::pair<uint32_t, int> best_base(const Equivalence& eq, const Automaton& a, uint32_t node) {
+  const Equivalence::Rule& r = eq.rules[a.rule_of[node]];
+  const int last = static_cast<int>(r.slots) - 1;  // any level: equal there = equal sets
+  for (int s = last; s >= 0 && (s == last || eq.levels[s] >= kMinBaseLevel); --s) {
+    const std::size_t row = static_cast<std::size_t>(s) * r.n;
+    if (uint32_t rep = r.rep[row + r.cls[row + node - r.first]]) return {rep - 1, s};
+  }
+  return {0, -1};
+}
+
+// node's sets are computed: it now represents its class at every kept level. Under the mutex.
+void note_computed(Equivalence& eq, const Automaton& a, uint32_t node) {
+  Equivalence::Rule& r = eq.rules[a.rule_of[node]];
+  for (uint32_t s = 0; s < r.slots; ++s) {
+    const std::size_t row = static_cast<std::size_t>(s) * r.n;
+    uint32_t& rep = r.rep[row + r.cls[row + node - r.first]];
+    if (!rep) rep = node + 1;
+  }
+}
+}  // namespace
+
 const NodeMasks& Grammar::node_masks(uint32_t node) const {
   const NodeMasks* m = memo_[node].load(std::memory_order_acquire);
   if (m) return *m;
-  // Computed outside the lock (two threads may both compute; the first stored wins).
-  auto fresh =
-      std::make_unique<NodeMasks>(grammar_detail::compute_node_masks(*automaton_, *vocab_, node));
+  // A computed node of the same rule equivalent to this one over the longest token has the very
+  // same sets (shared, not copied); one equivalent over shorter strings is a base to derive them
+  // from. Computed outside the lock (two threads may both compute; the first stored wins).
+  Equivalence& eq = *equivalence_;
+  const Equivalence::Rule& rule = eq.rules[automaton_->rule_of[node]];
+  uint32_t base = 0;
+  const NodeMasks* base_masks = nullptr;
+  if (rule.slots > 0) {
+    std::lock_guard<std::mutex> lock(memo_mutex_);
+    auto [b, s] = best_base(eq, *automaton_, node);
+    if (s >= 0) {
+      base = b;
+      base_masks = memo_[b].load(std::memory_order_acquire);
+      if (s + 1 == static_cast<int>(rule.slots)) {
+        memo_[node].store(base_masks, std::memory_order_release);
+        return *base_masks;
+      }
+    }
+  }
+  auto fresh = std::make_unique<NodeMasks>(
+      grammar_detail::compute_node_masks(*automaton_, *vocab_, node, &eq, base, base_masks));
   std::lock_guard<std::mutex> lock(memo_mutex_);
   m = memo_[node].load(std::memory_order_acquire);
   if (m) return *m;
   memo_owned_[node] = std::move(fresh);
   memo_[node].store(memo_owned_[node].get(), std::memory_order_release);
+  if (rule.slots > 0) note_computed(eq, *automaton_, node);
   return *memo_owned_[node];
 }
 
@@ -341,7 +472,7 @@ int64_t Grammar::warm(double max_ms) const {
 
 std::size_t Grammar::memo_bytes() const {
   std::lock_guard<std::mutex> lock(memo_mutex_);
-  std::size_t n = memo_owned_.size() * sizeof(void*) * 2;
+  std::size_t n = memo_owned_.size() * sizeof(void*) * 2 + equivalence_->bytes();
   for (const auto& m : memo_owned_)
     if (m)
       n += sizeof(NodeMasks) + m->accept_bits.capacity() * sizeof(uint64_t) +

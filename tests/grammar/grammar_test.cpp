@@ -307,3 +307,45 @@ TEST(GrammarSchema, BoundedWhitespaceOption) {
 
 }  // namespace
 }  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+using namespace grammar_test;
+
+// Token sets derived from an equivalent node (bounded-length classes, a walk of only the subtrees
+// where two nodes may differ) or shared with one equal to the plain walk, node by node: counted
+// strings (the "remaining k" chains, shorter and longer than the vocabulary's longest token),
+// counted patterns with multi-byte characters, raw counted regexes, and rules with calls (which
+// keep plain walks).
+TEST(GrammarMasks, DerivedFromEquivalentNodesEqualThePlainWalk) {
+  std::mt19937 rng(7);
+  GrammarOptions lazy;
+  lazy.precompute_ms = 0;
+  int shared = 0;
+  for (
+      const char* schema : {
+          R"({"type":"string","maxLength":3})",
+          R"({"type":"string","minLength":2,"maxLength":25})",
+          R"({"type":"object","properties":{"a":{"type":"string","maxLength":40},"b":{"enum":["red","green"]},
+               "c":{"type":"integer","minimum":-5,"maximum":120}},"required":["a","b"],"additionalProperties":false})",
+          R"({"type":"string","pattern":"^[a-zé日]{2,30}$"})",
+          R"({"type":"array","items":{"type":"string","maxLength":12},"maxItems":4})",
+          R"({"$defs":{"n":{"type":"object","properties":{"v":{"type":"string","maxLength":9},"k":{"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":2}},
+               "required":["v"],"additionalProperties":false}},"$ref":"#/$defs/n"})",
+      }) {
+    auto g = Grammar::from_json_schema(schema, small_vocab(), lazy);
+    ASSERT_TRUE(g.is_ok()) << g.status().message();
+    shared += expect_derived_masks_equal_walks(*g.value(), rng, 3);
+    for (int walk = 0; walk < 4; ++walk)
+      EXPECT_EQ(random_walk(g.value(), rng, 80, true).mismatches, 0) << schema;
+  }
+  auto re = Grammar::from_regex("(ab|c){0,25}d\\.x{3,40}", small_vocab(), lazy);
+  ASSERT_TRUE(re.is_ok()) << re.status().message();
+  shared += expect_derived_masks_equal_walks(*re.value(), rng, 3);
+  // Counts far above the vocabulary's longest token: their nodes are equivalent over it.
+  EXPECT_GT(shared, 0);
+}
+
+}  // namespace
+}  // namespace dsv41

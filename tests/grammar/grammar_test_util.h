@@ -3,6 +3,7 @@
 // independent judge of generated documents.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "grammar/grammar_ir.h"
 
 namespace dsv41::grammar_test {
 
@@ -111,6 +113,58 @@ inline WalkResult random_walk(const std::shared_ptr<const Grammar>& g, std::mt19
     r.text += v.bytes(id);
   }
   return r;
+}
+
+// A node's token sets as comparable values: the accepted ids (bitset or list form alike) and the
+// uncertain ids in order with their common prefixes.
+inline bool same_masks(const grammar_detail::NodeMasks& x, const grammar_detail::NodeMasks& y,
+                       const TokenVocab& v) {
+  auto accepted = [&](const grammar_detail::NodeMasks& m) {
+    std::vector<uint64_t> w = m.accept_bits;
+    w.resize(v.mask_words(), 0);
+    for (int32_t id : m.accept_list) w[id >> 6] |= uint64_t{1} << (id & 63);
+    return w;
+  };
+  return accepted(x) == accepted(y) && x.uncertain == y.uncertain &&
+         x.uncertain_lcp == y.uncertain_lcp;
+}
+
+// Every node's sets as the grammar derives them (from equivalent nodes computed before, visited in
+// a random order so the bases vary; or shared) and as derived from `bases_per_node` random other
+// nodes of its leaf rule, each against the plain walk from the node alone. Returns how many nodes
+// the grammar shared with another (a pointer to the same sets).
+inline int expect_derived_masks_equal_walks(const Grammar& g, std::mt19937& rng,
+                                            int bases_per_node) {
+  using namespace grammar_detail;
+  const Automaton& a = g.automaton();
+  const TokenVocab& v = g.vocab();
+  const uint32_t nn = a.num_nodes();
+  std::vector<NodeMasks> plain;
+  for (uint32_t n = 0; n < nn; ++n) plain.push_back(compute_node_masks(a, v, n));
+  std::vector<uint32_t> order(nn);
+  for (uint32_t n = 0; n < nn; ++n) order[n] = n;
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<const NodeMasks*> got(nn);
+  for (uint32_t n : order) {
+    got[n] = &g.node_masks(n);
+    EXPECT_TRUE(same_masks(*got[n], plain[n], v)) << "node " << n << " (memo)";
+  }
+  std::vector<const NodeMasks*> sorted(got);
+  std::sort(sorted.begin(), sorted.end());
+  const int shared =
+      static_cast<int>(nn - (std::unique(sorted.begin(), sorted.end()) - sorted.begin()));
+  const Equivalence eq = build_equivalence(a, v.max_depth());
+  for (uint32_t n = 0; n < nn; ++n) {
+    const uint32_t rule = a.rule_of[n];
+    const Equivalence::Rule& r = eq.rules[rule];
+    if (r.slots == 0) continue;
+    for (int k = 0; k < bases_per_node; ++k) {
+      const uint32_t base = r.first + std::uniform_int_distribution<uint32_t>(0, r.n - 1)(rng);
+      EXPECT_TRUE(same_masks(compute_node_masks(a, v, n, &eq, base, &plain[base]), plain[n], v))
+          << "node " << n << " from base " << base;
+    }
+  }
+  return shared;
 }
 
 // ajv's verdict per document: cases = [{"schema": ..., "docs": [text, ...]}].
