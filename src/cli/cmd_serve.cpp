@@ -39,6 +39,7 @@ void add_serve(CLI::App& app, Runner* run) {
     std::string model;
     ServerOptions server;
     std::size_t max_body_mb = 8;
+    double image_cache_mb = 1024;  // encoded images kept (the vision tower's rows)
     double header_timeout_s = 10, body_timeout_s = 60, keep_alive_s = 5;
     int64_t stream_buffer_kb = 1024;
     int64_t max_context = 0;
@@ -145,6 +146,11 @@ void add_serve(CLI::App& app, Runner* run) {
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 30));
   sub->add_option("--max-context", a->max_context, "Context limit in tokens (0: the model's)")
+      ->capture_default_str();
+  sub->add_option("--image-cache-mb", a->image_cache_mb,
+                  "Images: the encoded images kept (the vision tower's rows, least recently used "
+                  "out first), so a repeated image is not encoded again (0: none)")
+      ->check(CLI::Range(0.0, 1e7))
       ->capture_default_str();
   sub->add_option("--max-body-mb", a->max_body_mb, "Largest accepted request body")
       ->capture_default_str();
@@ -419,7 +425,7 @@ void add_serve(CLI::App& app, Runner* run) {
               "the requests and answering 503 on /health (docs/parallel.md)");
       }
       // Images: the model's vision tower behind the server's encoder (none: no vision_config).
-      auto images = make_image_encoder(eo);
+      auto images = make_image_encoder(eo, int64_t(a->image_cache_mb * 1048576.0));
       if (!images) {
         log::error("serve: the vision tower: {}", images.status().message());
         stop_listening();

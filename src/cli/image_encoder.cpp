@@ -1,11 +1,14 @@
 // The image encoder of `serve` (image_encoder.h).
 #include "cli/image_encoder.h"
 
+#include <list>
 #include <mutex>
+#include <unordered_map>
 
 #include "cli/prompt_images.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "io/sha256.h"
 #include "model/fast/converted_weights.h"
 #include "model/fast/fast_vision.h"
 #include "model/inventory.h"
@@ -16,8 +19,8 @@
 namespace dsv41::cli {
 namespace {
 
-// What one encoder holds: the tower and what it reads, and a lock (one image at a time: the
-// tower's buffers are per call, but two images at once would only share the cores).
+// What one encoder holds: the tower and what it reads, a lock (one image at a time: two at once
+// would only share the cores), and the cache of encoded images by the file's SHA-256.
 struct TowerState {
   ModelConfig cfg;
   std::unique_ptr<ConvertedWeights> weights;
@@ -25,35 +28,71 @@ struct TowerState {
   std::unique_ptr<FastVisionTower> fast;
   std::optional<Checkpoint> official;  // --path reference
   std::mutex mu;
+  int64_t cache_budget = 0, cache_used = 0;
+  std::list<std::pair<std::string, EncodedImage>> lru;  // most recent first
+  std::unordered_map<std::string, decltype(lru)::iterator> by_file;
 };
 
+int64_t rows_bytes(const EncodedImage& e) {
+  return int64_t(e.rows->size() * sizeof(float)) + 256;
+}
+
+// The prefix cache's key of an image: its decoded pixels (and size), whatever file held them.
+uint64_t pixel_key(const RgbImage& img) {
+  Sha256 h;
+  const int64_t dims[2] = {img.width, img.height};
+  h.update(dims, sizeof dims);
+  h.update(img.rgb.data(), img.rgb.size());
+  const uint64_t k = std::stoull(h.hex().substr(0, 16), nullptr, 16);
+  return k == 0 ? 1 : k;  // 0 means unkeyed
+}
+
 Result<EncodedImage> encode(TowerState& s, std::string_view file) {
+  const std::string id = sha256_hex(file.data(), file.size());
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (auto it = s.by_file.find(id); it != s.by_file.end()) {
+      s.lru.splice(s.lru.begin(), s.lru, it->second);
+      EncodedImage e = it->second->second;
+      e.cached = true;
+      return e;
+    }
+  }
   auto img = decode_image(file);
   if (!img) return img.status();
   const ImagePlanOptions o = image_plan_options(*s.cfg.vision);
   const ImagePlan plan = plan_image_grid(img->width, img->height, o);
   const std::vector<uint16_t> patches = patch_tensor(plan_pixels(*img, plan), o.patch);
-  std::vector<float> rows;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    rows = s.fast ? s.fast->encode(patches, plan.vit_w, plan.vit_h).aligned
-                  : ref::vision_tower<float>(*s.official, s.cfg, patches, plan.vit_w, plan.vit_h)
-                        .aligned.v;
-  }
   EncodedImage e;
   e.llm_w = int32_t(plan.llm_w);
   e.llm_h = int32_t(plan.llm_h);
-  e.rows = std::make_shared<const std::vector<float>>(std::move(rows));
+  e.key = pixel_key(*img);
+  std::lock_guard<std::mutex> lock(s.mu);
+  e.rows = std::make_shared<const std::vector<float>>(
+      s.fast ? s.fast->encode(patches, plan.vit_w, plan.vit_h).aligned
+             : ref::vision_tower<float>(*s.official, s.cfg, patches, plan.vit_w, plan.vit_h)
+                   .aligned.v);
+  if (rows_bytes(e) <= s.cache_budget && !s.by_file.count(id)) {
+    s.lru.emplace_front(id, e);
+    s.by_file[id] = s.lru.begin();
+    s.cache_used += rows_bytes(e);
+    while (s.cache_used > s.cache_budget) {  // the least recently used out
+      s.cache_used -= rows_bytes(s.lru.back().second);
+      s.by_file.erase(s.lru.back().first);
+      s.lru.pop_back();
+    }
+  }
   return e;
 }
 
 }  // namespace
 
-Result<std::shared_ptr<const ImageEncoder>> make_image_encoder(const EngineOptions& eo) {
+Result<ImageEncoder> make_image_encoder(const EngineOptions& eo, int64_t cache_bytes) {
   auto s = std::make_shared<TowerState>();
+  s->cache_budget = std::max<int64_t>(0, cache_bytes);
   auto cfg = load_config(eo.model_dir + "/config.json");
   if (!cfg) return cfg.status();
-  if (!cfg->vision) return std::shared_ptr<const ImageEncoder>();
+  if (!cfg->vision) return ImageEncoder();
   s->cfg = *cfg;
   if (eo.path == "reference") {
     auto ck = Checkpoint::open(eo.model_dir);
@@ -71,8 +110,7 @@ Result<std::shared_ptr<const ImageEncoder>> make_image_encoder(const EngineOptio
     if (!t) return t.status();
     s->fast = std::move(*t);
   }
-  return std::make_shared<const ImageEncoder>(
-      [s](std::string_view file) { return encode(*s, file); });
+  return ImageEncoder([s](std::string_view file) { return encode(*s, file); });
 }
 
 }  // namespace dsv41::cli

@@ -113,12 +113,12 @@ Result<std::vector<RequestHandle>> Engine::submit(GenerationRequest request, int
     first.images = request.images;
     DSV41_RETURN_IF_ERROR(check_slice_images(first, 0, image_token_id_, backend_->hidden_size())
                               .with_context("images: "));
-    const int64_t spans_end = request.images.back().start + request.images.back().span();
-    if (spans_end > limits_.max_batched_tokens)
-      return Status::error(fmt::format(
-          "images: the prompt's image spans end at token {}, beyond the {} tokens a step takes "
-          "(--max-num-batched-tokens): images go into the model in the prompt's first step",
-          spans_end, limits_.max_batched_tokens));
+    for (const SliceImage& im : request.images)
+      if (im.span() > limits_.max_batched_tokens)
+        return Status::error(fmt::format(
+            "images: an image's span of {} positions is longer than the {} tokens a step takes "
+            "(--max-num-batched-tokens): a span goes into the model in one step",
+            im.span(), limits_.max_batched_tokens));
   }
   if (request.sampling.thinking_token_budget >= 0 &&
       (think_end_id_ < 0 || think_end_id_ >= vocab_size_))
@@ -235,8 +235,8 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     a->prompt_len = int64_t(req.prompt.size());
     a->sched.id = a->ch->id();
     a->sched.known = a->prompt_len;
-    if (const auto& im = a->ch->request().images; !im.empty())
-      a->sched.first_min = im.back().start + im.back().span();
+    for (const SliceImage& im : a->ch->request().images)
+      a->sched.spans.push_back({im.start, im.start + im.span()});
     a->sampler = std::make_unique<Sampler>(req.sampling,
                                            options_.seed ^ (a->ch->id() * 0x9E3779B97F4A7C15ull));
     a->sampler->set_context(req.prompt, req.sampling.ignore_eos ? -1 : eos_id_, think_end_id_);

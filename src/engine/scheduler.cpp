@@ -46,9 +46,9 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
     const int64_t left = s->known - s->computed;
     const bool decode = left == 1;
     decodes_left -= decode;
-    const int64_t n = decode ? 1 : std::min(left, budget - decodes_left);
-    // An image prompt's first slice holds every span, or waits for a step with room for it.
-    if (left <= 0 || n <= 0 || (s->computed == 0 && n < std::min(s->first_min, left))) {
+    // An image span goes into one slice: a chunk ends before it, or waits for room for it.
+    const int64_t n = decode ? 1 : s->uncut(std::min(left, budget - decodes_left));
+    if (left <= 0 || n <= 0) {
       ++i;
       continue;
     }
@@ -79,12 +79,12 @@ StepPlan Scheduler::plan(const SchedLimits& limits, ModelRunner& model,
     }
     const bool admitted_now = !s->open && admit;
     if (admitted_now) admit(*s);
-    const int64_t n = std::min(s->known - s->computed, budget);
-    DSV41_CHECK(n > 0);
-    if (s->computed == 0 && n < std::min(s->first_min, s->known)) {  // its spans wait for room
+    const int64_t n = s->uncut(std::min(s->known - s->computed, budget));
+    if (n <= 0) {  // its next span waits for a step with room for it (no overtaking)
       if (admitted_now && s->open) {
         model.free(s->id);
         s->open = false;
+        s->computed = 0;
       }
       break;
     }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "model/seam.h"
@@ -36,8 +37,16 @@ struct SchedSeq {
   // Not admitted while set (the engine holds a parallel sample until its first sibling has
   // computed the shared prompt); later waiting sequences pass it.
   bool hold = false;
-  // Tokens its first slice (from position 0) must hold at least: the end of its last image span.
-  int64_t first_min = 0;
+  // Its image spans [begin, end) (positions, ascending): a slice never cuts one.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  // The tokens a slice from `computed` takes of the `n` the budget allows: fewer when n would end
+  // inside a span (up to its start), 0 when the slice starts at a span the budget cannot hold.
+  int64_t uncut(int64_t n) const {
+    for (const auto& [b, e] : spans)
+      if (computed < e && computed + n > b && computed + n < e)
+        return b > computed ? b - computed : 0;
+    return n;
+  }
 };
 
 struct Scheduled {

@@ -26,12 +26,32 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     // its salt (a one-token prefix attaches nothing, the last token always being left to compute),
     // so the blocks it registers for later requests stay in its salt's partition.
     const std::string& salt = a.ch->request().cache_salt;
-    // An image prompt takes nothing from the cache: its first slice must start at 0 with its
-    // spans (and a cached prefix of image_token_ids could hold another image's rows).
-    if (!a.ch->request().images.empty()) {
-      s.computed = 0;
+    // An image prompt is looked up by its key tokens (each span's positions stand for its image:
+    // seam.h image_key_token), and never keeps a prefix that ends inside a span (a slice carries
+    // whole spans). An unkeyed image takes nothing.
+    const auto& images = a.ch->request().images;
+    if (!images.empty()) {
+      std::vector<int32_t> keys = a.tokens;
+      bool keyed = true;
+      for (const SliceImage& im : images) {
+        keyed = keyed && im.key != 0;
+        for (int64_t i = 0; i < im.span(); ++i)
+          keys[std::size_t(im.start + i)] = image_key_token(im.key, i);
+      }
+      s.computed = keyed ? backend_->attach_cached_prefix(s.id, keys, salt) : 0;
+      for (const SliceImage& im : images)
+        if (s.computed > im.start && s.computed < im.start + im.span()) {
+          if (!backend_->truncate(s.id, im.start)) {  // not exactly: compute it all
+            backend_->free(s.id);
+            if (!backend_->open(s.id)) s.open = false;
+            s.computed = 0;
+          } else {
+            s.computed = im.start;
+          }
+          break;
+        }
       if (!a.ch->cached_known()) {
-        a.ch->set_cached(0);
+        a.ch->set_cached(std::min(s.computed, a.prompt_len));
         a.ch->mark_cached_known();
       }
       return;
@@ -96,7 +116,11 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     sl.first_pos = a.sched.computed;
     sl.tokens.assign(a.tokens.begin() + a.sched.computed,
                      a.tokens.begin() + a.sched.computed + sc.tokens);
-    if (sl.first_pos == 0) sl.images = a.ch->request().images;
+    for (const SliceImage& im : a.ch->request().images)  // the spans in this slice (whole)
+      if (im.start >= sl.first_pos && im.start < sl.first_pos + sc.tokens) {
+        sl.images.push_back(im);
+        sl.images.back().start -= int32_t(sl.first_pos);
+      }
     // prompt_logprobs: a row for every prompt position whose next token is still unpublished,
     // on the full stack (decoder replay would leave them without logits).
     if (a.ch->request().sampling.prompt_logprobs >= 0 && a.sched.computed < a.prompt_len) {

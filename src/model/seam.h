@@ -43,14 +43,27 @@ inline SpanKind span_position_kind(int64_t i, int64_t llm_w, int64_t span) {
 
 // An image written into a slice (spec §9.1): slice rows start .. start + span() - 1 carry the
 // model's image_token_id; `rows` are the vision aligner's rows for the IMAGE positions ([llm_h *
-// llm_w, hidden], fp32, reading order). Only in a slice at first_pos 0 (DeepSeek merges images in
-// the first forward only), spans in order and wholly inside the slice.
+// llm_w, hidden], fp32, reading order). Spans in order and wholly inside the slice (a span is
+// never cut between steps). `key` identifies the image's pixels (0: none): the prefix cache keys
+// the span by it, so a sequence with an unkeyed image is never cached.
 struct SliceImage {
   int32_t start = 0;
   int32_t llm_w = 0, llm_h = 0;
   std::shared_ptr<const std::vector<float>> rows;
+  uint64_t key = 0;
   int64_t span() const { return image_span(llm_w, llm_h); }
 };
+
+// The id a span's position i stands for in prefix-cache keys (ModelRunner::attach_cached_prefix's
+// tokens, the cached blocks' chains): negative, so never a real token, and a function of the
+// image's key, so two images never share a cached span.
+inline int32_t image_key_token(uint64_t key, int64_t i) {
+  uint64_t h = key ^ (0x9E3779B97F4A7C15ull * uint64_t(i + 1));
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  return -1 - int32_t(h & 0x3FFFFFFF);
+}
 
 struct SeqSlice {
   SeqId seq = 0;
@@ -204,8 +217,6 @@ inline Status check_slice_images(const SeqSlice& s, std::size_t index, int32_t i
   auto where = [&](std::size_t k) {
     return "slice " + std::to_string(index) + " image " + std::to_string(k) + ": ";
   };
-  if (s.first_pos != 0)
-    return Status::error(where(0) + "images are merged only in a slice at position 0");
   int64_t end_prev = 0;
   for (std::size_t k = 0; k < s.images.size(); ++k) {
     const SliceImage& im = s.images[k];

@@ -451,7 +451,10 @@ void HttpServer::Impl::routes() {
     EngineStats s = engine->stats();
     const http::TransportCounters tc = transport->counters();
     res.set_content(
-        metrics.render(s, in_flight.load(), {tc.open, tc.refused, tc.timed_out, tc.streams_cut}),
+        metrics.render(s, in_flight.load(), {tc.open, tc.refused, tc.timed_out, tc.streams_cut},
+                       model.images ? ImageFigures{model.images->encodes.load(),
+                                                   model.images->cache_hits.load()}
+                                    : ImageFigures{}),
         "text/plain; version=0.0.4");
   });
   // The chat page, the dashboard and their files, from the bytes built into the binary. The
@@ -882,8 +885,10 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options)
 HttpServer::HttpServer(ServerOptions options, int64_t max_requests)
     : impl_(std::make_unique<Impl>(nullptr, std::move(options), max_requests)) {}
 
-void HttpServer::set_image_encoder(std::shared_ptr<const ImageEncoder> encoder) {
-  impl_->model.images = std::move(encoder);
+void HttpServer::set_image_encoder(ImageEncoder encoder) {
+  if (!encoder) return;
+  impl_->model.images = std::make_shared<ImageSupport>();
+  impl_->model.images->encode = std::move(encoder);
 }
 
 void HttpServer::attach(Engine& engine, const SamplingDefaults& sampling_defaults) {

@@ -82,7 +82,7 @@ class HttpServer {
   void attach(Engine& engine, const SamplingDefaults& sampling_defaults);
   // Images (server/image_inputs.h): the model's encoder; before attach (requests read it once the
   // model is attached). Without one, an image part is a 400 ("this model takes no images").
-  void set_image_encoder(std::shared_ptr<const ImageEncoder> encoder);
+  void set_image_encoder(ImageEncoder encoder);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

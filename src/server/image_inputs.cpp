@@ -63,9 +63,8 @@ Result<std::string> read_data_url(std::string_view url, std::size_t max_bytes) {
 }
 
 std::optional<ApiError> expand_images(const std::vector<std::string>& urls,
-                                      const std::vector<std::string>& params,
-                                      const ImageEncoder* encoder, int32_t image_token_id,
-                                      GenerationJob& job) {
+                                      const std::vector<std::string>& params, ImageSupport* images,
+                                      int32_t image_token_id, GenerationJob& job) {
   std::vector<int32_t>& prompt = job.request.prompt;
   std::size_t holes = 0;
   for (int32_t t : prompt) holes += t == image_token_id;
@@ -76,7 +75,7 @@ std::optional<ApiError> expand_images(const std::vector<std::string>& urls,
                                        "without an image part to fill it",
                                        "<｜deepseek_image｜>", holes));
   }
-  if (!encoder || !*encoder || image_token_id < 0)
+  if (!images || !images->encode || image_token_id < 0)
     return bad(params[0], "this model takes no images (it has no vision tower)");
   if (holes != urls.size())
     return bad("messages", fmt::format("the text holds the image placeholder <｜deepseek_image｜> "
@@ -92,13 +91,15 @@ std::optional<ApiError> expand_images(const std::vector<std::string>& urls,
     const std::size_t k = next++;
     auto file = read_data_url(urls[k], kMaxImageBytes);
     if (!file) return bad(params[k], file.status().message());
-    auto img = (*encoder)(*file);
+    auto img = images->encode(*file);
     if (!img) return bad(params[k], img.status().message());
+    (img->cached ? images->cache_hits : images->encodes).fetch_add(1);
     SliceImage si;
     si.start = int32_t(out.size());
     si.llm_w = img->llm_w;
     si.llm_h = img->llm_h;
     si.rows = img->rows;
+    si.key = img->key;
     out.insert(out.end(), std::size_t(si.span()), image_token_id);
     job.request.images.push_back(std::move(si));
   }

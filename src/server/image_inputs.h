@@ -31,11 +31,10 @@ Result<std::string> read_data_url(std::string_view url, std::size_t max_bytes);
 
 // The job's prompt (tokenized) holds one image_token_id per image URL, in order: each becomes its
 // image's span (every position image_token_id) and job.request.images gets the rows. `params`
-// names each URL's request field for errors; `encoder` null: the model takes no images (400).
+// names each URL's request field for errors; `images` null: the model takes no images (400).
 std::optional<ApiError> expand_images(const std::vector<std::string>& urls,
-                                      const std::vector<std::string>& params,
-                                      const ImageEncoder* encoder, int32_t image_token_id,
-                                      GenerationJob& job);
+                                      const std::vector<std::string>& params, ImageSupport* images,
+                                      int32_t image_token_id, GenerationJob& job);
 
 // expand_images over the image parts of a chat's messages (ChatMessage::images, in order), with
 // the model's encoder: what every API calls after tokenizing the chat.

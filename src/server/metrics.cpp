@@ -103,7 +103,8 @@ void histogram(std::string& out, const char* name, const char* help, const Histo
 }  // namespace
 
 std::string Metrics::render(const EngineStats& engine, int64_t in_flight,
-                            const ConnectionFigures& connections) const {
+                            const ConnectionFigures& connections,
+                            const ImageFigures& images) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   header(out, "dsv41_requests_total", "counter", "HTTP requests by endpoint and status code.");
@@ -128,6 +129,10 @@ std::string Metrics::render(const EngineStats& engine, int64_t in_flight,
   value(out, "dsv41_streams_cut_total", "counter",
         "Streamed answers cut for a reader slower than --stream-buffer-kb allows.",
         connections.streams_cut);
+  value(out, "dsv41_image_encodes_total", "counter",
+        "Images of requests run through the vision tower.", images.encodes);
+  value(out, "dsv41_image_cache_hits_total", "counter",
+        "Images of requests found encoded already (--image-cache-mb).", images.cache_hits);
   value(out, "dsv41_kv_foreign_reads_total", "counter",
         "KV cache rows read whose tag (sequence, block epoch, position) was not the reader's; "
         "the isolation gate, it must stay 0.",

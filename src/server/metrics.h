@@ -25,6 +25,11 @@ struct ConnectionFigures {
   int64_t open = 0, refused = 0, timed_out = 0, streams_cut = 0;
 };
 
+// The image encoder's counts (server/image_inputs.h ImageSupport).
+struct ImageFigures {
+  int64_t encodes = 0, cache_hits = 0;
+};
+
 class Metrics {
  public:
   // `model_name`: the served model's name, vLLM's model_name label.
@@ -43,7 +48,8 @@ class Metrics {
   // Gauges and the engine's counters are read at render time from the caller.
   // `connections`: the network layer's gauges and counters (open, refused, timed out, cut).
   std::string render(const EngineStats& engine, int64_t in_flight,
-                     const ConnectionFigures& connections = ConnectionFigures()) const;
+                     const ConnectionFigures& connections = ConnectionFigures(),
+                     const ImageFigures& images = ImageFigures()) const;
 
  private:
   void render_vllm(std::string& out, const EngineStats& engine) const;  // under mu_

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -38,8 +39,16 @@ class GrammarCache;  // server/structured_outputs.h
 struct EncodedImage {
   int32_t llm_w = 0, llm_h = 0;                    // the span's grid of LLM tokens
   std::shared_ptr<const std::vector<float>> rows;  // the aligner's rows, [llm_h * llm_w, hidden]
+  uint64_t key = 0;     // of the decoded pixels: the prefix cache's key for the span (SliceImage)
+  bool cached = false;  // taken from the encoder's cache of encoded images, not encoded now
 };
 using ImageEncoder = std::function<Result<EncodedImage>(std::string_view file)>;
+// The model's image encoder and what it did (/metrics: dsv41_image_encodes_total,
+// dsv41_image_cache_hits_total).
+struct ImageSupport {
+  ImageEncoder encode;
+  std::atomic<int64_t> encodes{0}, cache_hits{0};
+};
 
 struct ServedModel {
   std::string name;
@@ -68,7 +77,7 @@ struct ServedModel {
   static std::shared_ptr<GrammarCache> make_grammar_cache();
   // Images (server/image_inputs.h): the model's encoder (null: it takes no images) and the id of
   // its image token.
-  std::shared_ptr<const ImageEncoder> images;
+  std::shared_ptr<ImageSupport> images;
   int32_t image_token_id = -1;
   bool serves(const std::string& asked) const {
     return asked == name || std::find(aliases.begin(), aliases.end(), asked) != aliases.end();

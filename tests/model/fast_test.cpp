@@ -920,16 +920,82 @@ TEST(FastModel, ImageSpansMatchTheReferenceAndStayBatchInvariant) {
   bad.images[0].rows = std::make_shared<std::vector<float>>(3, 0.0f);
   refused(bad, "rows must be");
   EXPECT_EQ(m->length(5), 0);
+  // A span in a later slice (the text before it computed first): the same logits.
   StepBatch one;
-  one.slices.push_back({5, 0, {toks[0]}, {}, {}});
+  one.slices.push_back({5, 0, {toks[0]}, {0}, {}});
   ASSERT_TRUE(m->step(one, &out).is_ok());
+  std::vector<float> split = out.slices[0].logits;
   SeqSlice later;
   later.seq = 5;
   later.first_pos = 1;
   later.tokens.assign(toks.begin() + 1, toks.begin() + 9);
+  for (int r = 0; r < 8; ++r) later.logits_rows.push_back(r);
   later.images.push_back(img);
   later.images[0].start = 0;
-  refused(later, "position 0");
+  StepBatch b2;
+  b2.slices.push_back(later);
+  ASSERT_TRUE(m->step(b2, &out).is_ok());
+  split.insert(split.end(), out.slices[0].logits.begin(), out.slices[0].logits.end());
+  EXPECT_EQ(0, std::memcmp(split.data(), fast.data(), split.size() * sizeof(float)));
+}
+
+// The prefix cache keys an image span by its image (SliceImage::key): a second sequence with the
+// same image takes the span from the cache and gets the logits of computing it; another image
+// (or another key) takes nothing past the text before the span; an unkeyed image is never cached.
+TEST(FastModel, PrefixCacheKeysImageSpansByTheirImage) {
+  auto m = load_fast();
+  ASSERT_TRUE(m);
+  const int64_t v = m->vocab_size(), D = m->hidden_size();
+  // Text long enough to fill cache blocks before and after the span.
+  auto toks = random_tokens(31, 80, int32_t(v));
+  SliceImage img = random_image(20, 2, 2, 5, D);
+  img.key = 0xABCDEF;
+  for (int64_t i = 0; i < img.span(); ++i) toks[std::size_t(20 + i)] = image_token_id();
+  auto key_tokens = [&](const SliceImage& im) {
+    std::vector<int32_t> k = toks;
+    for (int64_t i = 0; i < im.span(); ++i)
+      k[std::size_t(im.start + i)] = image_key_token(im.key, i);
+    return k;
+  };
+  // Computes the rest of `toks` from the sequence's length on, one slice; its logits rows.
+  auto finish = [&](SeqId id, const SliceImage& im) {
+    const int64_t from = m->length(id);
+    SeqSlice s;
+    s.seq = id;
+    s.first_pos = from;
+    s.tokens.assign(toks.begin() + from, toks.end());
+    for (int r = 0; r < int(s.tokens.size()); ++r) s.logits_rows.push_back(r);
+    if (from <= im.start) {
+      s.images.push_back(im);
+      s.images[0].start -= int32_t(from);
+    }
+    StepBatch b;
+    b.slices.push_back(s);
+    StepOutput out;
+    EXPECT_TRUE(m->step(b, &out).is_ok());
+    return out.slices[0].logits;
+  };
+  ASSERT_TRUE(m->open(1).is_ok());
+  const auto first = finish(1, img);
+  ASSERT_TRUE(m->open(2).is_ok());
+  const int64_t hit = m->attach_cached_prefix(2, key_tokens(img), "");
+  EXPECT_GE(hit, img.start + img.span()) << "the span itself comes from the cache";
+  const auto second = finish(2, img);
+  const std::size_t tail = second.size();
+  EXPECT_EQ(0,
+            std::memcmp(second.data(), first.data() + first.size() - tail, tail * sizeof(float)));
+  // Another image's key: the cached chain stops before the span.
+  SliceImage other = random_image(20, 2, 2, 6, D);
+  other.key = 0x123456;
+  ASSERT_TRUE(m->open(3).is_ok());
+  EXPECT_LE(m->attach_cached_prefix(3, key_tokens(other), ""), img.start);
+  // An unkeyed image's sequence is never cached: a later query finds nothing past its text.
+  SliceImage unkeyed = random_image(20, 2, 2, 7, D);
+  ASSERT_TRUE(m->open(4).is_ok());
+  finish(4, unkeyed);
+  ASSERT_TRUE(m->open(5).is_ok());
+  EXPECT_LE(m->attach_cached_prefix(5, key_tokens(unkeyed), ""), img.start);
+  EXPECT_EQ(m->stats().foreign_reads, 0);
 }
 
 // The fast tower (model/fast/fast_vision.h) against the fp64 reference tower on the tiny preset's

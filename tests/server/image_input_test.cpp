@@ -179,6 +179,67 @@ TEST_F(ImageServe, AnImageRequestIsTheSameAloneAndAmongOthers) {
   EXPECT_EQ(alone["usage"]["prompt_tokens"], mixed["usage"]["prompt_tokens"]);
 }
 
+// The next turn of a conversation about an image: the image is not encoded again (the encoder's
+// cache, /metrics), its span comes from the prefix cache (cached_tokens past the span), and the
+// answer is the one a server without a prefix cache gives.
+TEST_F(ImageServe, AFollowUpTurnReusesTheEncodedImageAndTheCachedSpan) {
+  auto counter = [&](const std::string& name) {
+    httplib::Client c("127.0.0.1", p_->port);
+    auto r = c.Get("/metrics");
+    EXPECT_TRUE(r);
+    const std::size_t at = r->body.find("\n" + name + " ");
+    EXPECT_NE(at, std::string::npos) << name;
+    return std::stoll(r->body.substr(at + name.size() + 2));
+  };
+  // A picture of its own (other tests send rgb.png): another file, so the first request encodes
+  // it. The probe asks with nothing after the image: its prompt ends at most a few tokens after
+  // the span, so its length bounds where the span ends.
+  const std::string url = data_url(std::string(DSV41_JS_DIR) + "/../fuzz/corpus/image/palette.png");
+  Json probe = image_request(url, 2);
+  probe["messages"][0]["content"][0]["text"] = "A first question about this picture.";
+  const int64_t enc0 = counter("dsv41_image_encodes_total");
+  const int64_t hit0 = counter("dsv41_image_cache_hits_total");
+  int status = 0;
+  const Json p0 = post(probe, &status);
+  ASSERT_EQ(status, 200) << p0;
+  const int span_end_bound = p0["usage"]["prompt_tokens"].get<int>();
+  EXPECT_EQ(counter("dsv41_image_encodes_total"), enc0 + 1);
+  // Turn 1 goes on after the image for long enough that whole cache blocks cover the span.
+  Json turn1 = probe;
+  std::string more;
+  for (int i = 0; i < 60; ++i) more += "and then some more words ";
+  turn1["messages"][0]["content"].push_back({{"type", "text"}, {"text", more}});
+  turn1["max_tokens"] = 6;
+  const Json a1 = post(turn1, &status);
+  ASSERT_EQ(status, 200) << a1;
+  Json turn2 = turn1;
+  turn2["messages"].push_back(
+      {{"role", "assistant"}, {"content", a1["choices"][0]["message"]["content"]}});
+  turn2["messages"].push_back({{"role", "user"}, {"content", "And what else?"}});
+  const Json a2 = post(turn2, &status);
+  ASSERT_EQ(status, 200) << a2;
+  EXPECT_EQ(counter("dsv41_image_encodes_total"), enc0 + 1) << "encoded again";
+  EXPECT_EQ(counter("dsv41_image_cache_hits_total"), hit0 + 2);
+  // The span lies inside the prefix turn 2 took from the cache.
+  EXPECT_GE(a2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), span_end_bound)
+      << a2["usage"] << " (the probe's prompt: " << span_end_bound << " tokens)";
+  // The same turn on a server that caches nothing: the same answer.
+  ServeProcess cold;
+  ASSERT_TRUE(cold.start(dir_->path() + "/tiny", dir_->path() + "/cold.log",
+                         {"--prefix-cache", "off", "--image-cache-mb", "0"}));
+  httplib::Client c("127.0.0.1", cold.port);
+  c.set_read_timeout(120, 0);
+  auto r = c.Post("/v1/chat/completions", turn2.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json cold_a2 = Json::parse(r->body);
+  EXPECT_EQ(cold_a2["choices"], a2["choices"]);
+  EXPECT_EQ(cold_a2["usage"]["prompt_tokens"], a2["usage"]["prompt_tokens"]);
+  EXPECT_EQ(cold_a2["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  kill(cold.pid, SIGTERM);
+  EXPECT_EQ(cold.wait_exit(), 0);
+}
+
 TEST_F(ImageServe, BadImagePartsAreRefusedNamingThePart) {
   int status = 0;
   // A PNG cut short.

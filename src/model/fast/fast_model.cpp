@@ -967,16 +967,20 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
       s.tokens.push_back(sl.tokens[t]);
     }
     for (const SliceImage& img : sl.images)
-      for (int64_t i = 0; i < img.span(); ++i)
+      for (int64_t i = 0; i < img.span(); ++i) {
         im.rows[r0 + std::size_t(img.start + i)].kind =
             span_position_kind(i, img.llm_w, img.span());
-    // Image positions are dead in the Engram history. A prefix cache keyed by token ids cannot
-    // tell two images apart (every span position is image_token_id): not cached.
+        // The cache's chains key the span by the image (every position's id is image_token_id);
+        // an unkeyed image keeps its sequence out of the cache.
+        s.tokens[s.tokens.size() - sl.tokens.size() + std::size_t(img.start + i)] =
+            image_key_token(img.key, i);
+        if (img.key == 0) s.cacheable = false;
+      }
+    // Image positions are dead in the Engram history.
     for (std::size_t t = 0; t < sl.tokens.size(); ++t)
       s.history.push_back(im.rows[r0 + t].kind == SpanKind::kText
                               ? im.cmap[std::size_t(sl.tokens[t])]
                               : kEngramDead);
-    if (!sl.images.empty()) s.cacheable = false;
   }
   auto grow = [](std::vector<float>& v, int64_t sz) {
     if (int64_t(v.size()) < sz) v.resize(std::size_t(sz));

@@ -159,7 +159,8 @@ int64_t FastModel::attach_cached_prefix(SeqId seq, const std::vector<int32_t>& t
   s.tokens.assign(tokens.begin(), tokens.begin() + P);
   s.history.resize(std::size_t(P));
   for (int64_t p = 0; p < P; ++p)
-    s.history[std::size_t(p)] = im.cmap[std::size_t(tokens[std::size_t(p)])];
+    s.history[std::size_t(p)] =  // an image span's key ids (seam.h image_key_token): dead
+        tokens[std::size_t(p)] < 0 ? kEngramDead : im.cmap[std::size_t(tokens[std::size_t(p)])];
   s.len = s.shared_len = P;
   s.dec_floor = last.dec_floor;  // below P - window + 1 (above)
   s.chain = std::move(chain);

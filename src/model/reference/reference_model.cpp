@@ -372,11 +372,8 @@ namespace {
 // The images of a call checked against its tokens (see forward): an error names the image.
 template <typename T>
 Status check_images(const std::vector<PromptImage<T>>& images, const std::vector<int32_t>& tokens,
-                    int64_t start, int64_t image_token_id, int64_t D) {
+                    int64_t image_token_id, int64_t D) {
   if (images.empty()) return Status::ok();
-  if (start != 0)
-    return Status::error("images are merged only in a forward at position 0 (this call starts at " +
-                         std::to_string(start) + ")");
   int64_t end_prev = 0;
   for (std::size_t i = 0; i < images.size(); ++i) {
     const PromptImage<T>& im = images[i];
@@ -417,10 +414,9 @@ Status ReferenceModel<T>::forward(const std::vector<int32_t>& tokens,
       return Status::error("token " + std::to_string(tokens[std::size_t(t)]) + " at position " +
                            std::to_string(im.pos + t) + " is outside the vocabulary [0, " +
                            std::to_string(V) + ")");
-  if (Status st = check_images(images, tokens, im.pos, im.cfg.image_token_id, D); !st.is_ok())
-    return st;
+  if (Status st = check_images(images, tokens, im.cfg.image_token_id, D); !st.is_ok()) return st;
   const int64_t start = im.pos, end_pos = start + n;
-  const std::vector<SpanKind> kind = span_kinds(images, start, n);
+  const std::vector<SpanKind> kind = span_kinds(images, 0, n);
   for (int64_t t = 0; t < n; ++t)  // image positions are dead in the Engram history
     im.history.push_back(kind[std::size_t(t)] == SpanKind::kText
                              ? im.cmap[std::size_t(tokens[std::size_t(t)])]

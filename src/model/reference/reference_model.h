@@ -75,7 +75,7 @@ struct TraceEvent {
 };
 
 // An image of the prompt (spec §9, §9.1), already through the vision tower: its span starts at
-// absolute position `start` (the IMAGE_START delimiter) and covers llm_h * (llm_w + 1) + 2
+// the call's token `start` (the IMAGE_START delimiter) and covers llm_h * (llm_w + 1) + 2
 // positions, each carrying the config's image_token_id in the token list; `rows` are the
 // aligner's rows that fill its IMAGE positions ([llm_h * llm_w, hidden], reading order).
 template <typename T>
@@ -86,7 +86,7 @@ struct PromptImage {
   int64_t span() const { return image_span(llm_w, llm_h); }
 };
 
-// The kind of each of n positions starting at absolute position `first`, for the given spans.
+// The kind of each of n positions starting at the call's token `first`, for the given spans.
 template <typename T>
 std::vector<SpanKind> span_kinds(const std::vector<PromptImage<T>>& images, int64_t first,
                                  int64_t n);
@@ -113,11 +113,13 @@ class ReferenceModel {
   // appended.
   Status forward(const std::vector<int32_t>& tokens, std::vector<T>* logits,
                  std::vector<std::vector<T>>* dump = nullptr);
-  // The same with images merged into the prompt (spec §9.1): only in a call at position 0
-  // (DeepSeek merges images in the first forward only), every span wholly inside the call, in
-  // order, not overlapping, its positions all image_token_id. Span positions embed the delimiter
-  // vectors and the aligner rows, route with `gate.bias_vl` (selection only; the weights still
-  // come from the unbiased scores), are dead in the Engram history and pass Engram unchanged.
+  // The same with images merged into the prompt (spec §9.1): every span wholly inside the call,
+  // in order, not overlapping, its positions all image_token_id. DeepSeek's code merges images in
+  // its first forward (position 0) only; here a call may start anywhere, with the same result
+  // (each position depends on the positions before it only, whatever the calls). Span positions
+  // embed the delimiter vectors and the aligner rows, route with `gate.bias_vl` (selection only;
+  // the weights still come from the unbiased scores), are dead in the Engram history and pass
+  // Engram unchanged.
   Status forward(const std::vector<int32_t>& tokens, const std::vector<PromptImage<T>>& images,
                  std::vector<T>* logits, std::vector<std::vector<T>>* dump = nullptr);
 

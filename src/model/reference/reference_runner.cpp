@@ -79,7 +79,7 @@ Status ReferenceRunner<T>::step(const StepBatch& batch, StepOutput* out) {
     DSV41_RETURN_IF_ERROR(hold(sl.seq));
     rows.clear();
     std::vector<std::vector<T>> dump;
-    std::vector<PromptImage<T>> imgs;
+    std::vector<PromptImage<T>> imgs;  // slice-relative starts, as the call takes them
     for (const SliceImage& si : sl.images) {
       PromptImage<T> pi;
       pi.start = si.start, pi.llm_w = si.llm_w, pi.llm_h = si.llm_h;
@@ -88,7 +88,10 @@ Status ReferenceRunner<T>::step(const StepBatch& batch, StepOutput* out) {
     }
     DSV41_RETURN_IF_ERROR(
         model_->forward(sl.tokens, imgs, &rows, sl.taps.empty() ? nullptr : &dump));
-    if (!imgs.empty()) images_[sl.seq] = std::move(imgs);
+    for (auto& pi : imgs) {  // kept with sequence positions, for a replay from 0
+      pi.start += sl.first_pos;
+      images_[sl.seq].push_back(std::move(pi));
+    }
     toks.insert(toks.end(), sl.tokens.begin(), sl.tokens.end());
     SliceOutput& so = out->slices[i];
     for (int32_t r : sl.logits_rows) {
