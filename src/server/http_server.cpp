@@ -25,6 +25,7 @@
 #include "server/anthropic_api.h"
 #include "server/generation_protocol.h"
 #include "server/http_transport.h"
+#include "server/image_inputs.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/structured_outputs.h"
@@ -796,6 +797,7 @@ void HttpServer::Impl::tokenize(const Req& req, Res& res) {
   };
   if (auto e = parse_body(req, body)) return fail(*e);
   std::string text;
+  std::vector<ChatMessage> messages;
   if (body.contains("messages")) {
     auto chat = parse_chat_request(with_default_kwargs(body, model));
     if (!chat) {
@@ -806,6 +808,7 @@ void HttpServer::Impl::tokenize(const Req& req, Res& res) {
     if (!prompt)
       return fail(make_error(400, prompt.status().message(), "invalid_request_error", "messages"));
     text = std::move(*prompt);
+    messages = std::move(chat->messages);
   } else {
     auto p = body.find("prompt");
     if (p == body.end() || !p->is_string())
@@ -814,10 +817,20 @@ void HttpServer::Impl::tokenize(const Req& req, Res& res) {
     text = p->get<std::string>();
   }
   OJson out = OJson::object();
-  auto ids = engine->tokenizer().encode(text);
+  // Image parts become their spans, as a chat request's do (the images are encoded, or found in
+  // the encoder's cache); "images" lists each span's first token and length.
+  GenerationJob job;
+  job.request.prompt = engine->tokenizer().encode(text);
+  if (auto e = expand_chat_images(messages, model, job)) return fail(*e);
+  const std::vector<int32_t>& ids = job.request.prompt;
   out["count"] = ids.size();
   out["max_model_len"] = engine->max_context();
   out["tokens"] = ids;
+  if (!job.request.images.empty()) {
+    out["images"] = OJson::array();
+    for (const SliceImage& im : job.request.images)
+      out["images"].push_back({{"start", im.start}, {"span", im.span()}});
+  }
   res.set_content(out.dump(), "application/json");
   metrics.request_done("/tokenize", 200);
 }

@@ -240,6 +240,25 @@ TEST_F(ImageServe, AFollowUpTurnReusesTheEncodedImageAndTheCachedSpan) {
   EXPECT_EQ(cold.wait_exit(), 0);
 }
 
+// /tokenize shows an image part as its span.
+TEST_F(ImageServe, TokenizeShowsTheSpan) {
+  httplib::Client c("127.0.0.1", p_->port);
+  Json body = image_request(data_url(kImageFile));
+  auto r = c.Post("/tokenize", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json j = Json::parse(r->body);
+  ASSERT_EQ(j["images"].size(), 1u) << j;
+  EXPECT_EQ(j["images"][0]["span"], 8);
+  const int start = j["images"][0]["start"];
+  const int id = j["tokens"][start];
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(j["tokens"][start + i], id);
+  EXPECT_NE(j["tokens"][start + 8], id);
+  int status = 0;
+  const Json answered = post(image_request(data_url(kImageFile), 2), &status);
+  EXPECT_EQ(answered["usage"]["prompt_tokens"], j["count"]);
+}
+
 TEST_F(ImageServe, BadImagePartsAreRefusedNamingThePart) {
   int status = 0;
   // A PNG cut short.
