@@ -187,6 +187,30 @@ try {
   await page.waitForFunction(() => [...document.querySelectorAll('.error')].some(
     (e) => e.textContent.includes('JSON schema: not valid JSON')));
   await page.fill('#json_schema', '');
+  // --- An image attached with the Image button: a thumbnail waits above the composer; the message
+  // carries it as an image_url part (a data: URL) and shows it; this scripted model has no vision
+  // tower, so the server's 400 is shown and the image waits again to be sent or removed.
+  const imageFile = new URL('../fuzz/corpus/image/rgb.png', import.meta.url).pathname;
+  await page.setInputFiles('#image_file', imageFile);
+  await page.waitForSelector('#attachments .thumb img');
+  check(await page.locator('#attachments .thumb').count() === 1, 'an attached image waits as a thumbnail');
+  const errorsBeforeImage = await page.locator('.error').count();
+  const sentBeforeImage = sent.length;
+  await page.fill('#prompt', 'What is in the picture?');
+  await page.click('#send');
+  await page.waitForFunction((n) => document.querySelectorAll('.error').length > n, errorsBeforeImage);
+  const withImage = sent[sentBeforeImage];
+  const lastUser = withImage.messages[withImage.messages.length - 1].content;
+  check(Array.isArray(lastUser) && lastUser[0].text === 'What is in the picture?' &&
+        lastUser[1].type === 'image_url' && lastUser[1].image_url.url.startsWith('data:image/png;base64,'),
+        'the message carries the image as an image_url part');
+  check(await page.locator('.msg.user img.image').count() === 1, 'the conversation shows the image');
+  const imageError = await page.locator('.error').last().textContent();
+  check(imageError.includes('HTTP 400') && imageError.includes('takes no images'),
+        `the server's refusal is shown (${imageError})`);
+  check(await page.locator('#attachments .thumb').count() === 1, 'the refused image waits again');
+  await page.click('#attachments .thumb button');
+  check(await page.locator('#attachments .thumb').count() === 0, 'the image can be removed');
   await page.check('#thinking');
   let running = -1;
   for (let i = 0; i < 300 && running !== 0; ++i) {  // up to 30 s on a starved machine

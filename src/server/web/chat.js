@@ -1,11 +1,13 @@
 // The chat page (GET /): a conversation kept in the page, each turn streamed from
 // /v1/chat/completions (stream_options.include_usage for the token count). Reasoning arrives as
 // delta.reasoning_content and is shown folded above the answer; tool calls as delta.tool_calls.
-// Everything is put on the page as text (textContent), never as HTML.
+// Everything is put on the page as text (textContent), never as HTML. Images (attached with the
+// Image button, pasted or dropped) go with the next message as image_url parts (data: URLs).
 'use strict';
 
 const $ = (id) => document.getElementById(id);
-const state = { model: null, history: [], controller: null };
+// images: data: URLs attached to the next message (file input, paste or drop).
+const state = { model: null, history: [], controller: null, images: [] };
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -105,12 +107,56 @@ function requestBody() {
   return body;
 }
 
-function addUserMessage(text) {
+function addUserMessage(text, images) {
   const m = el('div', 'msg user');
   m.appendChild(el('div', 'role', 'you'));
+  for (const url of images) {
+    const img = el('img', 'image');
+    img.src = url;  // a data: URL the page made from the user's own file
+    img.alt = 'attached image';
+    m.appendChild(img);
+  }
   m.appendChild(el('div', 'content', text));
   $('messages').appendChild(m);
   scrollDown();
+}
+
+// The images waiting for the next message, each with a button that takes it off.
+function renderAttachments() {
+  const box = $('attachments');
+  box.textContent = '';
+  state.images.forEach((url, i) => {
+    const t = el('div', 'thumb');
+    const img = el('img');
+    img.src = url;
+    img.alt = `image ${i + 1}`;
+    const x = el('button', 'secondary', '×');
+    x.type = 'button';
+    x.title = 'Remove';
+    x.addEventListener('click', () => {
+      state.images.splice(i, 1);
+      renderAttachments();
+    });
+    t.append(img, x);
+    box.appendChild(t);
+  });
+}
+
+// Files (input, paste or drop) -> data: URLs attached to the next message; other files are
+// refused on the page (the server reads PNG, JPEG, WebP and GIF).
+function attachFiles(files) {
+  for (const f of files) {
+    if (!/^image\/(png|jpeg|webp|gif)$/.test(f.type)) {
+      showError(`${f.name || 'the file'}: not an image the server reads (PNG, JPEG, WebP or GIF)`);
+      continue;
+    }
+    const reader = new FileReader();
+    reader.onload = () => {
+      state.images.push(reader.result);
+      renderAttachments();
+    };
+    reader.readAsDataURL(f);
+  }
 }
 
 // The assistant's message as it streams: a folded reasoning block (shown once reasoning arrives),
@@ -228,16 +274,23 @@ async function send(text) {
   // The conversation this turn belongs to: New conversation replaces state.history, and a turn of
   // the old one that ends afterwards is not carried into the new one.
   const history = state.history;
+  const images = state.images;
+  // With images, the content is parts: the text, then each image (as the page shows them).
+  const content = images.length
+    ? [{ type: 'text', text }, ...images.map((url) => ({ type: 'image_url', image_url: { url } }))]
+    : text;
   let body;
   try {
-    history.push({ role: 'user', content: text });
+    history.push({ role: 'user', content });
     body = requestBody();
   } catch (err) {
     history.pop();
     showError(err.message);
     return;
   }
-  addUserMessage(text);
+  state.images = [];
+  renderAttachments();
+  addUserMessage(text, images);
   const view = assistantView();
   const t0 = performance.now();
   state.controller = new AbortController();
@@ -250,7 +303,13 @@ async function send(text) {
       body: JSON.stringify(body), signal: state.controller.signal });
     if (!res.ok) {
       view.m.remove();
-      if (state.history === history) history.pop();  // not a turn: it can be sent again
+      if (state.history === history) {  // not a turn: it can be sent again, images included
+        history.pop();
+        if (images.length && !state.images.length) {
+          state.images = images;
+          renderAttachments();
+        }
+      }
       showError(await errorText(res));
       return;
     }
@@ -304,8 +363,32 @@ function init() {
   $('new-chat').addEventListener('click', () => {
     if (state.controller) state.controller.abort();
     state.history = [];
+    state.images = [];
+    renderAttachments();
     $('messages').textContent = '';
     $('prompt').focus();
+  });
+  $('image_file').addEventListener('change', (e) => {
+    attachFiles(e.target.files);
+    e.target.value = '';
+  });
+  $('prompt').addEventListener('paste', (e) => {
+    const files = [...(e.clipboardData ? e.clipboardData.files : [])];
+    if (files.length) {
+      e.preventDefault();
+      attachFiles(files);
+    }
+  });
+  const area = document.querySelector('.conversation');
+  area.addEventListener('dragover', (e) => {
+    e.preventDefault();
+    area.classList.add('dropping');
+  });
+  area.addEventListener('dragleave', () => area.classList.remove('dropping'));
+  area.addEventListener('drop', (e) => {
+    e.preventDefault();
+    area.classList.remove('dropping');
+    attachFiles(e.dataTransfer ? e.dataTransfer.files : []);
   });
 }
 
