@@ -76,7 +76,7 @@ class CallsBuilder {
     const std::string name = fn.value("name", std::string());
     const std::string name_param = fmt::format(fmt::runtime(names.name), i);
     if (name.find_first_of("\"<>") != std::string::npos)
-      return bad(name_param, "a forced tool's name cannot hold '\"', '<' or '>'");
+      return bad(name_param, "a forced or strict tool's name cannot hold '\"', '<' or '>'");
     const std::string where = fmt::format(fmt::runtime(names.parameters), i);
     std::vector<Param> params;
     if (auto e = read_params(fn, where, params)) return e;
@@ -149,10 +149,12 @@ class CallsBuilder {
           k == "additionalProperties" || k == "$defs" || k == "definitions")
         continue;
       if (k == "type" && v == "object") continue;
-      return bad(where, fmt::format("a forced tool call needs an object schema (type, properties, "
-                                    "required, additionalProperties, $defs); \"{}\" at the top "
-                                    "level is not supported",
-                                    k));
+      return bad(
+          where,
+          fmt::format("a forced or strict tool call needs an object schema (type, properties, "
+                      "required, additionalProperties, $defs); \"{}\" at the top "
+                      "level is not supported",
+                      k));
     }
     std::set<std::string> required;
     if (const auto r = ps->find("required"); r != ps->end()) {
@@ -168,8 +170,9 @@ class CallsBuilder {
       if (!pr->is_object()) return bad(where + ".properties", "must be an object");
       for (const auto& [k, v] : pr->items()) {
         if (k.empty() || k.find_first_of("\"<>") != std::string::npos)
-          return bad(where + ".properties",
-                     "a forced tool's parameter name must be non-empty without '\"', '<', '>'");
+          return bad(
+              where + ".properties",
+              "a forced or strict tool's parameter name must be non-empty without '\"', '<', '>'");
         out.push_back({param(k, &v, doc, where), required.count(k) > 0});
         declared.insert(k);
       }
@@ -177,8 +180,9 @@ class CallsBuilder {
     for (const std::string& k : required)  // required but not declared: any JSON value
       if (!declared.count(k)) {
         if (k.empty() || k.find_first_of("\"<>") != std::string::npos)
-          return bad(where + ".required",
-                     "a forced tool's parameter name must be non-empty without '\"', '<', '>'");
+          return bad(
+              where + ".required",
+              "a forced or strict tool's parameter name must be non-empty without '\"', '<', '>'");
         out.push_back({param(k, nullptr, doc, where), true});
       }
     return std::nullopt;
@@ -188,19 +192,14 @@ class CallsBuilder {
   int32_t placed_ = -1;
 };
 
-// The composed calls grammar, or the 400 naming where it failed.
-struct Compiled {
-  std::shared_ptr<const Grammar> grammar;
-  std::optional<ApiError> err;
-  explicit operator bool() const { return grammar != nullptr; }
-  const ApiError& error() const { return *err; }
-  const std::shared_ptr<const Grammar>& operator*() const { return grammar; }
-};
-
-Compiled compile_calls(const GrammarComposer& c, int root, const Tokenizer& tok,
-                       GrammarCache& cache) {
+// Compiles the composed calls grammar into `out`; a 400 names where it failed.
+std::optional<ApiError> compile_calls(const GrammarComposer& c, int root, const Tokenizer& tok,
+                                      GrammarCache& cache, std::shared_ptr<const Grammar>& out) {
   auto g = cache.get_composed(tok, c, root);
-  if (g) return {*g, std::nullopt};
+  if (g) {
+    out = *g;
+    return std::nullopt;
+  }
   // A schema's error starts with the field it came from (the `where` of its values).
   const std::string& msg = g.status().message();
   const std::size_t colon = msg.find(": ");
@@ -209,7 +208,7 @@ Compiled compile_calls(const GrammarComposer& c, int root, const Tokenizer& tok,
                           : msg.substr(0, colon);
   ApiError e = bad_from(param, msg);
   if (g.status().kind() == ErrorKind::kCapacity) e.code = "grammar_too_complex";
-  return {nullptr, e};
+  return e;
 }
 
 }  // namespace
@@ -261,9 +260,9 @@ std::optional<ApiError> constrain_strict_tools(const ToolForcing& forcing,
     invokes.push_back(node);
   }
   const int root = b.calls(c.alt(std::move(invokes)), job.single_tool_call, true);
-  auto g = compile_calls(c, root, tok, cache);
-  if (!g) return g.error();
-  job.request.constraint = *g;
+  std::shared_ptr<const Grammar> g;
+  if (auto e = compile_calls(c, root, tok, cache, g)) return e;
+  job.request.constraint = std::move(g);
   job.request.constraint_trigger = marker;
   job.request.constraint_trigger_after = "<";
   job.request.constraint_after_reasoning = job.thinking;
@@ -314,9 +313,9 @@ std::optional<ApiError> force_tool_calls(const ToolForcing& forcing,
     if (forcing.mode == ToolForcing::Mode::kNamed) break;  // the first tool of that name
   }
   const int root = b.calls(c.alt(std::move(invokes)), job.single_tool_call);
-  auto g = compile_calls(c, root, tok, cache);
-  if (!g) return g.error();
-  job.request.constraint = *g;
+  std::shared_ptr<const Grammar> g;
+  if (auto e = compile_calls(c, root, tok, cache, g)) return e;
+  job.request.constraint = std::move(g);
   job.extract_tools = true;
   job.request.constraint_after_reasoning = job.thinking;
   return std::nullopt;
