@@ -7,15 +7,41 @@
 
 namespace dsv41 {
 
-SequenceConstraint::SequenceConstraint(std::shared_ptr<const Grammar> grammar,
-                                       int32_t reasoning_end, int32_t vocab_size)
+SequenceConstraint::SequenceConstraint(std::shared_ptr<const Grammar> grammar, Start start,
+                                       int32_t vocab_size)
     : matcher_(grammar),
       grammar_(std::move(grammar)),
-      reasoning_end_(reasoning_end),
+      start_(std::move(start)),
+      phase_(start_.reasoning_end >= 0 ? Phase::kReasoning
+             : start_.trigger >= 0     ? Phase::kArmed
+                                       : Phase::kActive),
       vocab_size_(vocab_size) {
   // Ids of the model's row beyond the grammar's vocabulary are never allowed (zero words).
   mask_.assign(std::max(grammar_->vocab().mask_words(), (std::size_t(vocab_size_) + 63) / 64), 0);
+  // The prompt is not generated text: a trigger sampled first has nothing before it.
+  after_ok_ = start_.trigger_after.empty();
   if (active()) refresh();
+}
+
+bool SequenceConstraint::wait_step(Phase& phase, bool& after_ok, int32_t token) const {
+  if (phase == Phase::kReasoning) {
+    if (token != start_.reasoning_end) return false;
+    if (start_.trigger < 0) return true;  // the answer starts: constrained from here
+    phase = Phase::kArmed;
+    after_ok = start_.trigger_after.empty();  // the reasoning's text does not lead a trigger
+    return false;
+  }
+  // Armed: the trigger starts the grammar only where the text before it leads into what the
+  // grammar continues (the DSML marker right after "<", as the calls tag has it).
+  if (token == start_.trigger && after_ok) return true;
+  const std::string& after = start_.trigger_after;
+  if (!after.empty()) {
+    const bool known = token >= 0 && token < grammar_->vocab().size();
+    const std::string& b = known ? grammar_->vocab().bytes(token) : after;
+    after_ok = known && b.size() >= after.size() &&
+               b.compare(b.size() - after.size(), after.size(), after) == 0;
+  }
+  return false;
 }
 
 void SequenceConstraint::refresh() {
@@ -34,6 +60,7 @@ void SequenceConstraint::refresh() {
 }
 
 bool SequenceConstraint::apply(std::vector<float>& logits) const {
+  if (!active() && start_.trigger >= 0) return true;  // free until the model starts it
   if (!active()) {
     // The reasoning may not end the output: the answer after it is what the constraint is for
     // (a model that stopped inside its reasoning gave an empty, invalid answer).
@@ -62,14 +89,14 @@ bool SequenceConstraint::apply(std::vector<float>& logits) const {
 }
 
 bool SequenceConstraint::allows(int32_t token) const {
-  if (!active()) return !grammar_->vocab().is_end(token);
+  if (!active()) return start_.trigger >= 0 || !grammar_->vocab().is_end(token);
   return token >= 0 && token < vocab_size_ && (mask_[std::size_t(token) >> 6] >> (token & 63) & 1);
 }
 
 bool SequenceConstraint::accept(int32_t token) {
   if (!active()) {
-    if (token == reasoning_end_) {
-      reasoning_end_ = -1;  // the answer starts: constrained from here
+    if (wait_step(phase_, after_ok_, token)) {
+      phase_ = Phase::kActive;
       refresh();
     }
     return true;
@@ -81,13 +108,16 @@ bool SequenceConstraint::accept(int32_t token) {
 
 std::size_t SequenceConstraint::admissible_prefix(const std::vector<int32_t>& drafts) {
   std::size_t i = 0;
-  if (!active()) {  // the reasoning runs: free up to its end (but no end id), checked after it
-    while (i < drafts.size() && drafts[i] != reasoning_end_) {
-      if (grammar_->vocab().is_end(drafts[i])) return i;
+  if (!active()) {  // free up to the start (no end id without a trigger), checked after it
+    Phase phase = phase_;
+    bool after_ok = after_ok_;
+    bool started = false;
+    while (i < drafts.size() && !started) {
+      if (start_.trigger < 0 && grammar_->vocab().is_end(drafts[i])) return i;
+      started = wait_step(phase, after_ok, drafts[i]);
       ++i;
     }
-    if (i == drafts.size()) return i;
-    ++i;
+    if (!started) return i;
     Matcher from_start(grammar_);
     while (i < drafts.size() && drafts[i] >= 0 && drafts[i] < vocab_size_ &&
            !from_start.is_terminated() && from_start.accept_token(drafts[i]))

@@ -136,6 +136,10 @@ Result<std::vector<RequestHandle>> Engine::submit(GenerationRequest request, int
       return Status::error(
           "constraint: this model's tokenizer has no </think> token after which a constraint "
           "could start");
+    if (request.constraint_trigger >= vocab_size_)
+      return Status::error(fmt::format(
+          "constraint: the trigger token {} is outside this model's vocabulary of {} ids",
+          request.constraint_trigger, vocab_size_));
   }
   // What no state of the pool could hold is refused now rather than left waiting forever.
   if (const int64_t total = kv_total_.load(); total > 0) {
@@ -245,7 +249,10 @@ bool Engine::take_submissions(std::vector<std::unique_ptr<Active>>& active) {
     a->decoder->set_include_stop(req.sampling.include_stop_str_in_output);
     if (req.constraint)
       a->constraint = std::make_unique<SequenceConstraint>(
-          req.constraint, req.constraint_after_reasoning ? think_end_id_ : -1, vocab_size_);
+          req.constraint,
+          SequenceConstraint::Start{req.constraint_after_reasoning ? think_end_id_ : -1,
+                                    req.constraint_trigger, req.constraint_trigger_after},
+          vocab_size_);
     if (options_.speculative) {
       a->prior_slot = acceptance_slot_.load();
       a->spec = std::make_unique<SpecTracker>(backend_->draft_block_size(),

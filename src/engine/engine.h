@@ -44,6 +44,13 @@ struct GenerationRequest {
   // The constraint starts after the reasoning's end token (</think>) was generated: the prompt
   // opened the reasoning (thinking mode). False: from the first generated token.
   bool constraint_after_reasoning = false;
+  // >= 0: the constraint starts right after the model itself generated this token (strict tools
+  // under tool_choice auto: the DSML marker), the text generated before it ending with
+  // `constraint_trigger_after` ("<"); the grammar is what follows the token. Before it nothing is
+  // masked and the output may end without it. With constraint_after_reasoning, it counts only
+  // after the reasoning closed. -1: the grammar is the whole answer.
+  int32_t constraint_trigger = -1;
+  std::string constraint_trigger_after;
   // Images of the prompt (spec §9.1; SliceImage in model/seam.h, `start` a prompt position): each
   // span's positions hold the model's image_token_id. They go into the model with the prompt's
   // first slice, which the scheduler makes long enough to hold every span; such a request takes

@@ -405,7 +405,8 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
   if (auto e = messages_conversation(body, max_tokens, count_only, chat, extract_tools, &budget,
                                      &job.single_tool_call, &forcing))
     return e;
-  const ToolFieldNames tool_names{"tool_choice", "tools[{}].name", "tools[{}].input_schema"};
+  const ToolFieldNames tool_names{"tool_choice", "tools[{}].name", "tools[{}].input_schema",
+                                  "tools[{}].strict"};
   const std::vector<OJson> functions = declared_functions(chat.messages);
   if (auto e = check_tool_forcing(forcing, functions, tool_names)) return e;
   const std::vector<ChatMessage>& msgs = chat.messages;
@@ -423,7 +424,18 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
   if (auto e = check_prompt_length(job, model, "messages")) return e;
   // tool_choice any / tool: the answer is a calls block of the tools' schemas (after the
   // reasoning in thinking mode).
-  return force_tool_calls(forcing, functions, tool_names, tok, *model.grammars, job);
+  if (auto e = force_tool_calls(forcing, functions, tool_names, tok, *model.grammars, job))
+    return e;
+  // tool_choice auto with strict tools (Anthropic's strict tool use): a call the model begins
+  // follows its tool's input_schema.
+  std::vector<bool> strict(functions.size());
+  if (const OJson* tl = f.get("tools"))
+    for (std::size_t i = 0; i < strict.size() && i < tl->size(); ++i) {
+      bool on = false;
+      if (auto e = read_tool_strict((*tl)[i], fmt::format("tools[{}].strict", i), on)) return e;
+      strict[i] = on;
+    }
+  return constrain_strict_tools(forcing, functions, strict, tool_names, tok, *model.grammars, job);
 }
 
 namespace {

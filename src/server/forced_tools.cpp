@@ -8,10 +8,14 @@
 // string parameter ({"type": "string"}, optional min/maxLength up to 1000) is written as the
 // template's string="true" raw text (no "</" inside: the parser's closing tag cannot appear); every
 // other one as string="false" JSON under its sub-schema (the parser parses it back).
+// Strict tools under tool_choice auto get the same block minus its "\n\n<M" opening, started by
+// the engine when the model itself writes the marker after "<" (a trigger constraint); there a
+// non-strict tool's invoke keeps only the syntax (free parameter names and values).
 #include "server/forced_tools.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 
 #include "server/request_fields.h"
@@ -32,6 +36,9 @@ std::string pointer_escape(const std::string& key) {
   return out;
 }
 
+// Raw text in which no closing tag can begin: '<' only when no '/' follows.
+const char* const kRawAny = "(?:[^<]|<+[^</])*<*";
+
 // The raw-text regex of a plain string parameter, or "" when it is written as JSON.
 std::string raw_string_regex(const OJson& s) {
   if (!s.is_object() || !s.contains("type") || s["type"] != "string") return {};
@@ -48,7 +55,7 @@ std::string raw_string_regex(const OJson& s) {
   // '/' follows, so no closing tag can begin inside the value.
   if (hi >= 0) return fmt::format("[^<]{{{},{}}}", lo, hi);
   if (lo > 0) return fmt::format("[^<]{{{},}}", lo);
-  return "(?:[^<]|<+[^</])*<*";
+  return kRawAny;
 }
 
 class CallsBuilder {
@@ -69,7 +76,7 @@ class CallsBuilder {
     const std::string name = fn.value("name", std::string());
     const std::string name_param = fmt::format(fmt::runtime(names.name), i);
     if (name.find_first_of("\"<>") != std::string::npos)
-      return bad(name_param, "a forced tool's name cannot hold '\"', '<' or '>'");
+      return bad(name_param, "a forced or strict tool's name cannot hold '\"', '<' or '>'");
     const std::string where = fmt::format(fmt::runtime(names.parameters), i);
     std::vector<Param> params;
     if (auto e = read_params(fn, where, params)) return e;
@@ -88,9 +95,25 @@ class CallsBuilder {
     return std::nullopt;
   }
 
-  // The whole block: invokes separated by newlines, one or (unless single) more.
-  int calls(int invoke, bool single) {
-    std::vector<int> parts = {tag("\n\n<", " calls>\n"), invoke};
+  // A non-strict tool's invoke under a strict-tools grammar: its name, then parameters in the
+  // template's syntax with any names and values (raw text or any JSON), so the parser still
+  // reads it, whatever the tool's schema (not compiled: it may be one the grammar cannot take).
+  int free_invoke(const std::string& name, const std::string& where) {
+    const int value =
+        c_.alt({c_.seq({c_.literal("true\">"), c_.regex(kRawAny, where)}),
+                c_.seq({c_.literal("false\">"), c_.json_value(c_.document("{}"), "", where)})});
+    const int param = c_.seq({tag("<", " parameter name=\""), c_.regex("[^\"<>\n]{1,64}", where),
+                              c_.literal("\" string=\""), value, tag("</", " parameter>")});
+    const int params =
+        c_.alt({c_.seq({}), c_.seq({param, c_.repeat(c_.seq({c_.literal("\n"), param}), 0, -1)})});
+    return c_.seq({tag("<", " invoke name=\"" + name + "\">\n"), params, tag("\n</", " invoke>")});
+  }
+
+  // The whole block: invokes separated by newlines, one or (unless single) more. `after_marker`:
+  // from just after the opening tag's marker (what a trigger constraint continues).
+  int calls(int invoke, bool single, bool after_marker = false) {
+    std::vector<int> parts = {after_marker ? c_.literal(" calls>\n") : tag("\n\n<", " calls>\n"),
+                              invoke};
     if (!single) parts.push_back(c_.repeat(c_.seq({c_.literal("\n"), invoke}), 0, -1));
     parts.push_back(tag("\n</", " calls>"));
     return c_.seq(std::move(parts));
@@ -126,10 +149,12 @@ class CallsBuilder {
           k == "additionalProperties" || k == "$defs" || k == "definitions")
         continue;
       if (k == "type" && v == "object") continue;
-      return bad(where, fmt::format("a forced tool call needs an object schema (type, properties, "
-                                    "required, additionalProperties, $defs); \"{}\" at the top "
-                                    "level is not supported",
-                                    k));
+      return bad(
+          where,
+          fmt::format("a forced or strict tool call needs an object schema (type, properties, "
+                      "required, additionalProperties, $defs); \"{}\" at the top "
+                      "level is not supported",
+                      k));
     }
     std::set<std::string> required;
     if (const auto r = ps->find("required"); r != ps->end()) {
@@ -145,8 +170,9 @@ class CallsBuilder {
       if (!pr->is_object()) return bad(where + ".properties", "must be an object");
       for (const auto& [k, v] : pr->items()) {
         if (k.empty() || k.find_first_of("\"<>") != std::string::npos)
-          return bad(where + ".properties",
-                     "a forced tool's parameter name must be non-empty without '\"', '<', '>'");
+          return bad(
+              where + ".properties",
+              "a forced or strict tool's parameter name must be non-empty without '\"', '<', '>'");
         out.push_back({param(k, &v, doc, where), required.count(k) > 0});
         declared.insert(k);
       }
@@ -154,8 +180,9 @@ class CallsBuilder {
     for (const std::string& k : required)  // required but not declared: any JSON value
       if (!declared.count(k)) {
         if (k.empty() || k.find_first_of("\"<>") != std::string::npos)
-          return bad(where + ".required",
-                     "a forced tool's parameter name must be non-empty without '\"', '<', '>'");
+          return bad(
+              where + ".required",
+              "a forced or strict tool's parameter name must be non-empty without '\"', '<', '>'");
         out.push_back({param(k, nullptr, doc, where), true});
       }
     return std::nullopt;
@@ -165,7 +192,82 @@ class CallsBuilder {
   int32_t placed_ = -1;
 };
 
+// Compiles the composed calls grammar into `out`; a 400 names where it failed.
+std::optional<ApiError> compile_calls(const GrammarComposer& c, int root, const Tokenizer& tok,
+                                      GrammarCache& cache, std::shared_ptr<const Grammar>& out) {
+  auto g = cache.get_composed(tok, c, root);
+  if (g) {
+    out = *g;
+    return std::nullopt;
+  }
+  // A schema's error starts with the field it came from (the `where` of its values).
+  const std::string& msg = g.status().message();
+  const std::size_t colon = msg.find(": ");
+  std::string param = colon == std::string::npos || msg.compare(0, 5, "tools") != 0
+                          ? std::string("tools")
+                          : msg.substr(0, colon);
+  ApiError e = bad_from(param, msg);
+  if (g.status().kind() == ErrorKind::kCapacity) e.code = "grammar_too_complex";
+  return e;
+}
+
 }  // namespace
+
+std::optional<ApiError> read_tool_strict(const OJson& tool, const std::string& field,
+                                         bool& strict) {
+  strict = false;
+  const auto st = tool.find("strict");
+  if (st == tool.end() || st->is_null()) return std::nullopt;
+  if (!st->is_boolean()) return bad(field, "must be a boolean");
+  strict = st->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> constrain_strict_tools(const ToolForcing& forcing,
+                                               const std::vector<OJson>& functions,
+                                               const std::vector<bool>& strict,
+                                               const ToolFieldNames& names, const Tokenizer& tok,
+                                               GrammarCache& cache, GenerationJob& job) {
+  if (forcing.mode != ToolForcing::Mode::kAuto || !job.extract_tools) return std::nullopt;
+  if (std::find(strict.begin(), strict.end(), true) == strict.end()) return std::nullopt;
+  // A response format makes the whole answer one JSON document: no call can begin in it.
+  if (job.request.constraint) return std::nullopt;
+  std::size_t first_strict = 0;
+  while (!strict[first_strict]) ++first_strict;
+  const std::string strict_field = fmt::format(fmt::runtime(names.strict), first_strict);
+  auto vocab = cache.tool_vocab(tok);
+  if (!vocab) return bad(strict_field, vocab.status().message());
+  const int32_t marker = tok.token_id(tokens::kDsml);
+  // The trigger is the marker token the model samples: a tokenizer that spells it in bytes has
+  // no single token to start on.
+  if (marker < 0 || (*vocab)->placed_bytes(marker).empty())
+    return bad(strict_field,
+               "strict tools need the DSML marker as a token of this model's tokenizer");
+  GrammarComposer c;
+  CallsBuilder b(c, **vocab, tok);
+  std::vector<int> invokes;
+  for (std::size_t i = 0; i < functions.size(); ++i) {
+    int node = -1;
+    if (i < strict.size() && strict[i]) {
+      if (auto e = b.invoke(functions[i], i, names, node)) return e;
+    } else {
+      const std::string name = functions[i].value("name", std::string());
+      if (name.find_first_of("\"<>") != std::string::npos)
+        return bad(fmt::format(fmt::runtime(names.name), i),
+                   "with strict tools, no tool's name can hold '\"', '<' or '>'");
+      node = b.free_invoke(name, fmt::format(fmt::runtime(names.parameters), i));
+    }
+    invokes.push_back(node);
+  }
+  const int root = b.calls(c.alt(std::move(invokes)), job.single_tool_call, true);
+  std::shared_ptr<const Grammar> g;
+  if (auto e = compile_calls(c, root, tok, cache, g)) return e;
+  job.request.constraint = std::move(g);
+  job.request.constraint_trigger = marker;
+  job.request.constraint_trigger_after = "<";
+  job.request.constraint_after_reasoning = job.thinking;
+  return std::nullopt;
+}
 
 std::vector<OJson> declared_functions(const std::vector<ChatMessage>& messages) {
   std::vector<OJson> out;
@@ -211,19 +313,9 @@ std::optional<ApiError> force_tool_calls(const ToolForcing& forcing,
     if (forcing.mode == ToolForcing::Mode::kNamed) break;  // the first tool of that name
   }
   const int root = b.calls(c.alt(std::move(invokes)), job.single_tool_call);
-  auto g = cache.get_composed(tok, c, root);
-  if (!g) {
-    // A schema's error starts with the field it came from (the `where` of its values).
-    const std::string& msg = g.status().message();
-    const std::size_t colon = msg.find(": ");
-    std::string param = colon == std::string::npos || msg.compare(0, 5, "tools") != 0
-                            ? std::string("tools")
-                            : msg.substr(0, colon);
-    ApiError e = bad_from(param, msg);
-    if (g.status().kind() == ErrorKind::kCapacity) e.code = "grammar_too_complex";
-    return e;
-  }
-  job.request.constraint = *g;
+  std::shared_ptr<const Grammar> g;
+  if (auto e = compile_calls(c, root, tok, cache, g)) return e;
+  job.request.constraint = std::move(g);
   job.extract_tools = true;
   job.request.constraint_after_reasoning = job.thinking;
   return std::nullopt;

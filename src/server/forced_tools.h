@@ -29,6 +29,7 @@ struct ToolFieldNames {
   std::string choice = "tool_choice";
   std::string name = "tools[{}].function.name";
   std::string parameters = "tools[{}].function.parameters";
+  std::string strict = "tools[{}].function.strict";
 };
 
 // Checks a forced choice against the declared tools (`functions`: OpenAI function objects {name,
@@ -47,6 +48,22 @@ std::optional<ApiError> force_tool_calls(const ToolForcing& forcing,
                                          const std::vector<OJson>& functions,
                                          const ToolFieldNames& names, const Tokenizer& tok,
                                          GrammarCache& cache, GenerationJob& job);
+
+// A tool's `strict` (absent or null: false); a 400 naming `field` when it is not a boolean.
+std::optional<ApiError> read_tool_strict(const OJson& tool, const std::string& field, bool& strict);
+
+// Strict tools under tool_choice auto (strict[i]: functions[i] is strict; nothing when none is,
+// when the choice is not auto, when no tools are extracted, or under a response format, whose
+// JSON answer holds no call): the answer is free until the model writes the DSML marker right
+// after "<"; from there it must be the rest of a calls block ("<M" + " calls>\n<M invoke ..."),
+// strict tools' parameters following their schemas, other tools' invokes free within the DSML
+// syntax, then the end. Sets job.request.constraint with constraint_trigger (the marker's id,
+// after "<") and constraint_after_reasoning in thinking mode. A 400 as for force_tool_calls.
+std::optional<ApiError> constrain_strict_tools(const ToolForcing& forcing,
+                                               const std::vector<OJson>& functions,
+                                               const std::vector<bool>& strict,
+                                               const ToolFieldNames& names, const Tokenizer& tok,
+                                               GrammarCache& cache, GenerationJob& job);
 
 // The function objects attached to a chat request's messages (every message's tools, in order).
 std::vector<OJson> declared_functions(const std::vector<ChatMessage>& messages);

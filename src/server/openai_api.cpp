@@ -480,10 +480,13 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   job.thinking = generation_starts_in_reasoning(req->messages, req->options);
   apply_reasoning_budget(model, budget, job);
   const std::vector<OJson> functions = declared_functions(req->messages);
-  for (std::size_t i = 0; i < functions.size(); ++i)
-    if (const auto st = functions[i].find("strict");
-        st != functions[i].end() && !st->is_null() && !st->is_boolean())
-      return bad(fmt::format("tools[{}].function.strict", i), "must be a boolean");
+  std::vector<bool> strict(functions.size());
+  for (std::size_t i = 0; i < functions.size(); ++i) {
+    bool on = false;
+    if (auto e = read_tool_strict(functions[i], fmt::format("tools[{}].function.strict", i), on))
+      return e;
+    strict[i] = on;
+  }
   if (auto e = check_tool_forcing(forcing, functions, {})) return e;
   job.extract_tools = !functions.empty() && forcing.mode != ToolForcing::Mode::kNone;
   job.request.prompt = tok.encode(*prompt);
@@ -496,6 +499,9 @@ std::optional<ApiError> parse_chat_completion_request(const OJson& body, const S
   if (auto e = structured_output(body, model, tok, job)) return e;
   // tool_choice required / a named function: the answer is a calls block of the tools' schemas.
   if (auto e = force_tool_calls(forcing, functions, {}, tok, *model.grammars, job)) return e;
+  // tool_choice auto with strict tools: a call the model begins follows its tool's schema.
+  if (auto e = constrain_strict_tools(forcing, functions, strict, {}, tok, *model.grammars, job))
+    return e;
   // In thinking mode the constraint applies to the answer: it starts when the reasoning closes.
   job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
   return std::nullopt;

@@ -357,7 +357,8 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   if (auto e =
           responses_conversation(body, chat, extract_tools, reasoning_echo, tool_choice, &forcing))
     return e;
-  const ToolFieldNames tool_names{"tool_choice", "tools[{}].name", "tools[{}].parameters"};
+  const ToolFieldNames tool_names{"tool_choice", "tools[{}].name", "tools[{}].parameters",
+                                  "tools[{}].strict"};
   const std::vector<OJson> functions = declared_functions(chat.messages);
   if (auto e = check_tool_forcing(forcing, functions, tool_names)) return e;
   const std::vector<ChatMessage>& msgs = chat.messages;
@@ -382,6 +383,18 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
   }
   // tool_choice required / a named function: the answer is a calls block of the tools' schemas.
   if (auto e = force_tool_calls(forcing, functions, tool_names, tok, *model.grammars, job))
+    return e;
+  // tool_choice auto with strict tools (tools[i].strict true; absent counts as false here):
+  // a call the model begins follows its tool's schema.
+  std::vector<bool> strict(functions.size());
+  if (const OJson* tl = f.get("tools"))
+    for (std::size_t i = 0; i < strict.size() && i < tl->size(); ++i) {
+      bool on = false;
+      if (auto e = read_tool_strict((*tl)[i], fmt::format("tools[{}].strict", i), on)) return e;
+      strict[i] = on;
+    }
+  if (auto e =
+          constrain_strict_tools(forcing, functions, strict, tool_names, tok, *model.grammars, job))
     return e;
   job.request.constraint_after_reasoning = job.thinking && job.request.constraint != nullptr;
   const OJson* ins = f.get("instructions");
