@@ -46,6 +46,7 @@ struct BenchArgs {
   std::string prefill_attention = "on";  // bench prefill: off | on | ab
   bool extremes = false;  // bench prefill with both ab: only everything off and everything on
   int64_t chunk = 0;      // bench prefill: tokens per step (0: the whole prompt)
+  std::string images;     // bench prefill: WxH,... the vision tower's points instead
   int tp = 0, ep = 0;     // under mpirun: the split (parallel/)
   double rank_timeout_s = 60;
 };

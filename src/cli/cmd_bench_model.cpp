@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/bench_image.h"
 #include "cli/bench_model.h"
 #include "cli/commands.h"
 #include "cli/fast_model_dir.h"
@@ -267,6 +268,20 @@ double fp8_gemm_peak_gflops(int threads) {
 }
 
 int run_bench_prefill(const BenchArgs& a) {
+  if (!a.images.empty()) {  // the vision tower's points instead of the text prefill's
+    auto pts = bench_image_points(a.model, a.converted, a.images, a.threads);
+    if (!pts) {
+      log::error("bench prefill: {}", pts.status().message());
+      return kExitInvalid;
+    }
+    nlohmann::ordered_json j = {{"bench", "prefill"},
+                                {"model", a.model},
+                                {"isa", ops::isa_name(ops::active_isa())},
+                                {"threads", a.threads},
+                                {"images", *pts}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
   auto lengths = parse_list(a.lengths, "--lengths");
   if (!lengths) {
     log::error("bench prefill: {}", lengths.status().message());
@@ -493,6 +508,10 @@ void add_bench_model(CLI::App* bench, Runner* run) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24))
       ->capture_default_str();
   pre->add_option("--lengths", p->lengths, "Comma-separated prompt lengths")->capture_default_str();
+  pre->add_option("--images", p->images,
+                  "Instead of the text points: the vision tower on images of these sizes "
+                  "(WIDTHxHEIGHT, comma-separated; planned as requests' images are): tower_ms, "
+                  "flops, gflop_per_s, reference_gflop_per_s, fraction_of_roofline");
   pre->add_option("--probe-mb", p->probe_mb, "Read-probe buffer (MiB)")
       ->check(CLI::Range(16, 65536))
       ->capture_default_str();

@@ -648,6 +648,25 @@ TEST(Cli, LogitsExpandsImgIntoTheImagesSpan) {
   EXPECT_LT(std::sqrt(num / den), 5e-3);
 }
 
+TEST(Cli, BenchPrefillImagesTimesTheTower) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  CliRun b = run("bench prefill --model " + dir.path() + "/ck --images 100x100,30x90");
+  ASSERT_EQ(b.code, 0) << b.err;
+  auto j = nlohmann::json::parse(b.out);
+  ASSERT_EQ(j["images"].size(), 2u);
+  // 100 x 100 on tiny (56 x 56 pixels at least): 112 x 112, 8 x 8 patches, 3 x 3 LLM tokens.
+  EXPECT_EQ(j["images"][0]["patches"], 64);
+  EXPECT_EQ(j["images"][0]["llm_tokens"], 9);
+  EXPECT_EQ(j["images"][0]["span"], 3 * 4 + 2);
+  for (const auto& p : j["images"]) {
+    EXPECT_GT(p["tower_ms"].get<double>(), 0.0);
+    EXPECT_GT(p["flops"].get<double>(), 0.0);
+    EXPECT_GE(p["fraction_of_roofline"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(run("bench prefill --model " + dir.path() + "/ck --images 12by12").code, 2);
+}
+
 TEST(Cli, BenchGrammarReportsCompileAndMaskTimes) {
   TempDir dir;
   ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
