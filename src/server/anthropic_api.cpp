@@ -428,13 +428,8 @@ std::optional<ApiError> parse_messages_request(const OJson& body, const ServedMo
     return e;
   // tool_choice auto with strict tools (Anthropic's strict tool use): a call the model begins
   // follows its tool's input_schema.
-  std::vector<bool> strict(functions.size());
-  if (const OJson* tl = f.get("tools"))
-    for (std::size_t i = 0; i < strict.size() && i < tl->size(); ++i) {
-      bool on = false;
-      if (auto e = read_tool_strict((*tl)[i], fmt::format("tools[{}].strict", i), on)) return e;
-      strict[i] = on;
-    }
+  std::vector<bool> strict;
+  if (auto e = read_tools_strict(f.get("tools"), functions.size(), strict)) return e;
   return constrain_strict_tools(forcing, functions, strict, tool_names, tok, *model.grammars, job);
 }
 

@@ -223,6 +223,18 @@ std::optional<ApiError> read_tool_strict(const OJson& tool, const std::string& f
   return std::nullopt;
 }
 
+std::optional<ApiError> read_tools_strict(const OJson* tools, std::size_t n,
+                                          std::vector<bool>& strict) {
+  strict.assign(n, false);
+  if (!tools) return std::nullopt;
+  for (std::size_t i = 0; i < n && i < tools->size(); ++i) {
+    bool on = false;
+    if (auto e = read_tool_strict((*tools)[i], fmt::format("tools[{}].strict", i), on)) return e;
+    strict[i] = on;
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> constrain_strict_tools(const ToolForcing& forcing,
                                                const std::vector<OJson>& functions,
                                                const std::vector<bool>& strict,

@@ -51,6 +51,10 @@ std::optional<ApiError> force_tool_calls(const ToolForcing& forcing,
 
 // A tool's `strict` (absent or null: false); a 400 naming `field` when it is not a boolean.
 std::optional<ApiError> read_tool_strict(const OJson& tool, const std::string& field, bool& strict);
+// The top-level `strict` of each of the first n entries of a request's `tools` (Responses,
+// Anthropic: tools[i].strict), into strict[0..n); `tools` null: none is.
+std::optional<ApiError> read_tools_strict(const OJson* tools, std::size_t n,
+                                          std::vector<bool>& strict);
 
 // Strict tools under tool_choice auto (strict[i]: functions[i] is strict; nothing when none is,
 // when the choice is not auto, when no tools are extracted, or under a response format, whose

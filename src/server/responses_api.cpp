@@ -386,13 +386,8 @@ std::optional<ApiError> parse_responses_request(const OJson& body, const ServedM
     return e;
   // tool_choice auto with strict tools (tools[i].strict true; absent counts as false here):
   // a call the model begins follows its tool's schema.
-  std::vector<bool> strict(functions.size());
-  if (const OJson* tl = f.get("tools"))
-    for (std::size_t i = 0; i < strict.size() && i < tl->size(); ++i) {
-      bool on = false;
-      if (auto e = read_tool_strict((*tl)[i], fmt::format("tools[{}].strict", i), on)) return e;
-      strict[i] = on;
-    }
+  std::vector<bool> strict;
+  if (auto e = read_tools_strict(f.get("tools"), functions.size(), strict)) return e;
   if (auto e =
           constrain_strict_tools(forcing, functions, strict, tool_names, tok, *model.grammars, job))
     return e;
