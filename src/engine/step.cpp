@@ -38,18 +38,8 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
         for (int64_t i = 0; i < im.span(); ++i)
           keys[std::size_t(im.start + i)] = image_key_token(im.key, i);
       }
+      // (a hit may end inside a span: the next slice carries the rest of it, SliceImage::first)
       s.computed = keyed ? backend_->attach_cached_prefix(s.id, keys, salt) : 0;
-      for (const SliceImage& im : images)
-        if (s.computed > im.start && s.computed < im.start + im.span()) {
-          if (!backend_->truncate(s.id, im.start)) {  // not exactly: compute it all
-            backend_->free(s.id);
-            if (!backend_->open(s.id)) s.open = false;
-            s.computed = 0;
-          } else {
-            s.computed = im.start;
-          }
-          break;
-        }
       if (!a.ch->cached_known()) {
         a.ch->set_cached(std::min(s.computed, a.prompt_len));
         a.ch->mark_cached_known();
@@ -116,10 +106,14 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     sl.first_pos = a.sched.computed;
     sl.tokens.assign(a.tokens.begin() + a.sched.computed,
                      a.tokens.begin() + a.sched.computed + sc.tokens);
-    for (const SliceImage& im : a.ch->request().images)  // the spans in this slice (whole)
-      if (im.start >= sl.first_pos && im.start < sl.first_pos + sc.tokens) {
-        sl.images.push_back(im);
-        sl.images.back().start -= int32_t(sl.first_pos);
+    // The spans in this slice: whole (the scheduler never cuts one), or the rest of one a prefix
+    // hit ended inside.
+    for (const SliceImage& im : a.ch->request().images)
+      if (im.start + im.span() > sl.first_pos && im.start < sl.first_pos + sc.tokens) {
+        SliceImage part = im;
+        part.first = int32_t(std::max<int64_t>(0, sl.first_pos - im.start));
+        part.start = int32_t(std::max<int64_t>(0, im.start - sl.first_pos));
+        sl.images.push_back(std::move(part));
       }
     // prompt_logprobs: a row for every prompt position whose next token is still unpublished,
     // on the full stack (decoder replay would leave them without logits).

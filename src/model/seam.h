@@ -51,8 +51,20 @@ struct SliceImage {
   int32_t llm_w = 0, llm_h = 0;
   std::shared_ptr<const std::vector<float>> rows;
   uint64_t key = 0;
+  // The span's positions already in the sequence (a prefix-cache hit that ended inside the span):
+  // the slice holds positions first .. span() - 1 of it, from its row `start`. 0: the whole span.
+  int32_t first = 0;
   int64_t span() const { return image_span(llm_w, llm_h); }
+  int64_t in_slice() const { return span() - first; }
 };
+
+// The index among the aligner's rows (reading order) of IMAGE position i of a span, -1 for a
+// delimiter.
+inline int64_t image_row_of(int64_t i, int64_t llm_w, int64_t span) {
+  if (i <= 0 || i >= span - 1) return -1;
+  const int64_t q = i - 1, row = q / (llm_w + 1), col = q % (llm_w + 1);
+  return col < llm_w ? row * llm_w + col : -1;
+}
 
 // The id a span's position i stands for in prefix-cache keys (ModelRunner::attach_cached_prefix's
 // tokens, the cached blocks' chains): negative, so never a real token, and a function of the
@@ -224,13 +236,17 @@ inline Status check_slice_images(const SeqSlice& s, std::size_t index, int32_t i
         int64_t(im.rows->size()) != int64_t(im.llm_w) * im.llm_h * hidden)
       return Status::error(where(k) + "rows must be llm_h x llm_w x " + std::to_string(hidden) +
                            " values");
-    if (im.start < end_prev || im.start + im.span() > int64_t(s.tokens.size()))
+    if (im.first < 0 || im.first >= im.span() || (im.first > 0 && (k > 0 || im.start != 0)))
+      return Status::error(where(k) +
+                           "first must be 0, or the first image's skipped positions "
+                           "when the slice begins inside its span");
+    if (im.start < end_prev || im.start + im.in_slice() > int64_t(s.tokens.size()))
       return Status::error(where(k) + "its span overlaps the previous one or leaves the slice");
-    for (int64_t p = im.start; p < im.start + im.span(); ++p)
+    for (int64_t p = im.start; p < im.start + im.in_slice(); ++p)
       if (s.tokens[std::size_t(p)] != image_token_id)
         return Status::error(where(k) + "row " + std::to_string(p) +
                              " of its span is not image_token_id");
-    end_prev = im.start + im.span();
+    end_prev = im.start + im.in_slice();
   }
   return Status::ok();
 }

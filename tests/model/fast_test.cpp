@@ -984,6 +984,44 @@ TEST(FastModel, PrefixCacheKeysImageSpansByTheirImage) {
   const std::size_t tail = second.size();
   EXPECT_EQ(0,
             std::memcmp(second.data(), first.data() + first.size() - tail, tail * sizeof(float)));
+  // A cached chain that ends inside a span: the rest of the span in the next slice (first > 0)
+  // gives the logits of computing it all. The span at rows 60-67 straddles the first cache block
+  // (the tiny layout's global blocks hold 64 positions).
+  {
+    auto t2 = random_tokens(41, 80, int32_t(v));
+    SliceImage cut = random_image(60, 2, 2, 8, D);
+    cut.key = 0x777;
+    for (int64_t i = 0; i < cut.span(); ++i) t2[std::size_t(60 + i)] = image_token_id();
+    auto run_from = [&](SeqId id, int64_t from) {
+      SeqSlice s;
+      s.seq = id;
+      s.first_pos = from;
+      s.tokens.assign(t2.begin() + from, t2.end());
+      for (int r = 0; r < int(s.tokens.size()); ++r) s.logits_rows.push_back(r);
+      SliceImage part = cut;
+      part.first = int32_t(std::max<int64_t>(0, from - cut.start));
+      part.start = int32_t(std::max<int64_t>(0, cut.start - from));
+      s.images.push_back(part);
+      StepBatch b;
+      b.slices.push_back(s);
+      StepOutput out;
+      const Status st = m->step(b, &out);
+      EXPECT_TRUE(st.is_ok()) << st.message();
+      return out.slices[0].logits;
+    };
+    ASSERT_TRUE(m->open(11).is_ok());
+    const auto whole = run_from(11, 0);
+    std::vector<int32_t> keys = t2;
+    for (int64_t i = 0; i < cut.span(); ++i)
+      keys[std::size_t(60 + i)] = image_key_token(cut.key, i);
+    ASSERT_TRUE(m->open(12).is_ok());
+    const int64_t at = m->attach_cached_prefix(12, keys, "");
+    ASSERT_GT(at, cut.start);
+    ASSERT_LT(at, cut.start + cut.span()) << "the hit should end inside the span";
+    const auto rest = run_from(12, at);
+    ASSERT_EQ(rest.size(), std::size_t(80 - at) * std::size_t(v));
+    EXPECT_EQ(0, std::memcmp(rest.data(), whole.data() + at * v, rest.size() * sizeof(float)));
+  }
   // Another image's key: the cached chain stops before the span.
   SliceImage other = random_image(20, 2, 2, 6, D);
   other.key = 0x123456;

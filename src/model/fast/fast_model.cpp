@@ -814,8 +814,7 @@ void FastModel::Impl::merge_images(const StepBatch& batch) {
   int64_t t0 = 0;  // the slice's first row
   for (const SeqSlice& sl : batch.slices) {
     for (const SliceImage& img : sl.images) {
-      int64_t row = 0;
-      for (int64_t i = 0; i < img.span(); ++i) {
+      for (int64_t i = 0; i < img.in_slice(); ++i) {
         float* ht = hs.data() + (t0 + img.start + i) * HC * D;
         const float* src = nullptr;
         switch (rows[std::size_t(t0 + img.start + i)].kind) {
@@ -829,7 +828,7 @@ void FastModel::Impl::merge_images(const StepBatch& batch) {
             src = image_end.data();
             break;
           default:
-            src = img.rows->data() + (row++) * D;
+            src = img.rows->data() + image_row_of(img.first + i, img.llm_w, img.span()) * D;
         }
         for (int64_t j = 0; j < HC; ++j) std::copy_n(src, D, ht + j * D);
       }
@@ -967,13 +966,14 @@ Status FastModel::step(const StepBatch& batch, StepOutput* out) {
       s.tokens.push_back(sl.tokens[t]);
     }
     for (const SliceImage& img : sl.images)
-      for (int64_t i = 0; i < img.span(); ++i) {
+      for (int64_t i = 0; i < img.in_slice(); ++i) {  // span position img.first + i
+        const int64_t p = img.first + i;
         im.rows[r0 + std::size_t(img.start + i)].kind =
-            span_position_kind(i, img.llm_w, img.span());
+            span_position_kind(p, img.llm_w, img.span());
         // The cache's chains key the span by the image (every position's id is image_token_id);
         // an unkeyed image keeps its sequence out of the cache.
         s.tokens[s.tokens.size() - sl.tokens.size() + std::size_t(img.start + i)] =
-            image_key_token(img.key, i);
+            image_key_token(img.key, p);
         if (img.key == 0) s.cacheable = false;
       }
     // Image positions are dead in the Engram history.

@@ -81,6 +81,8 @@ Status ReferenceRunner<T>::step(const StepBatch& batch, StepOutput* out) {
     std::vector<std::vector<T>> dump;
     std::vector<PromptImage<T>> imgs;  // slice-relative starts, as the call takes them
     for (const SliceImage& si : sl.images) {
+      if (si.first != 0)  // (this path has no prefix cache: its slices hold whole spans)
+        return Status::error("the reference path takes an image's span whole (first 0)");
       PromptImage<T> pi;
       pi.start = si.start, pi.llm_w = si.llm_w, pi.llm_h = si.llm_h;
       if (si.rows) pi.rows.assign(si.rows->begin(), si.rows->end());
