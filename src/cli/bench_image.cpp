@@ -59,9 +59,9 @@ Result<nlohmann::ordered_json> bench_image_points(const std::string& model,
         for (int c = 0; c < 3; ++c)
           img.row(y)[x * 3 + c] =
               uint8_t((x * 255 / iw + y * 97 / ih + c * 60 + rng.below(24)) % 256);
-    const ImagePlanOptions o = image_plan_options(*cfg.vision);
-    const ImagePlan plan = plan_image_grid(iw, ih, o);
-    const auto patches = patch_tensor(plan_pixels(img, plan), o.patch);
+    const PlannedImage planned = plan_image(std::move(img), *cfg.vision);
+    const ImagePlan& plan = planned.plan;
+    const std::vector<uint16_t>& patches = planned.patches;
     const auto t0 = std::chrono::steady_clock::now();
     (void)(*tower)->encode(patches, plan.vit_w, plan.vit_h);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -60,13 +60,13 @@ Result<EncodedImage> encode(TowerState& s, std::string_view file) {
   }
   auto img = decode_image(file);
   if (!img) return img.status();
-  const ImagePlanOptions o = image_plan_options(*s.cfg.vision);
-  const ImagePlan plan = plan_image_grid(img->width, img->height, o);
-  const std::vector<uint16_t> patches = patch_tensor(plan_pixels(*img, plan), o.patch);
+  const PlannedImage p = plan_image(std::move(*img), *s.cfg.vision);
+  const ImagePlan& plan = p.plan;
+  const std::vector<uint16_t>& patches = p.patches;
   EncodedImage e;
   e.llm_w = int32_t(plan.llm_w);
   e.llm_h = int32_t(plan.llm_h);
-  e.key = pixel_key(*img);
+  e.key = pixel_key(p.decoded);
   std::lock_guard<std::mutex> lock(s.mu);
   e.rows = std::make_shared<const std::vector<float>>(
       s.fast ? s.fast->encode(patches, plan.vit_w, plan.vit_h).aligned

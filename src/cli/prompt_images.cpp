@@ -18,18 +18,22 @@ ImagePlanOptions image_plan_options(const VisionConfig& v) {
   return o;
 }
 
+PlannedImage plan_image(RgbImage decoded, const VisionConfig& v) {
+  PlannedImage p;
+  p.decoded = std::move(decoded);
+  const ImagePlanOptions o = image_plan_options(v);
+  p.plan = plan_image_grid(p.decoded.width, p.decoded.height, o);
+  p.patches = patch_tensor(plan_pixels(p.decoded, p.plan), o.patch);
+  return p;
+}
+
 Result<PlannedImage> load_planned_image(const std::string& path, const VisionConfig& v) {
   // (the decoder refuses files over its own limit; this bounds the read)
   auto bytes = read_text_file(path, std::size_t(ImageLimits{}.max_bytes) + 1);
   if (!bytes) return bytes.status();
   auto img = decode_image(*bytes);
   if (!img) return img.status().with_context(path + ": ");
-  PlannedImage p;
-  p.decoded = std::move(*img);
-  const ImagePlanOptions o = image_plan_options(v);
-  p.plan = plan_image_grid(p.decoded.width, p.decoded.height, o);
-  p.patches = patch_tensor(plan_pixels(p.decoded, p.plan), o.patch);
-  return p;
+  return plan_image(std::move(*img), v);
 }
 
 namespace {

@@ -28,6 +28,8 @@ struct PlannedImage {
   std::vector<uint16_t> patches;  // [vit_h * vit_w, 3 * patch * patch] bf16
 };
 
+// A decoded image planned by the model's vision_config and cut into the ViT's patches.
+PlannedImage plan_image(RgbImage decoded, const VisionConfig& v);
 // `path` read, decoded and planned; errors name the file.
 Result<PlannedImage> load_planned_image(const std::string& path, const VisionConfig& v);
 
