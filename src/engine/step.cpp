@@ -27,29 +27,25 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     // so the blocks it registers for later requests stay in its salt's partition.
     const std::string& salt = a.ch->request().cache_salt;
     // An image prompt is looked up by its key tokens (each span's positions stand for its image:
-    // seam.h image_key_token), and never keeps a prefix that ends inside a span (a slice carries
-    // whole spans). An unkeyed image takes nothing.
+    // seam.h image_key_token); a hit may end inside a span (the next slice carries the rest of
+    // it, SliceImage::first). An unkeyed image takes nothing.
     const auto& images = a.ch->request().images;
+    std::vector<int32_t> keys;
+    bool keyed = true;
     if (!images.empty()) {
-      std::vector<int32_t> keys = a.tokens;
-      bool keyed = true;
+      keys = a.tokens;
       for (const SliceImage& im : images) {
         keyed = keyed && im.key != 0;
         for (int64_t i = 0; i < im.span(); ++i)
           keys[std::size_t(im.start + i)] = image_key_token(im.key, i);
       }
-      // (a hit may end inside a span: the next slice carries the rest of it, SliceImage::first)
-      s.computed = keyed ? backend_->attach_cached_prefix(s.id, keys, salt) : 0;
-      if (!a.ch->cached_known()) {
-        a.ch->set_cached(std::min(s.computed, a.prompt_len));
-        a.ch->mark_cached_known();
-      }
-      return;
     }
-    s.computed = a.ch->request().sampling.prompt_logprobs >= 0
-                     ? backend_->attach_cached_prefix(
-                           s.id, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + 1), salt)
-                     : backend_->attach_cached_prefix(s.id, a.tokens, salt);
+    const std::vector<int32_t>& ids = images.empty() ? a.tokens : keys;
+    if (a.ch->request().sampling.prompt_logprobs >= 0 || !keyed)
+      s.computed = backend_->attach_cached_prefix(
+          s.id, std::vector<int32_t>(ids.begin(), ids.begin() + 1), salt);
+    else
+      s.computed = backend_->attach_cached_prefix(s.id, ids, salt);
     if (!a.ch->cached_known()) {  // the first admission's hit (a preempted one re-attaches its own)
       a.ch->set_cached(std::min(s.computed, a.prompt_len));
       a.ch->mark_cached_known();
