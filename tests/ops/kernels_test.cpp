@@ -992,8 +992,9 @@ std::vector<double> mxfp4_term_sums(const std::vector<uint8_t>& w, const std::ve
 // The act-quant GEMM (aq_fp8_gemm, tiers with a bf16 dot): on E4M3-rounded activations every
 // product is exact, so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV)
 // up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 4, 5, 6, 7,
-// 16, 64, 500} (direct, wide and panel paths, token blocks, tiles with remainders), rows past the
-// tiles' multiples, widths with a tail inside a 32-block and past the last 64-value chunk.
+// 16, 64, 500} (direct, wide and panel paths: 4-row panels, whole-K groups and K blocks; token
+// blocks, tiles with remainders), rows past the tiles' multiples, widths with a tail inside a
+// 32-block and past the last 64-value chunk.
 TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
   if (!k_->aq_fp8_gemm) GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
   ASSERT_TRUE(k_->aq_pack_act && k_->aq_act_stride && k_->aq_mxfp4_gemm && k_->aq_mxfp4_gate_up);
@@ -1008,7 +1009,9 @@ TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
                                      {40, 5120, {1, 2, 5, 7, 16, 500}},
                                      {35, 4096 + 40, {1, 3, 16}},
                                      {3, 7, {1, 2, 4, 5, 6, 7}},
-                                     {8, 1280 + 32, {1, 7, 64}}};
+                                     {8, 1280 + 32, {1, 7, 64}},
+                                     {37, 4096 + 40, {1, 17, 64}},
+                                     {9, 8192 + 64, {1, 17}}};
   for (const auto& sh : shapes) {
     const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;
     std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
@@ -1072,7 +1075,8 @@ TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
                                      {22, 5120, {1, 3, 5, 7, 16, 500}},
                                      {18, 96, {1, 2, 4, 6, 7, 16}},
                                      {35, 96, {3, 4, 5, 6}},
-                                     {10, 32, {1, 3, 7}}};
+                                     {10, 32, {1, 3, 7}},
+                                     {6, 8192 + 128, {1, 17}}};
   for (const auto& sh : shapes) {
     const int64_t out = sh.out, in = sh.in;
     std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),

@@ -356,8 +356,9 @@ constexpr int64_t kAqDirectMaxTokens = 3;  // up to here the weights are decoded
 // Zen 5 core per format, both cores busy, 64-256 tokens on [2304, 5120] MXFP4 and [1024, 5120]
 // FP8: 6-12% faster than blocks of 512 KB (in L2 beside the group); 8 MB: no faster.
 constexpr int64_t kAqXBlockWords = 1024 * 1024;
-// FP8 panel path, blocked for the caches: a scale group's 32 rows are decoded into the panel (L2)
-// once per token block; then for each 6-token tile, K block by K block, all the group's row
+// Rows longer than kAqWholeKMaxWords (below), blocked for the caches: a scale group's 32 rows are
+// decoded into the panel (L2) once per token block; then for each 6-token tile, K block by K
+// block, all the group's row
 // tiles run over that tile's activations (6 x 1,024 words: 12 KB, in L1), their accumulators
 // spilled between blocks (8 tiles x 24 vectors: 12 KB). Unblocked, every 4-row tile streamed its
 // tokens' whole rows from L2 (the micro-kernel ran at 0.68x its in-L1 rate, one Zen 5 core).
@@ -365,6 +366,21 @@ constexpr int64_t kAqXBlockWords = 1024 * 1024;
 // blocks of 1,024 words (256: 235-246, 512: 255-271).
 constexpr int64_t kAqGroupRows = 32;
 constexpr int64_t kAqKBlockWords = 1024;
+// Rows of up to kAqWholeKMaxWords words (every matrix of the model: the longest, wo_b, has 8,192)
+// skip the K blocks: kAqWholeGroupRows rows are decoded into the panel, then each 6-token tile
+// runs each 4-row tile over the whole K with its accumulators in registers (aq_panel_tile_whole;
+// the activations stream from L2, or L3 for the group's first row tile, and no accumulator is
+// spilled). Measured on Zen 5 (avx512_bf16) with the vCPU at ~230 GFLOP/s of vdpbf16ps per core
+// (oneDNN's bf16 matmul 430-450 on two): one core over a mix of engine shapes 164 -> 200 GFLOP/s
+// against the K blocks; two threads on a prefill-512 mix of every linear of a layer and 24
+// experts (weights cycled from memory, variants alternated in one process) 328 -> 384-390 for
+// groups of 4, 8, 16 or 32 rows alike; `bench prefill --lengths 512` 0.37-0.51 -> 0.56 of
+// its roofline. The K blocks had measured faster (above) on the same machine kind in a phase when
+// oneDNN ran at 730-790 GFLOP/s: at that rate the whole-K tiles' activation traffic (16 B per
+// vdpbf16ps from the L2, and from the L3 once per group) may bind; 16-row groups keep the L3
+// share at a quarter of 4-row panels'.
+constexpr int64_t kAqWholeKMaxWords = 8192;
+constexpr int64_t kAqWholeGroupRows = 16;
 // Up to this many tokens, and for rows of up to 2,048 words, the FP8 path decodes 4 rows and runs
 // them over all tokens and the whole K at once, while they are in L1 (the order before the
 // blocking: as fast at 16 tokens, [1024, 5120], and 3-7% faster at k = 1280, one Zen 5 core).
@@ -487,6 +503,52 @@ inline void aq_panel_group(const uint16_t* panel, int64_t st, int64_t nrows, con
   }
 }
 
+// The decoded rows [0, nrows) of the panel (nrows <= kAqWholeGroupRows) for the nt tokens at xp:
+// token tiles, then row tiles over the whole K (rows of at most kAqWholeKMaxWords words).
+inline void aq_panel_group_whole(const uint16_t* panel, int64_t st, int64_t nrows,
+                                 const uint16_t* xp, int64_t nt, float* y, int64_t ldy) {
+  for (int64_t t = 0; t < nt; t += kAqPanelTokens) {
+    const uint16_t* xt = xp + t * st;
+    float* yt = y + t * ldy;
+    auto rows = [&]<int NT>() {
+      int64_t r = 0;
+      for (; r + kAqPanelRows <= nrows; r += kAqPanelRows)
+        aq_panel_tile_whole<kAqPanelRows, NT>(panel + r * st, st, xt, st, yt + r, ldy);
+      for (; r < nrows; ++r) aq_panel_tile_whole<1, NT>(panel + r * st, st, xt, st, yt + r, ldy);
+    };
+    switch (std::min<int64_t>(kAqPanelTokens, nt - t)) {
+      case 6:
+        rows.template operator()<6>();
+        break;
+      case 5:
+        rows.template operator()<5>();
+        break;
+      case 4:
+        rows.template operator()<4>();
+        break;
+      case 3:
+        rows.template operator()<3>();
+        break;
+      case 2:
+        rows.template operator()<2>();
+        break;
+      default:
+        rows.template operator()<1>();
+        break;
+    }
+  }
+}
+
+// Rows [o0, o0 + nrows) decoded into the panel, R at a time (then single rows).
+template <class Decode>
+inline void aq_decode_rows(const Decode& decode, int64_t o0, int64_t nrows, int64_t st,
+                           uint16_t* panel) {
+  int64_t r = 0;
+  for (; r + kAqPanelRows <= nrows; r += kAqPanelRows)
+    decode.template operator()<kAqPanelRows>(o0 + r, panel + r * st);
+  for (; r < nrows; ++r) decode.template operator()<1>(o0 + r, panel + r * st);
+}
+
 // The panel path of both formats: each group of kAqGroupRows rows (FP8: one scale group) is
 // decoded into bf16 words with the scales folded in (decode.template operator()<R>(o, panel)
 // writes rows o .. o + R - 1 at panel, R x st words) once per token block, then run over the
@@ -513,9 +575,15 @@ inline void aq_panel_gemm(int64_t out, int64_t st, const uint16_t* xp, int64_t n
         }
         continue;
       }
-      for (; r + kAqPanelRows <= nrows; r += kAqPanelRows)
-        decode.template operator()<kAqPanelRows>(o0 + r, panel + r * st);
-      for (; r < nrows; ++r) decode.template operator()<1>(o0 + r, panel + r * st);
+      if (st <= kAqWholeKMaxWords) {
+        for (int64_t g = 0; g < nrows; g += kAqWholeGroupRows) {
+          const int64_t gn = std::min(kAqWholeGroupRows, nrows - g);
+          aq_decode_rows(decode, o0 + g, gn, st, panel);
+          aq_panel_group_whole(panel, st, gn, xp + t0 * st, nt, y + t0 * ldy + o0 + g, ldy);
+        }
+        continue;
+      }
+      aq_decode_rows(decode, o0, nrows, st, panel);
       aq_panel_group(panel, st, nrows, xp + t0 * st, nt, y + t0 * ldy + o0, ldy);
     }
   }
