@@ -168,6 +168,15 @@ struct Kernels {
   void (*aq_mxfp4_gate_up)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
                            const uint16_t* xp, const float* route, int64_t ntok, float limit,
                            float* h, int64_t ldh);
+  // FP8 weights (the same scales condition, fp8_aq_scales_ok) times any fp32 activations: each
+  // product exact (FMA), the fp32 sums in one fixed order per output whatever ntok is (the
+  // act-quant GEMMs' batch invariance), one pass where aq_pack_act_split3 needs three (null in
+  // tiers without it; avx512_bf16 has it: ops/avx512/avx512_fp8_f32_gemm.h). f32_pack_act lays
+  // x [ntok, in] out as packed rows of f32_act_stride(in) floats.
+  int64_t (*f32_act_stride)(int64_t in);
+  void (*f32_pack_act)(const float* x, int64_t ntok, int64_t in, float* xp);
+  void (*f32_fp8_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                       const float* xp, int64_t ntok, float* y, int64_t ldy);
 };
 
 // Whether an FP8 matrix's E8M0 block scales (n bytes) suit the act-quant GEMMs, which fold the

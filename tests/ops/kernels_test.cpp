@@ -1272,6 +1272,82 @@ TEST_P(KernelTier, AqSplit3IsExactAndBitIdenticalAcrossM) {
   }
 }
 
+// The FP8 GEMM for fp32 activations (f32_fp8_gemm, the avx512_bf16 tier): every product exact
+// (FMA), so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV) up to
+// fp32 sums; a one-hot matrix gives any activation back bit for bit (what three bf16 terms did);
+// and every token's bits are the same for M in {1, ..., 7, 16, 64, 500} (direct tiles, the panel,
+// token blocks, tiles with remainders), rows past the tiles' multiples, widths with a tail inside
+// a 32-block and past the last 64-value chunk.
+TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
+  if (!k_->f32_fp8_gemm) GTEST_SKIP() << "this tier has no f32_fp8_gemm";
+  ASSERT_TRUE(k_->f32_pack_act && k_->f32_act_stride);
+  {  // one-hot: y = x exactly, whatever the magnitudes
+    const int64_t n = 96, st = k_->f32_act_stride(n);
+    std::vector<uint8_t> w(static_cast<std::size_t>(n * n), 0), s(9, 127);
+    for (int64_t o = 0; o < n; ++o) w[std::size_t(o * n + o)] = 0x38;  // E4M3 1.0
+    std::vector<float> x(static_cast<std::size_t>(2 * n));
+    for (auto& v : x) v = g_.normal() * std::pow(10.0f, float(int(g_.byte() % 13) - 6));
+    std::vector<float> xp(static_cast<std::size_t>(2 * st)), y(static_cast<std::size_t>(2 * n));
+    k_->f32_pack_act(x.data(), 2, n, xp.data());
+    k_->f32_fp8_gemm(w.data(), s.data(), n, n, xp.data(), 2, y.data(), n);
+    for (int64_t i = 0; i < 2 * n; ++i)
+      ASSERT_EQ(bits_of_float(y[std::size_t(i)]), bits_of_float(x[std::size_t(i)]))
+          << i << ": " << x[std::size_t(i)] << " came back as " << y[std::size_t(i)];
+  }
+  struct Shape {
+    int64_t out, in;
+    std::vector<int64_t> ms;
+  };
+  const std::vector<Shape> shapes = {{33, 64, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                     {35, 96, {1, 2, 3, 4, 7, 16}},
+                                     {100, 40, {1, 3, 5, 7, 64}},
+                                     {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
+                                     {40, 5120, {1, 2, 5, 7, 16, 200}},
+                                     {37, 4096 + 40, {1, 3, 17, 64}},
+                                     {3, 7, {1, 2, 4, 5, 6, 7}}};
+  for (const auto& sh : shapes) {
+    const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
+        s(static_cast<std::size_t>((out + 31) / 32 * sin));
+    for (auto& b : w) b = g_.e4m3();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    s[0] = 41;
+    if (s.size() > 1) s[1] = 240;
+    ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);  // any fp32 values
+    const int64_t st = k_->f32_act_stride(in);
+    ASSERT_GE(st, in);
+    std::vector<float> xp(static_cast<std::size_t>(mmax * st));
+    k_->f32_pack_act(x.data(), mmax, in, xp.data());
+    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+        want(static_cast<std::size_t>(out));
+    std::vector<double> mag(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; ++t) {
+      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
+                       out);
+      if (t % 7 != 0 && t > 8) continue;  // the exact sums of a sample of the tokens
+      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      mag = fp8_term_sums(w, s, out, in, x.data() + t * in);
+      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                   mag, sum_tol(in),
+                   "f32_fp8_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                       std::to_string(t));
+    }
+    for (int64_t m : sh.ms) {
+      const int64_t ldy = out + 5;
+      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN);
+      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                    bits_of_float(one[std::size_t(t * out + o)]))
+              << "f32_fp8_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
+    }
+  }
+}
+
 TEST(Dispatch, Fp8AqScalesOkBounds) {
   const uint8_t ok[] = {41, 127, 246}, low[] = {127, 40}, high[] = {247}, zero[] = {0};
   EXPECT_TRUE(fp8_aq_scales_ok(ok, 3));

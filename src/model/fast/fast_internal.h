@@ -293,6 +293,9 @@ struct FastModel::Impl {
     return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xpk.data()) + 63) &
                                        ~uintptr_t(63));
   }
+  // fp32 activations packed for ops f32_fp8_gemm: xpk's memory, as floats (one packed input per
+  // call, like xpk_words)
+  float* xpk_floats(int64_t floats) { return reinterpret_cast<float*>(xpk_words(2 * floats)); }
   std::vector<float> qr, iq, kvrow, att_o, ubuf, tmp, tmp2, xq, scores, cosb, sinb, emb, ekv, lat,
       gbuf;
   std::vector<uint8_t> qpack, run_qpack;

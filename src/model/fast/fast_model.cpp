@@ -616,6 +616,18 @@ void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n
                      l.out);
     };
     par_rows(l.out, 32, std::ref(fn));
+  } else if (l.quantized() && opt.act_quant && l.aq_ok && kk.f32_fp8_gemm) {
+    // wo_a's fp32 input with act-quant on: exact products on FMAs, one fixed order of sums per
+    // output whatever n is (one pass where the three bf16 terms below take three). Act-quant off
+    // keeps the three terms for every FP8 linear: docs/decisions.md.
+    const int64_t sin = (l.in + 31) / 32, st = kk.f32_act_stride(l.in);
+    float* xp = xpk_floats(n * st);
+    kk.f32_pack_act(xin, n, l.in, xp);
+    auto fn = [&](int64_t r0, int64_t r1) {
+      kk.f32_fp8_gemm(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xp, n, out + r0,
+                      l.out);
+    };
+    par_rows(l.out, 32, std::ref(fn));
   } else if (l.quantized() && l.aq_ok && kk.aq_pack_act_split3) {
     // fp32 inputs (act-quant off, or wo_a's) on the same GEMM as three exact bf16 terms: each
     // term's products exact, each output (hi + mid) + lo of the terms' dots in that order.

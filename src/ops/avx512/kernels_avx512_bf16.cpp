@@ -1,9 +1,11 @@
 // AVX-512 + VNNI + BF16 + VBMI tier (Zen 4, Sapphire Rapids): the avx512_vnni tier's table plus the
 // act-quant GEMM family on vdpbf16ps (avx512_bf16_gemm.h), which the fast engine uses for the FP8
-// linears when act-quant is on. Everything else is the avx512_vnni tier's code, compiled with these
-// flags: the same bits.
+// linears when act-quant is on, and the FP8 GEMM for fp32 activations on FMAs
+// (avx512_fp8_f32_gemm.h: wo_a with act-quant on, every FP8 linear with it off). Everything else is
+// the avx512_vnni tier's code, compiled with these flags: the same bits.
 #define DSV41_VNNI 1
 #include "ops/avx512/avx512_bf16_gemm.h"
+#include "ops/avx512/avx512_fp8_f32_gemm.h"
 #include "ops/avx512/avx512_tier.h"
 
 namespace dsv41::ops {
@@ -17,6 +19,9 @@ constexpr Kernels bf16_table() {
   k.aq_fp8_gemm = &aq_fp8_gemm_impl;
   k.aq_mxfp4_gemm = &aq_mxfp4_gemm_impl;
   k.aq_mxfp4_gate_up = &aq_mxfp4_gate_up_impl;
+  k.f32_act_stride = &f32_act_stride_impl;
+  k.f32_pack_act = &f32_pack_act_impl;
+  k.f32_fp8_gemm = &f32_fp8_gemm_impl;
   return k;
 }
 

@@ -249,6 +249,8 @@ extern const Kernels kScalarKernels = {
     fp8_gemv_batch, bf16_gemv_batch, mxfp4_gemv_batch, mxfp4_gate_up_batch, fake_fp8_pow2_row,
     // no act-quant GEMMs: the scalar FP8/MXFP4 GEMVs above
     // are their reference (exact sums in double)
-    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+    // nor the FP8 GEMM for fp32 activations (fp8_gemv above is its reference too)
+    nullptr, nullptr, nullptr};
 
 }  // namespace dsv41::ops
