@@ -168,6 +168,16 @@ struct Kernels {
   void (*aq_mxfp4_gate_up)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
                            const uint16_t* xp, const float* route, int64_t ntok, float limit,
                            float* h, int64_t ldh);
+  // Full (non-causal) multi-head attention, the vision tower's (spec §9.1): nq queries over nk
+  // keys, each row `heads` heads of `dim` values (head h at h * dim); query row i at q + i * ld,
+  // key/value row j at k + j * ld / v + j * ld, output row i at out + i * ldo. Per head:
+  // out_i = sum_j p_ij v_j, p_i = softmax_j(scale * q_i . k_j). No keys: 0. The scalar tier is
+  // the plain two-pass softmax in double; the SIMD tiers run a blocked online softmax in fp32
+  // (ops/simd_vision_attention.h), each query row's reduction in one fixed order: its bits do not
+  // depend on nq, on the split of the rows over calls, or on the heads passed with it.
+  void (*vision_attention)(const float* q, const float* k, const float* v, int64_t ld, int64_t nq,
+                           int64_t nk, int64_t heads, int64_t dim, float scale, float* out,
+                           int64_t ldo);
 };
 
 // Whether an FP8 matrix's E8M0 block scales (n bytes) suit the act-quant GEMMs, which fold the

@@ -9,6 +9,7 @@
 #include "ops/simd_common.h"
 #include "ops/simd_gemm.h"
 #include "ops/simd_pack.h"
+#include "ops/simd_vision_attention.h"
 
 namespace dsv41::ops {
 namespace {
@@ -52,7 +53,9 @@ constexpr Kernels simd_table(Isa isa) {
                  nullptr,
                  nullptr,
                  nullptr,
-                 nullptr};
+                 nullptr,
+                 // the vision tower's attention: the tier's vector width
+                 &S::vision_attention};
 }
 
 }  // namespace
