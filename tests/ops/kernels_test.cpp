@@ -842,8 +842,8 @@ std::vector<float> va_run(const VaFn& f, const VaCase& c, const VaInputs& in) {
 }
 // Per (query, head) row, the weighted sum of the values' magnitudes, sum_j p_j |v_j| (in double):
 // what the fp32 sums of a row can err by is relative to it, not to the output, which the signs of
-// random values cancel down (to ~1/20 of it at 1,000 keys; the errors relative to the output then
-// reach 1.3e-6 on every tier).
+// random values cancel well below it (relative to the output, the errors of every tier reach
+// 1.3e-6 at 1,000 keys).
 std::vector<double> va_abs_rows(const VaCase& c, const VaInputs& in) {
   const int64_t w = c.heads * c.dim;
   std::vector<double> a(std::size_t(c.n * w), 0.0), p(std::size_t(c.n));
