@@ -177,6 +177,16 @@ struct Kernels {
   void (*f32_pack_act)(const float* x, int64_t ntok, int64_t in, float* xp);
   void (*f32_fp8_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                        const float* xp, int64_t ntok, float* y, int64_t ldy);
+  // Full (non-causal) multi-head attention, the vision tower's (spec §9.1): nq queries over nk
+  // keys, each row `heads` heads of `dim` values (head h at h * dim); query row i at q + i * ld,
+  // key/value row j at k + j * ld / v + j * ld, output row i at out + i * ldo. Per head:
+  // out_i = sum_j p_ij v_j, p_i = softmax_j(scale * q_i . k_j). No keys: 0. The scalar tier is
+  // the plain two-pass softmax in double; the SIMD tiers run a blocked online softmax in fp32
+  // (ops/simd_vision_attention.h), each query row's reduction in one fixed order: its bits do not
+  // depend on nq, on the split of the rows over calls, or on the heads passed with it.
+  void (*vision_attention)(const float* q, const float* k, const float* v, int64_t ld, int64_t nq,
+                           int64_t nk, int64_t heads, int64_t dim, float scale, float* out,
+                           int64_t ldo);
 };
 
 // Whether an FP8 matrix's E8M0 block scales (n bytes) suit the act-quant GEMMs, which fold the

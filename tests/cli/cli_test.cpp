@@ -970,6 +970,14 @@ TEST(Cli, BenchKernelsReportsBandwidthFractions) {
     }
     EXPECT_GT(ab["indexer_speedup_a_over_b"].get<double>(), 0.0);
   }
+  // The vision tower's attention: all threads at the quick shape, one head against scalar.
+  const auto& va = j["vision_attention"];
+  ASSERT_EQ(va["all_threads"].size(), 1u) << va.dump();
+  EXPECT_EQ(va["all_threads"][0]["heads"], 16);
+  EXPECT_GT(va["all_threads"][0]["gflop_per_s"].get<double>(), 0.0);
+  ASSERT_EQ(va["one_head_one_thread"]["ms"].size(), 2u) << va.dump();
+  EXPECT_GT(va["one_head_one_thread"]["ms"][1].get<double>(), 0.0);
+  EXPECT_GT(va["one_head_one_thread"]["speedup_over_scalar"].get<double>(), 0.0);
   // The forced tier is the one measured; with scalar there is no tier below to compare with.
   CliRun s = run("bench kernels --quick --probe-mb 32 --set-mb 1 --reps 1", "DSV41_ISA=scalar");
   ASSERT_EQ(s.code, 0) << s.err;

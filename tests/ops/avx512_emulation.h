@@ -9,6 +9,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -67,6 +68,26 @@ inline Ps mul_ps(Ps a, Ps b) {
 // One rounding per lane, as vfmadd.
 inline Ps fmadd_ps(Ps a, Ps b, Ps c) {
   for (int j = 0; j < 16; ++j) a.f[j] = std::fma(a.f[j], b.f[j], c.f[j]);
+  return a;
+}
+inline Ps max_ps(Ps a, Ps b) {  // vmaxps: the second operand when either is NaN (none here)
+  for (int j = 0; j < 16; ++j) a.f[j] = a.f[j] > b.f[j] ? a.f[j] : b.f[j];
+  return a;
+}
+inline float reduce_max_ps(Ps a) {  // max is exact: the order does not matter
+  float m = a.f[0];
+  for (int j = 1; j < 16; ++j) m = std::max(m, a.f[j]);
+  return m;
+}
+// vrndscaleps with imm 0 in the scale bits: round to an integer (the rounding mode the imm's low
+// bits name: only round-to-nearest-even is used).
+inline Ps roundscale_ps(Ps a, int imm) {
+  for (float& x : a.f) x = (imm & 3) == 0 ? std::nearbyint(x) : std::trunc(x);
+  return a;
+}
+// vscalefps for finite operands: a * 2^floor(b).
+inline Ps scalef_ps(Ps a, Ps b) {
+  for (int j = 0; j < 16; ++j) a.f[j] = std::ldexp(a.f[j], int(std::floor(b.f[j])));
   return a;
 }
 // GCC's order: the 256-bit halves, then 128-bit halves, then pairs.
@@ -181,6 +202,14 @@ inline __m256 extractf32x8_ps(Ps v, int imm) {
 #define _mm512_mul_ps ::dsv41::ops::emu::mul_ps
 #undef _mm512_fmadd_ps
 #define _mm512_fmadd_ps ::dsv41::ops::emu::fmadd_ps
+#undef _mm512_max_ps
+#define _mm512_max_ps ::dsv41::ops::emu::max_ps
+#undef _mm512_reduce_max_ps
+#define _mm512_reduce_max_ps ::dsv41::ops::emu::reduce_max_ps
+#undef _mm512_roundscale_ps
+#define _mm512_roundscale_ps ::dsv41::ops::emu::roundscale_ps
+#undef _mm512_scalef_ps
+#define _mm512_scalef_ps ::dsv41::ops::emu::scalef_ps
 #undef _mm512_reduce_add_ps
 #define _mm512_reduce_add_ps ::dsv41::ops::emu::reduce_add_ps
 #undef _mm512_castps256_ps512

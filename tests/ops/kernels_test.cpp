@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -804,6 +805,177 @@ TEST_P(KernelTier, PrefillAttentionBandedWindowAndCompressed) {
   }
 }
 
+// The vision tower's attention (Kernels::vision_attention) on inputs laid out as the tower holds
+// them: one buffer of rows [q | k | v], heads in order inside each. Normal cases: N(0, 1) values,
+// scale 1/sqrt(dim). Exact cases: integer q and k in [-7, 7] and scale 1/2, so every score is exact
+// in fp32 and they spread over hundreds (a kernel without the max subtraction overflows exp there).
+struct VaCase {
+  int64_t n, heads, dim;
+  bool exact;
+};
+struct VaInputs {
+  std::vector<float> qkv;
+  int64_t ld = 0;
+  float scale = 0;
+};
+VaInputs va_inputs(const VaCase& c, Gen& g) {
+  VaInputs in;
+  const int64_t w = c.heads * c.dim;
+  in.ld = 3 * w;
+  in.scale = c.exact ? 0.5f : 1.0f / std::sqrt(float(c.dim));
+  in.qkv.resize(std::size_t(c.n * in.ld));
+  for (int64_t r = 0; r < c.n; ++r)
+    for (int64_t e = 0; e < in.ld; ++e)
+      in.qkv[std::size_t(r * in.ld + e)] =
+          c.exact && e < 2 * w ? float(int64_t(g.rng() % 15) - 7) : g.normal();
+  return in;
+}
+using VaFn = std::function<void(const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                int64_t, int64_t, float, float*, int64_t)>;
+// out [n, heads * dim] of f on the inputs, all queries in one call.
+std::vector<float> va_run(const VaFn& f, const VaCase& c, const VaInputs& in) {
+  const int64_t w = c.heads * c.dim;
+  std::vector<float> out(std::size_t(c.n * w), NAN);
+  const float* b = in.qkv.data();
+  f(b, b + w, b + 2 * w, in.ld, c.n, c.n, c.heads, c.dim, in.scale, out.data(), w);
+  return out;
+}
+// Per (query, head) row, the weighted sum of the values' magnitudes, sum_j p_j |v_j| (in double):
+// what the fp32 sums of a row can err by is relative to it, not to the output, which the signs of
+// random values cancel well below it (relative to the output, the errors of every tier reach
+// 1.3e-6 at 1,000 keys).
+std::vector<double> va_abs_rows(const VaCase& c, const VaInputs& in) {
+  const int64_t w = c.heads * c.dim;
+  std::vector<double> a(std::size_t(c.n * w), 0.0), p(std::size_t(c.n));
+  for (int64_t h = 0; h < c.heads; ++h)
+    for (int64_t i = 0; i < c.n; ++i) {
+      double mx = -INFINITY, den = 0;
+      for (int64_t j = 0; j < c.n; ++j) {
+        double d = 0;
+        for (int64_t e = 0; e < c.dim; ++e)
+          d += double(in.qkv[std::size_t(i * in.ld + h * c.dim + e)]) *
+               in.qkv[std::size_t(j * in.ld + w + h * c.dim + e)];
+        mx = std::max(mx, p[std::size_t(j)] = d * in.scale);
+      }
+      for (auto& x : p) den += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < c.n; ++j)
+        for (int64_t e = 0; e < c.dim; ++e)
+          a[std::size_t(i * w + h * c.dim + e)] +=
+              p[std::size_t(j)] / den *
+              std::fabs(double(in.qkv[std::size_t(j * in.ld + 2 * w + h * c.dim + e)]));
+    }
+  return a;
+}
+// The worst over the (query, head) rows of |got - want| / |abs row| (L2 norms); +inf if got holds
+// a NaN or an infinity.
+double va_worst_err(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::vector<double>& abs_rows, int64_t dim) {
+  double worst = 0;
+  for (std::size_t r = 0; r < got.size(); r += std::size_t(dim)) {
+    double num = 0, den = 0;
+    for (std::size_t e = r; e < r + std::size_t(dim); ++e) {
+      if (!std::isfinite(got[e])) return INFINITY;
+      num += (double(got[e]) - want[e]) * (double(got[e]) - want[e]);
+      den += abs_rows[e] * abs_rows[e];
+    }
+    worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
+  }
+  return worst;
+}
+const std::vector<VaCase>& va_cases() {
+  // tiny (2 x 16), demo/small (4 x 32) and released (16 x 64) head shapes; n = 1, below, at and
+  // past one 64-key block, and long rows.
+  static const std::vector<VaCase> cases = {
+      {1, 2, 16, false},   {5, 2, 16, false},    {64, 2, 16, false},   {65, 4, 32, false},
+      {130, 4, 20, false}, {257, 16, 64, false}, {1000, 2, 64, false}, {1, 16, 64, true},
+      {100, 4, 64, true},  {193, 16, 64, true}};
+  return cases;
+}
+// fp32 against the double reference: measured 7e-8 to 3.5e-7 per case on every tier (Zen 5, several
+// seeds); a dropped key or a missing max subtraction is far above it
+// (VisionAttention.TheToleranceCatchesWrongKernels).
+constexpr double kVaTol = 1e-6;
+
+TEST_P(KernelTier, VisionAttentionAgainstTheReference) {
+  for (const VaCase& c : va_cases()) {
+    const VaInputs in = va_inputs(c, g_);
+    const std::vector<float> got = va_run(k_->vision_attention, c, in),
+                             want = va_run(ref_->vision_attention, c, in);
+    const std::string what = "vision attention n " + std::to_string(c.n) + " " +
+                             std::to_string(c.heads) + "x" + std::to_string(c.dim) +
+                             (c.exact ? " exact" : "");
+    const double err = va_worst_err(got, want, va_abs_rows(c, in), c.dim);
+    EXPECT_LE(err, kVaTol) << what;
+    std::printf("%s: worst row error %.3g\n", what.c_str(), err);
+    // The same bits whatever the split: each head alone, the queries in three uneven calls.
+    const int64_t w = c.heads * c.dim, a = c.n / 3, b = std::min<int64_t>(c.n, a + 7);
+    std::vector<float> split(got.size(), NAN);
+    const float* base = in.qkv.data();
+    for (int64_t h = 0; h < c.heads; ++h)
+      for (auto [i0, i1] : {std::pair{int64_t(0), a}, {a, b}, {b, c.n}}) {
+        if (i1 <= i0) continue;
+        const float* qh = base + i0 * in.ld + h * c.dim;
+        k_->vision_attention(qh, base + w + h * c.dim, base + 2 * w + h * c.dim, in.ld, i1 - i0,
+                             c.n, 1, c.dim, in.scale, split.data() + i0 * w + h * c.dim, w);
+      }
+    ASSERT_EQ(0, std::memcmp(split.data(), got.data(), got.size() * sizeof(float)))
+        << what << ": a split of the rows changed the bits";
+  }
+  // No keys: zeros.
+  std::vector<float> q(64, 1.0f), out(64, NAN);
+  k_->vision_attention(q.data(), q.data(), q.data(), 64, 1, 0, 4, 16, 0.25f, out.data(), 64);
+  for (float x : out) ASSERT_EQ(x, 0.0f);
+}
+
+// The tolerance binds: kernels with a deliberate mistake fail it on the cases above (on the best
+// tier of this CPU): the last key dropped, the first key dropped, and an fp32 kernel without the
+// max subtraction (exp overflows on the exact cases).
+TEST(VisionAttention, TheToleranceCatchesWrongKernels) {
+  const Kernels& best = kernels();
+  const Kernels& ref = kernels_for(Isa::kScalar);
+  const VaFn drop_last = [&](const float* q, const float* k, const float* v, int64_t ld, int64_t nq,
+                             int64_t nk, int64_t heads, int64_t dim, float scale, float* out,
+                             int64_t ldo) {
+    best.vision_attention(q, k, v, ld, nq, nk - 1, heads, dim, scale, out, ldo);
+  };
+  const VaFn drop_first = [&](const float* q, const float* k, const float* v, int64_t ld,
+                              int64_t nq, int64_t nk, int64_t heads, int64_t dim, float scale,
+                              float* out, int64_t ldo) {
+    best.vision_attention(q, k + ld, v + ld, ld, nq, nk - 1, heads, dim, scale, out, ldo);
+  };
+  const VaFn no_max = [](const float* q, const float* k, const float* v, int64_t ld, int64_t nq,
+                         int64_t nk, int64_t heads, int64_t dim, float scale, float* out,
+                         int64_t ldo) {
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < nq; ++i) {
+        std::vector<float> acc(std::size_t(dim), 0.0f);
+        float den = 0;
+        for (int64_t j = 0; j < nk; ++j) {
+          float s = 0;
+          for (int64_t e = 0; e < dim; ++e) s += q[i * ld + h * dim + e] * k[j * ld + h * dim + e];
+          const float p = std::exp(s * scale);
+          den += p;
+          for (int64_t e = 0; e < dim; ++e) acc[std::size_t(e)] += p * v[j * ld + h * dim + e];
+        }
+        for (int64_t e = 0; e < dim; ++e) out[i * ldo + h * dim + e] = acc[std::size_t(e)] / den;
+      }
+  };
+  Gen g;
+  auto err = [&](const VaFn& f, const VaCase& c) {
+    const VaInputs in = va_inputs(c, g);
+    return va_worst_err(va_run(f, c, in), va_run(ref.vision_attention, c, in), va_abs_rows(c, in),
+                        c.dim);
+  };
+  // One key of 257 or 1,000 missing, on the long rows, is far above the tolerance.
+  for (const VaCase& c : {VaCase{257, 16, 64, false}, VaCase{1000, 2, 64, false}}) {
+    EXPECT_GT(err(drop_last, c), 100 * kVaTol) << "last key dropped, n " << c.n;
+    EXPECT_GT(err(drop_first, c), 100 * kVaTol) << "first key dropped, n " << c.n;
+  }
+  // Without the max subtraction exp overflows on the exact cases' scores (NaN or inf: +inf).
+  EXPECT_GT(err(no_max, VaCase{193, 16, 64, true}), 100 * kVaTol);
+  EXPECT_GT(err(no_max, VaCase{100, 4, 64, true}), 100 * kVaTol);
+}
+
 // mHC expand: bit-identical to the model reference's expand (float) on every tier.
 TEST_P(KernelTier, HcExpandBitIdenticalToTheReference) {
   for (int64_t hc : {1, 2, 4})
@@ -1372,7 +1544,7 @@ TEST(Dispatch, ResolvedTierIsSupportedAndTablesAreComplete) {
                 t.bf16_gemm && t.mxfp4_gemm && t.prefill_attention && t.hc_mix &&
                 t.hc_collapse_rmsnorm && t.hc_expand && t.pack_window_row && t.unpack_window_row &&
                 t.act_quant_fp8 && t.pack_compressed_row && t.unpack_compressed_row &&
-                t.pack_index_key && t.unpack_index_key)
+                t.pack_index_key && t.unpack_index_key && t.vision_attention)
         << isa_name(t.isa);
   }
   EXPECT_TRUE(isa_supported(Isa::kScalar));

@@ -1,10 +1,10 @@
 // The vision tower on the fast path (spec §9, §9.1; the reference is model/reference/vision_tower):
 // the converted checkpoint's BF16 tower weights (vision.bin) through the kernels' BF16 GEMM, all
 // of an image's patches in one call per linear, rows split over the pool's threads; RMSNorm by the
-// kernels; 2-D RoPE and the full bidirectional attention over the patches in fp32 here, heads and
-// queries over the threads (a SIMD attention kernel in ops is the next step for the released
-// shape, where attention is about half the tower's arithmetic). Deterministic: an image's rows do
-// not depend on anything but its patches (no batching across images, fixed splits).
+// kernels; 2-D RoPE here; the full bidirectional attention over the patches by the kernels'
+// vision_attention (a blocked online softmax, about half the tower's arithmetic at the released
+// shape), heads x query blocks over the threads. Deterministic: an image's rows do not depend on
+// anything but its patches (no batching across images, splits that never cut a sum).
 #pragma once
 
 #include <cstdint>

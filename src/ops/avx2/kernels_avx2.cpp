@@ -24,6 +24,12 @@ struct Avx2 {
                              const float* x, int64_t ntok, float* y, int64_t ldy) {
     fp8_gemv_batch_simd(w, scale, out, in, x, ntok, y, ldy);
   }
+  // Kernels::vision_attention: the shared body on 8-lane vectors.
+  static void vision_attention(const float* q, const float* k, const float* v, int64_t ld,
+                               int64_t nq, int64_t nk, int64_t heads, int64_t dim, float scale,
+                               float* out, int64_t ldo) {
+    vision_attention_simd<VaYmm>(q, k, v, ld, nq, nk, heads, dim, scale, out, ldo);
+  }
   static float dot(const float* a, const float* b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;

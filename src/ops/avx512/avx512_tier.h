@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "ops/avx512/avx512_fp8_batch.h"
+#include "ops/avx512/avx512_vision_attention.h"
 #include "ops/simd_table.h"
 
 namespace dsv41::ops {
@@ -31,6 +32,12 @@ struct Avx512 {
   static void fp8_gemv_batch(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                              const float* x, int64_t ntok, float* y, int64_t ldy) {
     fp8_gemv_batch_zmm(w, scale, out, in, x, ntok, y, ldy);
+  }
+  // Kernels::vision_attention: the shared body on 16-lane vectors (avx512_vision_attention.h).
+  static void vision_attention(const float* q, const float* k, const float* v, int64_t ld,
+                               int64_t nq, int64_t nk, int64_t heads, int64_t dim, float scale,
+                               float* out, int64_t ldo) {
+    vision_attention_simd<VaZmm>(q, k, v, ld, nq, nk, heads, dim, scale, out, ldo);
   }
   static float dot(const float* a, const float* b, int64_t n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();

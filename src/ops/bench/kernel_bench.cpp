@@ -551,6 +551,58 @@ void bench_attention(const KernelBenchOptions& opt, json& j) {
                             {"us_per_query_one_query_kernel", t1 / double(nq) * 1e6}};
 }
 
+// The vision tower's attention at the released shape (16 heads x 64, n patches, q/k/v rows
+// interleaved as the tower holds them): all threads over (head, query block) jobs, at least four
+// per thread, as model/fast/fast_vision.cpp splits them; and one head on one thread against the
+// scalar tier.
+void bench_vision_attention(const KernelBenchOptions& opt, json& j) {
+  const int64_t heads = 16, dim = 64, w = heads * dim;
+  const float scale = 0.125f;
+  ThreadPool pool(opt.threads ? opt.threads : default_thread_count());
+  Rng rng(7);
+  json& out = j["vision_attention"];
+  for (int64_t n : opt.quick ? std::vector<int64_t>{256} : std::vector<int64_t>{1024, 4096}) {
+    std::vector<float> qkv(std::size_t(n * 3 * w)), att(std::size_t(n * w));
+    for (auto& x : qkv) x = float(rng.uniform(-1, 1));
+    const int64_t want_blocks = (4 * int64_t(pool.size()) + heads - 1) / heads;
+    const int64_t qb = std::max<int64_t>(64, (n + want_blocks - 1) / want_blocks);
+    const int64_t nqb = (n + qb - 1) / qb;
+    const double sec = best_time(opt.reps, [&] {
+      pool.parallel_for(std::size_t(heads * nqb), [&](std::size_t b, std::size_t e, std::size_t) {
+        for (std::size_t job = b; job < e; ++job) {
+          const int64_t h = int64_t(job) / nqb, i0 = int64_t(job) % nqb * qb;
+          const float* base = qkv.data() + h * dim;
+          kernels().vision_attention(base + i0 * 3 * w, base + w, base + 2 * w, 3 * w,
+                                     std::min(qb, n - i0), n, 1, dim, scale,
+                                     att.data() + i0 * w + h * dim, w);
+        }
+      });
+    });
+    out["all_threads"].push_back({{"patches", n},
+                                  {"heads", heads},
+                                  {"head_dim", dim},
+                                  {"ms", sec * 1e3},
+                                  {"gflop_per_s", 4.0 * double(n * n) * double(w) / sec / 1e9}});
+  }
+  // One head, one thread, n = 1024 (quick: 256): the tier against the scalar one (double sums).
+  const int64_t n = opt.quick ? 256 : 1024;
+  std::vector<float> qkv(std::size_t(n * 3 * dim)), att(std::size_t(n * dim));
+  for (auto& x : qkv) x = float(rng.uniform(-1, 1));
+  auto one_head = [&](const Kernels& t) {
+    return best_time(opt.reps, [&] {
+      t.vision_attention(qkv.data(), qkv.data() + dim, qkv.data() + 2 * dim, 3 * dim, n, n, 1, dim,
+                         scale, att.data(), dim);
+    });
+  };
+  const double ta = one_head(kernels()), tb = one_head(kernels_for(Isa::kScalar));
+  out["one_head_one_thread"] = {{"patches", n},
+                                {"head_dim", dim},
+                                {"tiers", {isa_name(active_isa()), "scalar"}},
+                                {"ms", {ta * 1e3, tb * 1e3}},
+                                {"gflop_per_s", 4.0 * double(n * n * dim) / ta / 1e9},
+                                {"speedup_over_scalar", tb / ta}};
+}
+
 // Cache-row packing and unpacking per row, the tier against the scalar packers.
 void bench_cache_pack(const KernelBenchOptions& opt, json& j) {
   // Cache-row packing and unpacking per row (window 512, compressed 512, index key 128): the
@@ -638,6 +690,7 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
   j["indexer_scores"] = indexer_case(opt, kernels());
   bench_tier_ab(b, opt, j);
   bench_attention(opt, j);
+  bench_vision_attention(opt, j);
   bench_cache_pack(opt, j);
   json& ref = j["reference_library"];
   for (int64_t m : opt.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 2048})

@@ -239,6 +239,36 @@ void prefill_attention(const float* q, int64_t nq, int64_t heads, int64_t dim, c
   }
 }
 
+// Per head and query, the plain two-pass softmax in double: the scores, their maximum subtracted,
+// exp, the weighted sum of the value rows divided by the sum of the weights.
+void vision_attention(const float* q, const float* k, const float* v, int64_t ld, int64_t nq,
+                      int64_t nk, int64_t heads, int64_t dim, float scale, float* out,
+                      int64_t ldo) {
+  std::vector<double> s(static_cast<std::size_t>(nk)), acc(static_cast<std::size_t>(dim));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < nq; ++i) {
+      const float* qi = q + i * ld + h * dim;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < nk; ++j) {
+        const float* kj = k + j * ld + h * dim;
+        double d = 0;
+        for (int64_t e = 0; e < dim; ++e) d += double(qi[e]) * kj[e];
+        s[std::size_t(j)] = d * scale;
+        mx = std::max(mx, s[std::size_t(j)]);
+      }
+      double den = 0;
+      for (int64_t j = 0; j < nk; ++j)
+        den += (s[std::size_t(j)] = std::exp(s[std::size_t(j)] - mx));
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < nk; ++j) {
+        const float* vj = v + j * ld + h * dim;
+        for (int64_t e = 0; e < dim; ++e) acc[std::size_t(e)] += s[std::size_t(j)] * vj[e];
+      }
+      float* o = out + i * ldo + h * dim;
+      for (int64_t e = 0; e < dim; ++e) o[e] = nk > 0 ? float(acc[std::size_t(e)] / den) : 0.0f;
+    }
+}
+
 }  // namespace
 
 extern const Kernels kScalarKernels = {
@@ -251,6 +281,6 @@ extern const Kernels kScalarKernels = {
     // are their reference (exact sums in double)
     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
     // nor the FP8 GEMM for fp32 activations (fp8_gemv above is its reference too)
-    nullptr, nullptr, nullptr};
+    nullptr, nullptr, nullptr, vision_attention};
 
 }  // namespace dsv41::ops
