@@ -1,0 +1,422 @@
+// The act-quant GEMM family and the FP8 GEMM for fp32 activations of the tiers that have them
+// (ops/avx512/avx512_bf16_gemm.h, avx512_fp8_f32_gemm.h) against the scalar tier's exact sums,
+// bit for bit across token counts; the scales conditions they rely on.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtypes.h"
+#include "model/reference/ref_ops.h"
+#include "ops/kernel_tier.h"
+#include "ops/kernels.h"
+
+namespace dsv41::ops {
+namespace {
+
+using namespace kernel_tier;
+
+// Per output row o, the sum of |W[o, i] x_i|: the scale of a row's summation error (FP8 with
+// 32 x 32 block scales, MXFP4 with row scales per 32).
+std::vector<double> fp8_term_sums(const std::vector<uint8_t>& w, const std::vector<uint8_t>& s,
+                                  int64_t out, int64_t in, const float* x) {
+  const int64_t sin = (in + 31) / 32;
+  std::vector<double> mag(static_cast<std::size_t>(out));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i)
+      mag[std::size_t(o)] +=
+          std::fabs(double(e4m3_to_float(w[std::size_t(o * in + i)])) *
+                    e8m0_to_float(s[std::size_t((o / 32) * sin + i / 32)]) * x[i]);
+  return mag;
+}
+std::vector<double> mxfp4_term_sums(const std::vector<uint8_t>& w, const std::vector<uint8_t>& s,
+                                    int64_t out, int64_t in, const float* x) {
+  std::vector<double> mag(static_cast<std::size_t>(out));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      const uint8_t byte = w[std::size_t((o * in + i) / 2)];
+      const uint8_t code = i % 2 ? uint8_t(byte >> 4) : uint8_t(byte & 15);
+      mag[std::size_t(o)] +=
+          std::fabs(double(e2m1_to_float(code)) *
+                    e8m0_to_float(s[std::size_t(o * (in / 32) + i / 32)]) * x[i]);
+    }
+  return mag;
+}
+
+// The act-quant GEMM (aq_fp8_gemm, tiers with a bf16 dot): on E4M3-rounded activations every
+// product is exact, so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV)
+// up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 4, 5, 6, 7,
+// 16, 64, 500} (direct, wide and panel paths: 4-row panels, whole-K groups and K blocks; token
+// blocks, tiles with remainders), rows past the tiles' multiples, widths with a tail inside a
+// 32-block and past the last 64-value chunk.
+TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
+  if (!k_->aq_fp8_gemm) GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
+  ASSERT_TRUE(k_->aq_pack_act && k_->aq_act_stride && k_->aq_mxfp4_gemm && k_->aq_mxfp4_gate_up);
+  struct Shape {
+    int64_t out, in;
+    std::vector<int64_t> ms;
+  };
+  const std::vector<Shape> shapes = {{33, 64, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                     {35, 96, {1, 2, 3, 4, 7, 16}},
+                                     {100, 40, {1, 3, 5, 7, 64}},
+                                     {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
+                                     {40, 5120, {1, 2, 5, 7, 16, 500}},
+                                     {35, 4096 + 40, {1, 3, 16}},
+                                     {3, 7, {1, 2, 4, 5, 6, 7}},
+                                     {8, 1280 + 32, {1, 7, 64}},
+                                     {37, 4096 + 40, {1, 17, 64}},
+                                     {9, 8192 + 64, {1, 17}}};
+  for (const auto& sh : shapes) {
+    const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
+        s(static_cast<std::size_t>((out + 31) / 32 * sin));
+    for (auto& b : w) b = g_.e4m3();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    s[0] = 41;  // the least scale fp8_aq_scales_ok allows, and a large one (246 would overflow
+    if (s.size() > 1) s[1] = 240;  // the sums of these random values)
+    ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);
+    for (int64_t t = 0; t < mmax; ++t) ref::fake_fp8_pow2(x.data() + t * in, in, 32);
+    const int64_t st = k_->aq_act_stride(in, AqFormat::kFp8);
+    ASSERT_GE(st, in);
+    std::vector<uint16_t> xp(static_cast<std::size_t>(mmax * st));
+    k_->aq_pack_act(x.data(), mmax, in, AqFormat::kFp8, xp.data());
+    // M = 1 per token: against the exact sum.
+    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+        want(static_cast<std::size_t>(out));
+    std::vector<double> mag(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; ++t) {
+      k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
+                      out);
+      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      mag = fp8_term_sums(w, s, out, in, x.data() + t * in);
+      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                   mag, sum_tol(in),
+                   "aq_fp8_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                       std::to_string(t));
+    }
+    // Every M: the one-token bits, with an output stride wider than the rows.
+    for (int64_t m : sh.ms) {
+      const int64_t ldy = out + 5;
+      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN);
+      k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                    bits_of_float(one[std::size_t(t * out + o)]))
+              << "aq_fp8_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
+    }
+  }
+}
+
+// The act-quant MXFP4 entries: aq_mxfp4_gemm against the exact sum (the scalar tier's
+// double-accumulated MXFP4 GEMV) up to fp32 sums, bit-identical across M; aq_mxfp4_gate_up equal
+// bit for bit to the epilogue applied to aq_mxfp4_gemm's gate and up rows, at every M. Widths with
+// a partial last 128-value chunk (an odd 32-block count), rows past the tiles' multiples.
+TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
+  if (!k_->aq_mxfp4_gemm)
+    GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
+  struct Shape {
+    int64_t out, in;
+    std::vector<int64_t> ms;
+  };
+  // (160 rows: 80 gate/up pairs, past aq_mxfp4_gate_up's 64 pairs a pass)
+  const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                     {160, 128, {1, 2, 5, 7, 64}},
+                                     {64, 2304, {1, 2, 3, 4, 6, 7, 16, 64}},
+                                     {22, 5120, {1, 3, 5, 7, 16, 500}},
+                                     {18, 96, {1, 2, 4, 6, 7, 16}},
+                                     {35, 96, {3, 4, 5, 6}},
+                                     {10, 32, {1, 3, 7}},
+                                     {6, 8192 + 128, {1, 17}}};
+  for (const auto& sh : shapes) {
+    const int64_t out = sh.out, in = sh.in;
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+        s(static_cast<std::size_t>(out * in / 32));
+    for (auto& b : w) b = g_.byte();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    s[0] = 33;  // the least scale mxfp4_aq_scales_ok allows, and a large one
+    s[1] = 228;
+    ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal();
+    for (int64_t t = 0; t < mmax; ++t) ref::fake_fp8_pow2(x.data() + t * in, in, 32);
+    const int64_t st = k_->aq_act_stride(in, AqFormat::kMxfp4);
+    ASSERT_GE(st, in);
+    std::vector<uint16_t> xp(static_cast<std::size_t>(mmax * st));
+    k_->aq_pack_act(x.data(), mmax, in, AqFormat::kMxfp4, xp.data());
+    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+        want(static_cast<std::size_t>(out));
+    std::vector<double> mag(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; ++t) {
+      k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
+                        out);
+      ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      mag = mxfp4_term_sums(w, s, out, in, x.data() + t * in);
+      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                   mag, sum_tol(in),
+                   "aq_mxfp4_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                       std::to_string(t));
+    }
+    const int64_t inter = out / 2;
+    std::vector<float> route(static_cast<std::size_t>(mmax));
+    for (auto& r : route) r = 0.5f + std::fabs(g_.normal());
+    const float limit = 7.0f;
+    for (int64_t m : sh.ms) {
+      const int64_t ldy = out + 5, ldh = inter + 3;
+      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN),
+          h(static_cast<std::size_t>(m * ldh), NAN);
+      k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
+      k_->aq_mxfp4_gate_up(w.data(), s.data(), inter, in, xp.data(), route.data(), m, limit,
+                           h.data(), ldh);
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                    bits_of_float(one[std::size_t(t * out + o)]))
+              << "aq_mxfp4_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
+        for (int64_t j = 0; j < inter; ++j) {
+          const float gc = std::min(one[std::size_t(t * out + 2 * j)], limit);
+          const float uc = std::clamp(one[std::size_t(t * out + 2 * j + 1)], -limit, limit);
+          const float want_h = gc / (1.0f + std::exp(-gc)) * uc * route[std::size_t(t)];
+          ASSERT_EQ(bits_of_float(h[std::size_t(t * ldh + j)]), bits_of_float(want_h))
+              << "aq_mxfp4_gate_up " << inter << "x" << in << " M " << m << " t" << t << " " << j;
+        }
+      }
+    }
+  }
+}
+
+// The greatest scale mxfp4_aq_scales_ok allows (252: the scale fold subtracts nothing) beside
+// the least, on activations small enough that the sums stay finite: against the exact sum, at
+// M = 1 and through the panel path.
+TEST_P(KernelTier, AqMxfp4ExtremeScales) {
+  if (!k_->aq_mxfp4_gemm)
+    GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
+  const int64_t out = 8, in = 96, m = 9;
+  std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+      s(static_cast<std::size_t>(out * in / 32));
+  for (auto& b : w) b = g_.byte();
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = i % 3 == 0 ? 252 : i % 3 == 1 ? 33 : 127;
+  ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
+  std::vector<float> x(static_cast<std::size_t>(m * in));
+  // ~2^-20 (act-quant's floor keeps values from 2^-31 on): products up to ~2^108 at scale 252
+  for (auto& v : x) v = std::ldexp(g_.normal(), -20);
+  for (int64_t t = 0; t < m; ++t) ref::fake_fp8_pow2(x.data() + t * in, in, 32);
+  const int64_t st = k_->aq_act_stride(in, AqFormat::kMxfp4);
+  std::vector<uint16_t> xp(static_cast<std::size_t>(m * st));
+  k_->aq_pack_act(x.data(), m, in, AqFormat::kMxfp4, xp.data());
+  std::vector<float> y(static_cast<std::size_t>(m * out), NAN), one(static_cast<std::size_t>(out)),
+      want(static_cast<std::size_t>(out));
+  k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), out);
+  int large = 0;  // outputs the scale-252 blocks make large: most of the 72
+  for (int64_t t = 0; t < m; ++t) {
+    k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data(), out);
+    ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+    expect_close(one, want, mxfp4_term_sums(w, s, out, in, x.data() + t * in), sum_tol(in),
+                 "extreme scales t" + std::to_string(t));
+    for (int64_t o = 0; o < out; ++o) {
+      ASSERT_TRUE(std::isfinite(one[std::size_t(o)])) << "t" << t << " row " << o;
+      // (a 252 block's 32 products are integer multiples of one unit and can cancel exactly)
+      large += std::fabs(want[std::size_t(o)]) > 1e20f;
+      ASSERT_EQ(bits_of_float(y[std::size_t(t * out + o)]), bits_of_float(one[std::size_t(o)]));
+    }
+  }
+  EXPECT_GE(large, m * out / 2);
+}
+
+// act_quant_fp8 is the reference's fake_fp8_pow2<float> bit for bit on every tier: magnitudes
+// from 1e-9 to 1e9 (tiny blocks below the 1e-4 floor, E4M3 subnormals after scaling), exact ties
+// between E4M3 neighbours, zeros of both signs, partial last blocks, a block with an infinity, in
+// place and out of place.
+TEST_P(KernelTier, ActQuantFp8IsTheReferenceBitForBit) {
+  for (int64_t n :
+       {int64_t(1), int64_t(7), int64_t(32), int64_t(100), int64_t(512), int64_t(5120 + 16)}) {
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const float mag = std::pow(10.0f, float(int(g_.byte() % 19) - 9));
+        x[std::size_t(i)] = g_.normal() * ((i / 32) % 3 == 2 ? 1e-6f : mag);
+      }
+      if (n > 40) {
+        x[3] = 0.0f, x[4] = -0.0f;
+        // exact ties: with amax 448 * 2^-3 the scale is 2^-3; 1.0625 and 0.0068359375 (= 3.5 *
+        // 2^-9) are midpoints of E4M3 neighbours once divided by it
+        x[32] = 56.0f, x[33] = 1.0625f * 0.125f, x[34] = -3.5f * 0x1p-9f * 0.125f;
+        x[35] = 1.1875f * 0.125f;
+        for (int64_t i = 36; i < 64; ++i) x[std::size_t(i)] = 0.01f * float(i - 50);  // amax 56
+      }
+      if (trial == 3 && n >= 64) x[std::size_t(n - 2)] = INFINITY;
+      std::vector<float> want = x, got(x.size(), NAN), inplace = x;
+      ref::fake_fp8_pow2(want.data(), n, 32);
+      k_->act_quant_fp8(x.data(), n, got.data());
+      k_->act_quant_fp8(inplace.data(), n, inplace.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(bits_of_float(got[std::size_t(i)]), bits_of_float(want[std::size_t(i)]))
+            << "n " << n << " at " << i << ": x " << x[std::size_t(i)] << " got "
+            << got[std::size_t(i)] << " want " << want[std::size_t(i)];
+        ASSERT_EQ(bits_of_float(inplace[std::size_t(i)]), bits_of_float(want[std::size_t(i)]));
+      }
+    }
+  }
+}
+
+// aq_pack_act_split3: three bf16 terms whose sum is x exactly. A one-hot FP8 matrix (row o picks
+// x[o]) returns every x bit for bit from (hi + mid) + lo of the terms' dots; a random matrix gives
+// the exact sum up to fp32 sums, with the same bits for every M (3M packed rows).
+TEST_P(KernelTier, AqSplit3IsExactAndBitIdenticalAcrossM) {
+  if (!k_->aq_pack_act_split3) GTEST_SKIP() << "no bf16 dot product in this tier";
+  auto combine = [](const std::vector<float>& y3, int64_t m, int64_t out) {
+    std::vector<float> y(static_cast<std::size_t>(m * out));
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t o = 0; o < out; ++o)
+        y[std::size_t(t * out + o)] =
+            (y3[std::size_t(3 * t * out + o)] + y3[std::size_t((3 * t + 1) * out + o)]) +
+            y3[std::size_t((3 * t + 2) * out + o)];
+    return y;
+  };
+  {  // one-hot
+    const int64_t n = 96, st = k_->aq_act_stride(n, AqFormat::kFp8);
+    std::vector<uint8_t> w(static_cast<std::size_t>(n * n), 0), s(9, 127);
+    for (int64_t o = 0; o < n; ++o) w[std::size_t(o * n + o)] = 0x38;  // E4M3 1.0
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      x[std::size_t(i)] = g_.normal() * std::pow(10.0f, float(int(g_.byte() % 13) - 6));
+    std::vector<uint16_t> xp(static_cast<std::size_t>(3 * st));
+    k_->aq_pack_act_split3(x.data(), 1, n, AqFormat::kFp8, xp.data());
+    std::vector<float> y3(static_cast<std::size_t>(3 * n), NAN);
+    k_->aq_fp8_gemm(w.data(), s.data(), n, n, xp.data(), 3, y3.data(), n);
+    const auto y = combine(y3, 1, n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(bits_of_float(y[std::size_t(i)]), bits_of_float(x[std::size_t(i)]))
+          << i << ": " << x[std::size_t(i)] << " came back as " << y[std::size_t(i)];
+  }
+  for (const auto& [out, in] :
+       std::vector<std::pair<int64_t, int64_t>>{{33, 64}, {40, 5120}, {35, 4096 + 40}}) {
+    const int64_t sin = (in + 31) / 32, st = k_->aq_act_stride(in, AqFormat::kFp8);
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
+        s(static_cast<std::size_t>((out + 31) / 32 * sin));
+    for (auto& b : w) b = g_.e4m3();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    const int64_t mmax = 64;
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal();
+    std::vector<uint16_t> xp(static_cast<std::size_t>(3 * mmax * st));
+    k_->aq_pack_act_split3(x.data(), mmax, in, AqFormat::kFp8, xp.data());
+    std::vector<float> y3(static_cast<std::size_t>(3 * mmax * out), NAN);
+    k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data(), 3 * mmax, y3.data(), out);
+    const auto all = combine(y3, mmax, out);
+    std::vector<float> want(static_cast<std::size_t>(out));
+    std::vector<double> mag(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; t += 7) {
+      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      mag = fp8_term_sums(w, s, out, in, x.data() + t * in);
+      expect_close(std::vector<float>(all.begin() + t * out, all.begin() + (t + 1) * out), want,
+                   mag, sum_tol(in), "split3 " + std::to_string(out) + "x" + std::to_string(in));
+    }
+    for (int64_t m : {1, 2, 7, 16}) {  // the first m tokens alone: the same bits
+      std::vector<float> ym(static_cast<std::size_t>(3 * m * out), NAN);
+      k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data(), 3 * m, ym.data(), out);
+      const auto got = combine(ym, m, out);
+      for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(bits_of_float(got[i]), bits_of_float(all[i])) << "M " << m << " at " << i;
+    }
+  }
+}
+
+// The FP8 GEMM for fp32 activations (f32_fp8_gemm, the avx512_bf16 tier): every product exact
+// (FMA), so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV) up to
+// fp32 sums; a one-hot matrix gives any activation back bit for bit (what three bf16 terms did);
+// and every token's bits are the same for M in {1, ..., 7, 16, 64, 500} (direct tiles, the panel,
+// token blocks, tiles with remainders), rows past the tiles' multiples, widths with a tail inside
+// a 32-block and past the last 64-value chunk.
+TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
+  if (!k_->f32_fp8_gemm) GTEST_SKIP() << "this tier has no f32_fp8_gemm";
+  ASSERT_TRUE(k_->f32_pack_act && k_->f32_act_stride);
+  {  // one-hot: y = x exactly, whatever the magnitudes
+    const int64_t n = 96, st = k_->f32_act_stride(n);
+    std::vector<uint8_t> w(static_cast<std::size_t>(n * n), 0), s(9, 127);
+    for (int64_t o = 0; o < n; ++o) w[std::size_t(o * n + o)] = 0x38;  // E4M3 1.0
+    std::vector<float> x(static_cast<std::size_t>(2 * n));
+    for (auto& v : x) v = g_.normal() * std::pow(10.0f, float(int(g_.byte() % 13) - 6));
+    std::vector<float> xp(static_cast<std::size_t>(2 * st)), y(static_cast<std::size_t>(2 * n));
+    k_->f32_pack_act(x.data(), 2, n, xp.data());
+    k_->f32_fp8_gemm(w.data(), s.data(), n, n, xp.data(), 2, y.data(), n);
+    for (int64_t i = 0; i < 2 * n; ++i)
+      ASSERT_EQ(bits_of_float(y[std::size_t(i)]), bits_of_float(x[std::size_t(i)]))
+          << i << ": " << x[std::size_t(i)] << " came back as " << y[std::size_t(i)];
+  }
+  struct Shape {
+    int64_t out, in;
+    std::vector<int64_t> ms;
+  };
+  const std::vector<Shape> shapes = {{33, 64, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                     {35, 96, {1, 2, 3, 4, 7, 16}},
+                                     {100, 40, {1, 3, 5, 7, 64}},
+                                     {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
+                                     {40, 5120, {1, 2, 5, 7, 16, 200}},
+                                     {37, 4096 + 40, {1, 3, 17, 64}},
+                                     {3, 7, {1, 2, 4, 5, 6, 7}}};
+  for (const auto& sh : shapes) {
+    const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
+        s(static_cast<std::size_t>((out + 31) / 32 * sin));
+    for (auto& b : w) b = g_.e4m3();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    s[0] = 41;
+    if (s.size() > 1) s[1] = 240;
+    ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);  // any fp32 values
+    const int64_t st = k_->f32_act_stride(in);
+    ASSERT_GE(st, in);
+    std::vector<float> xp(static_cast<std::size_t>(mmax * st));
+    k_->f32_pack_act(x.data(), mmax, in, xp.data());
+    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+        want(static_cast<std::size_t>(out));
+    std::vector<double> mag(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; ++t) {
+      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
+                       out);
+      if (t % 7 != 0 && t > 8) continue;  // the exact sums of a sample of the tokens
+      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      mag = fp8_term_sums(w, s, out, in, x.data() + t * in);
+      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                   mag, sum_tol(in),
+                   "f32_fp8_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                       std::to_string(t));
+    }
+    for (int64_t m : sh.ms) {
+      const int64_t ldy = out + 5;
+      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN);
+      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
+      for (int64_t t = 0; t < m; ++t)
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                    bits_of_float(one[std::size_t(t * out + o)]))
+              << "f32_fp8_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
+    }
+  }
+}
+
+TEST(Dispatch, Fp8AqScalesOkBounds) {
+  const uint8_t ok[] = {41, 127, 246}, low[] = {127, 40}, high[] = {247}, zero[] = {0};
+  EXPECT_TRUE(fp8_aq_scales_ok(ok, 3));
+  EXPECT_FALSE(fp8_aq_scales_ok(low, 2));
+  EXPECT_FALSE(fp8_aq_scales_ok(high, 1));
+  EXPECT_FALSE(fp8_aq_scales_ok(zero, 1));
+  EXPECT_TRUE(fp8_aq_scales_ok(zero, 0));
+  const uint8_t ok4[] = {33, 127, 252}, low4[] = {32}, high4[] = {253};
+  EXPECT_TRUE(mxfp4_aq_scales_ok(ok4, 3));
+  EXPECT_FALSE(mxfp4_aq_scales_ok(low4, 1));
+  EXPECT_FALSE(mxfp4_aq_scales_ok(high4, 1));
+}
+
+}  // namespace
+}  // namespace dsv41::ops
