@@ -24,6 +24,7 @@
 #include "parallel/world.h"
 #include "server/generation_defaults.h"
 #include "server/http_server.h"
+#include "server/image_sources.h"
 
 namespace dsv41::cli {
 namespace {
@@ -40,6 +41,8 @@ void add_serve(CLI::App& app, Runner* run) {
     ServerOptions server;
     std::size_t max_body_mb = 8;
     double image_cache_mb = 1024;  // encoded images kept (the vision tower's rows)
+    double image_url_timeout_s = 10;
+    std::string local_media_path;  // --allowed-local-media-path
     double header_timeout_s = 10, body_timeout_s = 60, keep_alive_s = 5;
     int64_t stream_buffer_kb = 1024;
     int64_t max_context = 0;
@@ -152,6 +155,21 @@ void add_serve(CLI::App& app, Runner* run) {
                   "out first), so a repeated image is not encoded again (0: none)")
       ->check(CLI::Range(0.0, 1e7))
       ->capture_default_str();
+  sub->add_flag("--allow-image-urls", a->server.image_sources.allow_urls,
+                "Images: fetch image parts' http:// and https:// URLs (otherwise only data: URLs "
+                "are taken). Off by default: it lets every client make the server fetch any URL "
+                "the server can reach (its network, cloud metadata addresses); at most 32 MB an "
+                "image, at most 5 redirects, within --image-url-timeout");
+  sub->add_option("--image-url-timeout", a->image_url_timeout_s,
+                  "Images: seconds one image URL's fetch may take, from the connect to the last "
+                  "byte, redirects included (over it: a 400)")
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str();
+  sub->add_option("--allowed-local-media-path", a->local_media_path,
+                  "Images: read image parts' file:// URLs, only files inside this directory "
+                  "(the path resolved, symbolic links and .. included; regular files only; at "
+                  "most 32 MB). Default: none (file:// URLs refused). Clients can then read any "
+                  "image under it");
   sub->add_option("--max-body-mb", a->max_body_mb, "Largest accepted request body")
       ->capture_default_str();
   sub->add_option("--max-connections", a->server.max_connections,
@@ -288,6 +306,22 @@ void add_serve(CLI::App& app, Runner* run) {
             return kExitUsage;
           }
         }
+        a->server.image_sources.timeout =
+            std::chrono::milliseconds(int64_t(a->image_url_timeout_s * 1000 + 0.5));
+        if (!a->local_media_path.empty()) {
+          auto media = canonical_media_dir(a->local_media_path);
+          if (!media) {
+            log::error("serve: {}", media.status().message());
+            return kExitUsage;
+          }
+          a->server.image_sources.local_media_dir = std::move(*media);
+          log::info("serve: image parts' file:// URLs are read from inside {}",
+                    a->server.image_sources.local_media_dir);
+        }
+        if (a->server.image_sources.allow_urls)
+          log::warn(
+              "serve: image parts' http(s) URLs are fetched (--allow-image-urls): any client can "
+              "make this server request any URL it can reach");
         if (!a->server.api_keys.enabled() && !is_loopback_host(a->server.host))
           log::warn(
               "serve: listening on {} with no API key: anyone who reaches the port can use the "

@@ -902,6 +902,7 @@ void HttpServer::set_image_encoder(ImageEncoder encoder) {
   if (!encoder) return;
   impl_->model.images = std::make_shared<ImageSupport>();
   impl_->model.images->encode = std::move(encoder);
+  impl_->model.images->sources = impl_->opt.image_sources;
 }
 
 void HttpServer::attach(Engine& engine, const SamplingDefaults& sampling_defaults) {

@@ -65,6 +65,9 @@ struct ServerOptions {
   // --grammar-max-states: over either, a 400 grammar_too_complex) and the token sets precomputed
   // at compile (--grammar-precompute-ms).
   GrammarOptions grammar;
+  // Image parts' http(s) URLs (--allow-image-urls, --image-url-timeout) and file:// URLs
+  // (--allowed-local-media-path): off by default (server/image_sources.h).
+  ImageSourceOptions image_sources;
   // --ssl-certfile / --ssl-keyfile (PEM): HTTPS instead of HTTP on the same port.
   std::string ssl_certfile, ssl_keyfile;
 };

@@ -1,16 +1,16 @@
-// Image parts of a request: data: URLs, the encoder call and the span expansion (image_inputs.h).
+// Image parts of a request: their URLs read (data:, and image_sources.h's), the encoder call and
+// the span expansion (image_inputs.h).
 #include "server/image_inputs.h"
 
 #include <fmt/format.h>
 
 #include <array>
+#include <cctype>
 
 #include "server/request_fields.h"
 
 namespace dsv41 {
 namespace {
-
-constexpr std::size_t kMaxImageBytes = std::size_t(32) << 20;  // vision/image.h's decoder limit
 
 constexpr std::array<int8_t, 256> make_b64_table() {
   std::array<int8_t, 256> t{};
@@ -62,6 +62,27 @@ Result<std::string> read_data_url(std::string_view url, std::size_t max_bytes) {
   return std::move(*bytes);
 }
 
+Result<std::string> read_image_part(std::string_view url, const ImageSourceOptions& o) {
+  const std::size_t colon = url.find(':');
+  std::string scheme(
+      colon == std::string_view::npos ? "" : url.substr(0, std::min(colon, std::size_t(16))));
+  for (char& c : scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (scheme == "data" && url.starts_with("data:")) return read_data_url(url, o.max_bytes);
+  if (scheme == "http" || scheme == "https") {
+    if (!o.allow_urls)
+      return Status::error(
+          "http(s) image URLs are fetched only when the server runs with --allow-image-urls "
+          "(send the image as a data: URL: data:image/png;base64,...)");
+    return fetch_image_url(url, o);
+  }
+  if (scheme == "file") return read_local_image(url, o);
+  return Status::error(fmt::format(
+      "only data: URLs (data:image/png;base64,...){}{} are accepted here, not {}",
+      o.allow_urls ? ", http(s) URLs" : "",
+      o.local_media_dir.empty() ? "" : " and file:// URLs under --allowed-local-media-path",
+      colon == std::string_view::npos ? std::string("a bare string") : "'" + scheme + ":' URLs"));
+}
+
 std::optional<ApiError> expand_images(const std::vector<std::string>& urls,
                                       const std::vector<std::string>& params, ImageSupport* images,
                                       int32_t image_token_id, GenerationJob& job) {
@@ -89,7 +110,7 @@ std::optional<ApiError> expand_images(const std::vector<std::string>& urls,
       continue;
     }
     const std::size_t k = next++;
-    auto file = read_data_url(urls[k], kMaxImageBytes);
+    auto file = read_image_part(urls[k], images->sources);
     if (!file) return bad(params[k], file.status().message());
     auto img = images->encode(*file);
     if (!img) return bad(params[k], img.status().message());

@@ -1,7 +1,8 @@
 // Image parts of a request (issue 33, docs/vision.md): a part's data: URL decoded (base64, under a
-// size limit), the file handed to the model's image encoder (decoding, DeepSeek's resize plan and
-// the vision tower, set by the command that loads the model: the server layer sees only this
-// callback), and the prompt's image placeholders expanded into their images' spans.
+// size limit) or its http(s) / file:// URL read where the server allows it (image_sources.h), the
+// file handed to the model's image encoder (decoding, DeepSeek's resize plan and the vision tower,
+// set by the command that loads the model: the server layer sees only this callback), and the
+// prompt's image placeholders expanded into their images' spans.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "server/image_sources.h"
 #include "server/openai_api.h"
 #include "text/chat.h"
 
@@ -28,6 +30,11 @@ std::optional<std::string> decode_base64(std::string_view s);
 // "data:[<media type>];base64,<data>" -> the file's bytes (at most max_bytes); other URL schemes
 // are refused with a message that says what is accepted.
 Result<std::string> read_data_url(std::string_view url, std::size_t max_bytes);
+
+// An image part's URL -> the file's bytes: a data: URL always; an http(s) URL only with
+// o.allow_urls (--allow-image-urls); a file:// URL only under o.local_media_dir
+// (--allowed-local-media-path); anything else refused with a message saying what is accepted.
+Result<std::string> read_image_part(std::string_view url, const ImageSourceOptions& o);
 
 // The job's prompt (tokenized) holds one image_token_id per image URL, in order: each becomes its
 // image's span (every position image_token_id) and job.request.images gets the rows. `params`

@@ -17,6 +17,7 @@
 
 #include "engine/engine.h"
 #include "server/generation_defaults.h"
+#include "server/image_sources.h"
 #include "server/reasoning_count.h"
 #include "text/dsml_parser.h"
 #include "text/json_ordered.h"
@@ -47,6 +48,7 @@ using ImageEncoder = std::function<Result<EncodedImage>(std::string_view file)>;
 // dsv41_image_cache_hits_total).
 struct ImageSupport {
   ImageEncoder encode;
+  ImageSourceOptions sources;  // which URLs besides data: are read, and their limits
   std::atomic<int64_t> encodes{0}, cache_hits{0};
 };
 

@@ -2,9 +2,13 @@
 // URLs) become their images' spans on the tiny random model, which has a vision tower of its own;
 // the real `openai` client end to end (tests/js/image_input_test.mjs); an image request's greedy
 // answer is the same alone and among concurrent text requests (batch invariance); the errors name
-// the part.
+// the part. http(s) URLs (--allow-image-urls, fetched from image_origin.h's server) and file://
+// URLs (--allowed-local-media-path) answer as the data: URL of the same file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -12,6 +16,7 @@
 #include <vector>
 
 #include "server/image_inputs.h"
+#include "server/image_origin.h"
 #include "server/server_harness.h"
 
 namespace dsv41::server_testing {
@@ -286,6 +291,218 @@ TEST_F(ImageServe, BadImagePartsAreRefusedNamingThePart) {
   // The server lives on.
   r = post(image_request(data_url(kImageFile), 2), &status);
   EXPECT_EQ(status, 200) << r;
+}
+
+// Without --allow-image-urls and --allowed-local-media-path, http(s) and file:// URLs are 400s
+// that name the part and the flag (the chat, Responses and Anthropic APIs alike).
+TEST_F(ImageServe, ImageUrlsAndLocalFilesNeedTheirFlags) {
+  ImageOrigin origin;  // a URL that would answer: the refusal is the flag's, not the fetch's
+  int status = 0;
+  Json r = post(image_request(origin.url("/img.png")), &status);
+  EXPECT_EQ(status, 400) << r;
+  EXPECT_EQ(r["error"]["param"], "messages[0].content[1].image_url") << r;
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("--allow-image-urls"), std::string::npos)
+      << r;
+  r = post(image_request("file://" + kImageFile), &status);
+  EXPECT_EQ(status, 400) << r;
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("--allowed-local-media-path"),
+            std::string::npos)
+      << r;
+  httplib::Client c("127.0.0.1", p_->port);
+  const Json msg = {{"model", "tiny"},
+                    {"max_tokens", 2},
+                    {"messages",
+                     {{{"role", "user"},
+                       {"content",
+                        {{{"type", "image"},
+                          {"source", {{"type", "url"}, {"url", origin.url("/img.png")}}}}}}}}}};
+  auto a = c.Post("/v1/messages", msg.dump(), "application/json");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->status, 400) << a->body;
+  const Json aj = Json::parse(a->body);
+  EXPECT_EQ(aj["type"], "error") << aj;
+  EXPECT_EQ(aj["error"]["message"].get<std::string>().rfind("messages[0].content[0].source: ", 0),
+            0u)
+      << aj;
+}
+
+// A server run with --allow-image-urls (1 s per URL) and --allowed-local-media-path: an image
+// fetched or read from the directory answers as its data: URL does; failures are 400s naming the
+// part, and the server keeps serving.
+class ImageUrlServe : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    namespace fs = std::filesystem;
+    dir_ = new dsv41::testing::TempDir();
+    root_ = new std::string(fs::canonical(dir_->path()).string());
+    ASSERT_TRUE(dsv41::testing::make_tiny_official(*root_ + "/tiny").is_ok());
+    fs::create_directories(*root_ + "/media/sub");
+    fs::create_directories(*root_ + "/elsewhere");
+    fs::copy_file(kImageFile, *root_ + "/media/rgb.png");
+    fs::copy_file(kImageFile, *root_ + "/elsewhere/rgb.png");
+    fs::create_symlink(*root_ + "/elsewhere/rgb.png", *root_ + "/media/out.png");
+    ASSERT_EQ(::mkfifo((*root_ + "/media/fifo.png").c_str(), 0600), 0);
+    origin_ = new ImageOrigin();
+    p_ = new ServeProcess();
+    ASSERT_TRUE(p_->start(*root_ + "/tiny", *root_ + "/serve.log",
+                          {"--allow-image-urls", "--image-url-timeout", "1",
+                           "--allowed-local-media-path", *root_ + "/media"}));
+  }
+  static void TearDownTestSuite() {
+    kill(p_->pid, SIGTERM);
+    EXPECT_EQ(p_->wait_exit(), 0);
+    delete p_;
+    delete origin_;
+    delete root_;
+    delete dir_;
+  }
+  static Json post(const std::string& path, const Json& body, int* status) {
+    httplib::Client c("127.0.0.1", p_->port);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    *status = r ? r->status : 0;
+    return r ? Json::parse(r->body) : Json();
+  }
+  static Json chat(const std::string& url, int* status) {
+    return post("/v1/chat/completions", chat_body(url), status);
+  }
+  static Json chat_body(const std::string& url) {
+    return {{"model", "tiny"},
+            {"max_tokens", 6},
+            {"temperature", 0},
+            {"logprobs", true},
+            {"messages",
+             {{{"role", "user"},
+               {"content",
+                {{{"type", "text"}, {"text", "Describe it."}},
+                 {{"type", "image_url"}, {"image_url", {{"url", url}}}}}}}}}};
+  }
+  static void expect_refused(const std::string& url, const std::string& why) {
+    int status = 0;
+    const Json r = chat(url, &status);
+    EXPECT_EQ(status, 400) << url << ": " << r;
+    EXPECT_EQ(r["error"]["param"], "messages[0].content[1].image_url") << r;
+    EXPECT_NE(r["error"]["message"].get<std::string>().find(why), std::string::npos)
+        << url << ": " << r;
+  }
+  static dsv41::testing::TempDir* dir_;
+  static std::string* root_;
+  static ImageOrigin* origin_;
+  static ServeProcess* p_;
+};
+dsv41::testing::TempDir* ImageUrlServe::dir_ = nullptr;
+std::string* ImageUrlServe::root_ = nullptr;
+ImageOrigin* ImageUrlServe::origin_ = nullptr;
+ServeProcess* ImageUrlServe::p_ = nullptr;
+
+TEST_F(ImageUrlServe, AnHttpUrlAndALocalFileAnswerAsTheDataUrl) {
+  int status = 0;
+  const Json by_data = chat(data_url(kImageFile), &status);
+  ASSERT_EQ(status, 200) << by_data;
+  for (const std::string& url :
+       {origin_->url("/img.png"), origin_->url("/redirect"), "file://" + *root_ + "/media/rgb.png",
+        "file://" + *root_ + "/media/sub/../rgb.png"}) {
+    const Json r = chat(url, &status);
+    ASSERT_EQ(status, 200) << url << ": " << r;
+    EXPECT_EQ(r["choices"], by_data["choices"]) << url;
+    EXPECT_EQ(r["usage"]["prompt_tokens"], by_data["usage"]["prompt_tokens"]) << url;
+  }
+}
+
+TEST_F(ImageUrlServe, FetchFailuresAre400sNamingThePart) {
+  expect_refused(origin_->url("/missing"), "answered HTTP 404");
+  expect_refused(origin_->url("/page"), "no PNG, JPEG, WebP or GIF image");
+  expect_refused(origin_->url("/loop/0"), "redirects more than 5 times");
+  expect_refused(origin_->url("/to-file"), "only http:// and https://");
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_refused(origin_->url("/slow"), "--image-url-timeout");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  // 1 GB offered: cut off past 32 MB, the origin sees the server leave.
+  origin_->reset_huge();
+  expect_refused(origin_->url("/huge"), "larger than 32 MB");
+  EXPECT_TRUE(origin_->wait_huge_client_left());
+  EXPECT_LT(origin_->huge_sent(), std::size_t(96) << 20) << "of " << ImageOrigin::kHugeBytes;
+  int status = 0;
+  const Json ok = chat(origin_->url("/img.png"), &status);
+  EXPECT_EQ(status, 200) << ok;  // the server lives on
+}
+
+TEST_F(ImageUrlServe, LocalFilesOutsideTheDirectoryAreRefused) {
+  const std::string outside = "outside the server's --allowed-local-media-path";
+  expect_refused("file://" + *root_ + "/elsewhere/rgb.png", outside);
+  expect_refused("file://" + *root_ + "/media/../elsewhere/rgb.png", outside);
+  expect_refused("file://" + *root_ + "/media/out.png", outside);  // a link out of it
+  expect_refused("file://" + *root_ + "/media/sub", "a directory, not a regular file");
+  expect_refused("file://" + *root_ + "/media/fifo.png", "a FIFO, not a regular file");
+  expect_refused(*root_ + "/media/rgb.png", "only data: URLs");  // a bare path is no URL
+}
+
+// Responses' input_image and Anthropic's url source take the same URLs.
+TEST_F(ImageUrlServe, TheOtherApisTakeUrls) {
+  const Json text = {{"type", "input_text"}, {"text", "What is it?"}};
+  auto responses = [&](const std::string& url, int* status) {
+    return post(
+        "/v1/responses",
+        {{"model", "tiny"},
+         {"max_output_tokens", 4},
+         {"temperature", 0},
+         {"input",
+          Json::array({Json{{"role", "user"},
+                            {"content", {text, {{"type", "input_image"}, {"image_url", url}}}}}})}},
+        status);
+  };
+  int status = 0;
+  const Json rd = responses(data_url(kImageFile), &status);
+  ASSERT_EQ(status, 200) << rd;
+  const Json ru = responses(origin_->url("/img.png"), &status);
+  ASSERT_EQ(status, 200) << ru;
+  auto without_ids = [](Json items) {  // (each response's items have ids of their own)
+    for (Json& item : items) item.erase("id");
+    return items;
+  };
+  EXPECT_EQ(without_ids(ru["output"]), without_ids(rd["output"]));
+  EXPECT_EQ(ru["usage"]["input_tokens"], rd["usage"]["input_tokens"]);
+  const Json rf = responses(origin_->url("/missing"), &status);
+  EXPECT_EQ(status, 400) << rf;
+  EXPECT_EQ(rf["error"]["param"], "input[0].content[1].image_url") << rf;
+
+  auto messages = [&](const Json& source, int* st) {
+    return post("/v1/messages",
+                {{"model", "tiny"},
+                 {"max_tokens", 4},
+                 {"temperature", 0},
+                 {"messages",
+                  {{{"role", "user"},
+                    {"content",
+                     {{{"type", "text"}, {"text", "What is it?"}},
+                      {{"type", "image"}, {"source", source}}}}}}}},
+                st);
+  };
+  const std::string b64 = data_url(kImageFile).substr(std::string("data:image/png;base64,").size());
+  const Json ab =
+      messages({{"type", "base64"}, {"media_type", "image/png"}, {"data", b64}}, &status);
+  ASSERT_EQ(status, 200) << ab;
+  const Json au = messages({{"type", "url"}, {"url", origin_->url("/img.png")}}, &status);
+  ASSERT_EQ(status, 200) << au;
+  EXPECT_EQ(au["content"], ab["content"]);
+  auto total = [](const Json& u) {
+    return u["input_tokens"].get<int>() + u["cache_read_input_tokens"].get<int>();
+  };
+  EXPECT_EQ(total(au["usage"]), total(ab["usage"])) << au["usage"] << ab["usage"];
+  const Json af = messages({{"type", "url"}, {"url", origin_->url("/missing")}}, &status);
+  EXPECT_EQ(status, 400) << af;
+  EXPECT_EQ(af["error"]["type"], "invalid_request_error") << af;
+  EXPECT_EQ(af["error"]["message"].get<std::string>().rfind("messages[0].content[1].source: ", 0),
+            0u)
+      << af;
+}
+
+TEST_F(ImageUrlServe, TheOpenAiClientSendsAnImageUrl) {
+  auto [code, out] = run_command(node_client(p_->port, "tiny", "urls", "image_input_test.mjs") +
+                                 " " + kImageFile + " 8 " + origin_->url("/img.png"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
 }
 
 }  // namespace
