@@ -44,12 +44,13 @@ struct RunOut {
 };
 
 template <typename T>
-Result<RunOut> run_one(const std::string& model, const RunSpec& spec,
+Result<RunOut> run_one(const std::string& model, const RunSpec& spec, bool act_quant,
                        const std::vector<int32_t>& ids) {
   auto chunk = chunk_size(spec.mode, int64_t(ids.size()));
   if (!chunk) return chunk.status();
   ReferenceOptions opt;
   opt.index_keys = spec.keys == "vendor" ? IndexKeySemantics::kVendor : IndexKeySemantics::kOwner;
+  opt.act_quant = act_quant;
   auto m = ReferenceModel<T>::load(model, opt);
   if (!m) return m.status();
   RunOut out;
@@ -63,14 +64,15 @@ Result<RunOut> run_one(const std::string& model, const RunSpec& spec,
   return out;
 }
 
-Result<RunOut> run_spec(const std::string& model, const RunSpec& spec,
+Result<RunOut> run_spec(const std::string& model, const RunSpec& spec, bool act_quant,
                         const std::vector<int32_t>& ids) {
-  return spec.precision == "fp64" ? run_one<double>(model, spec, ids)
-                                  : run_one<float>(model, spec, ids);
+  return spec.precision == "fp64" ? run_one<double>(model, spec, act_quant, ids)
+                                  : run_one<float>(model, spec, act_quant, ids);
 }
 
 struct ExplainArgs {
   std::string model, tokens, tokens_file, a = "fp64,prefill,owner", b = "fp32,prefill,owner";
+  std::string act_quant = "off";
   std::size_t max = 20;
 };
 
@@ -83,8 +85,9 @@ int run_explain(const ExplainArgs& args) {
       log::error("explain: {}", st->message());
       return kExitUsage;
     }
-  auto ra = run_spec(args.model, *sa, *ids);
-  auto rb = ra ? run_spec(args.model, *sb, *ids) : Result<RunOut>(ra.status());
+  const bool aq = args.act_quant == "on";
+  auto ra = run_spec(args.model, *sa, aq, *ids);
+  auto rb = ra ? run_spec(args.model, *sb, aq, *ids) : Result<RunOut>(ra.status());
   if (!ra || !rb) {
     log::error("explain: {}", (!ra ? ra.status() : rb.status()).message());
     return kExitInvalid;
@@ -111,6 +114,7 @@ int run_explain(const ExplainArgs& args) {
   nlohmann::ordered_json j;
   j["a"] = sa->text();
   j["b"] = sb->text();
+  j["act_quant"] = args.act_quant;
   j["tokens"] = T;
   j["logits"] = {{"max_relative_error", worst},
                  {"first_differing_position", first_diff},
@@ -137,7 +141,8 @@ void add_explain(CLI::App& app, Runner* run) {
   auto a = std::make_shared<ExplainArgs>();
   CLI::App* sub = app.add_subcommand("explain",
                                      "Flip report: run the reference under two settings and list "
-                                     "the first fake-quant roundings, indexer "
+                                     "the first fake-quant roundings (and, with --act-quant on, "
+                                     "E4M3 activation roundings), indexer "
                                      "top-k sets, candidate pools and expert selections that "
                                      "differ, with each run's distance from the "
                                      "decision boundary (JSON).");
@@ -149,6 +154,11 @@ void add_explain(CLI::App& app, Runner* run) {
                   "Run A: comma list of fp32|fp64, prefill|decode|chunked:N, owner|vendor")
       ->capture_default_str();
   sub->add_option("--b", a->b, "Run B, same form")->capture_default_str();
+  sub->add_option("--act-quant", a->act_quant,
+                  "Both runs: on = DeepSeek's E4M3 rounding of every FP8/FP4 linear's input (each "
+                  "rounding is traced, site act-quant-e4m3), off = model-faithful")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   sub->add_option("--max", a->max, "How many divergences to list")->capture_default_str();
   sub->callback([a, run, tok, file] {
     *run = [a, tok, file] {

@@ -456,6 +456,17 @@ TEST_F(LogitsCli, ExplainLocatesTheVendorQuirk) {
   EXPECT_EQ(s["logits"]["max_relative_error"], 0.0);
   EXPECT_TRUE(s["first_divergences"].empty());
   EXPECT_GT(s["decisions_compared"]["a"].get<int>(), 1000);
+  // --act-quant on: both runs round every FP8/FP4 linear's input, and each rounding is traced
+  // (same settings twice: still nothing differs).
+  CliRun aq = run("explain --model " + dir_->path() + "/ck --tokens-file " +
+                  dir_->file("toks.txt") + " --a fp32,prefill --b fp32,chunked:5 --act-quant on");
+  ASSERT_EQ(aq.code, 0) << aq.err;
+  auto q = nlohmann::json::parse(aq.out);
+  EXPECT_EQ(q["act_quant"], "on");
+  EXPECT_EQ(q["logits"]["max_relative_error"], 0.0);
+  EXPECT_TRUE(q["first_divergences"].empty());
+  EXPECT_GT(q["decisions_compared"]["a"].get<int>(),
+            s["decisions_compared"]["a"].get<int>() + 1000);
   CliRun bad = run("explain --model " + dir_->path() + "/ck --tokens 1,2 --a fp16");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("'fp16'"), std::string::npos);

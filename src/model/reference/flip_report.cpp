@@ -18,12 +18,13 @@ Key key_of(const TraceEvent& e) {
 
 bool is_rounding(TraceSite s) {
   return s == TraceSite::kWindowKv || s == TraceSite::kCompressedKv || s == TraceSite::kIndexKey ||
-         s == TraceSite::kIndexQuery;
+         s == TraceSite::kIndexQuery || s == TraceSite::kActQuant;
 }
 
 double decode(TraceSite s, int64_t code) {
-  return s == TraceSite::kWindowKv ? double(e4m3_to_float(uint8_t(code)))
-                                   : double(e2m1_to_float(uint8_t(code)));
+  return s == TraceSite::kWindowKv || s == TraceSite::kActQuant
+             ? double(e4m3_to_float(uint8_t(code)))
+             : double(e2m1_to_float(uint8_t(code)));
 }
 
 std::string list(const std::vector<int64_t>& v) {
@@ -51,6 +52,7 @@ Divergence describe(const TraceEvent& a, const TraceEvent& b) {
       if (a.scales[blk] != b.scales[blk]) {
         d.what = "block " + std::to_string(blk) + " scale " + std::to_string(a.scales[blk]) +
                  " vs " + std::to_string(b.scales[blk]);
+        if (!a.tensor.empty()) d.what = a.tensor + " input " + d.what;
         return d;
       }
     for (std::size_t i = 0; i < std::min(a.decision.size(), b.decision.size()); ++i)
@@ -60,6 +62,7 @@ Divergence describe(const TraceEvent& a, const TraceEvent& b) {
         d.what = "element " + std::to_string(i) + " rounds to " + std::to_string(va) + " vs " +
                  std::to_string(vb) + " (pre-rounding " + std::to_string(a.detail[i]) + " vs " +
                  std::to_string(b.detail[i]) + ")";
+        if (!a.tensor.empty()) d.what = a.tensor + " input " + d.what;
         d.margin_a = std::fabs(a.detail[i] - boundary);
         d.margin_b = std::fabs(b.detail[i] - boundary);
         return d;
@@ -84,10 +87,13 @@ std::vector<Divergence> compare_traces(const std::vector<TraceEvent>& a,
                                        const std::vector<TraceEvent>& b, std::size_t max) {
   std::map<Key, const TraceEvent*> in_b;
   for (const auto& e : b) in_b[key_of(e)] = &e;
+  // By position, then layer, then A's order of execution within them (the trace is appended as
+  // the run decides, so an act-quant rounding sorts before the window row it feeds).
   std::vector<const TraceEvent*> sorted_a;
   for (const auto& e : a) sorted_a.push_back(&e);
-  std::sort(sorted_a.begin(), sorted_a.end(),
-            [](const TraceEvent* x, const TraceEvent* y) { return key_of(*x) < key_of(*y); });
+  std::stable_sort(sorted_a.begin(), sorted_a.end(), [](const TraceEvent* x, const TraceEvent* y) {
+    return std::tie(x->pos, x->layer) < std::tie(y->pos, y->layer);
+  });
   std::vector<Divergence> out;
   for (const TraceEvent* e : sorted_a) {
     if (out.size() >= max) break;

@@ -21,7 +21,7 @@ struct Divergence {
   double margin_b = 0;  // (scaled units for roundings; score gap at the k-th place for selections)
 };
 
-// Divergences ordered by (position, layer, site, sub); at most `max` of them.
+// Divergences ordered by (position, layer, A's order of execution); at most `max` of them.
 std::vector<Divergence> compare_traces(const std::vector<TraceEvent>& a,
                                        const std::vector<TraceEvent>& b, std::size_t max);
 

@@ -146,8 +146,14 @@ struct ReferenceModel<T>::Impl {
     if (!trace) return fn(x, n, nullptr);
     ref::QuantTrace qt;
     fn(x, n, &qt);
-    trace->push_back({cur_layer, at, site, sub, std::move(qt.codes), std::move(qt.scaled),
-                      std::move(qt.scales)});
+    trace->push_back({cur_layer,
+                      at,
+                      site,
+                      sub,
+                      std::move(qt.codes),
+                      std::move(qt.scaled),
+                      std::move(qt.scales),
+                      {}});
   }
   void record(TraceSite site, int64_t at, std::vector<int64_t> decision,
               const std::vector<T>& scores) {
@@ -158,6 +164,7 @@ struct ReferenceModel<T>::Impl {
                       -1,
                       std::move(decision),
                       std::vector<double>(scores.begin(), scores.end()),
+                      {},
                       {}});
   }
 
@@ -171,9 +178,19 @@ struct ReferenceModel<T>::Impl {
     if (!opt.act_quant || !act || (w.kind != K::kFP8 && w.kind != K::kFP4))
       return ref::matvec(w, x, y, r0, n);
     std::vector<T> q(x, x + w.cols);
-    ref::fake_fp8_pow2(q.data(), w.cols, 32);
+    if (trace) {  // numbered in call order within (layer, position)
+      if (aq_layer != cur_layer || aq_pos != cur_pos)
+        aq_layer = cur_layer, aq_pos = cur_pos, aq_sub = 0;
+      quant([](T* v, int64_t k, ref::QuantTrace* tr) { ref::fake_fp8_pow2(v, k, 32, tr); },
+            q.data(), w.cols, TraceSite::kActQuant, cur_pos, aq_sub++);
+      trace->back().tensor = w.name;
+    } else {
+      ref::fake_fp8_pow2(q.data(), w.cols, 32);
+    }
     ref::matvec(w, q.data(), y, r0, n);
   }
+  int aq_layer = -1;
+  int64_t aq_pos = -1, aq_sub = 0;
 
   // Per-call state, indexed by position within the call.
   std::map<int, std::vector<std::vector<int64_t>>> selections;  // index layer -> [t] -> entries

@@ -339,6 +339,8 @@ std::string_view trace_site_name(TraceSite s) {
       return "candidate-blocks";
     case TraceSite::kExperts:
       return "expert-selection";
+    case TraceSite::kActQuant:
+      return "act-quant-e4m3";
   }
   return "?";
 }

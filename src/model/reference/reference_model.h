@@ -60,7 +60,9 @@ enum class TraceSite {
   kIndexQuery,
   kTopk,
   kCandidates,
-  kExperts
+  kExperts,
+  kActQuant  // act_quant mode: an FP8/FP4 linear's input rounded to E4M3 (sub: the call's index
+             // within its layer and position; `tensor` names the weight)
 };
 std::string_view trace_site_name(TraceSite s);
 
@@ -72,6 +74,7 @@ struct TraceEvent {
   std::vector<int64_t> decision;  // element codes (fake-quants) or chosen indices (selections)
   std::vector<double> detail;     // x / s before rounding, or the scores selection chose from
   std::vector<double> scales;     // per-block scales (fake-quants)
+  std::string tensor;             // kActQuant: the weight whose input was rounded
 };
 
 // An image of the prompt (spec §9, §9.1), already through the vision tower: its span starts at
