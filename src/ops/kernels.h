@@ -146,16 +146,16 @@ struct Kernels {
   // activations that act-quant mode has rounded to E4M3 with a power-of-two scale per 32, so each
   // product with an FP8 or MXFP4 weight is exact and only the fp32 sums round, in one fixed order
   // per output element whatever ntok is: every token gets the same bits at ntok = 1 and ntok = 500,
-  // and the weights are decoded once per block of tokens whose activations fit in L2 (48 tokens at
-  // 5,120 values; ops/avx512/avx512_bf16_gemm.h aq_token_block). aq_pack_act lays x [ntok, in] out
-  // as the tier's packed rows for one weight format (aq_act_stride(in, fmt) 16-bit words each); the
-  // GEMMs take them: y[t * ldy + o] = W[o, :] . x_t; aq_mxfp4_gate_up is mxfp4_gate_up_batch's
-  // fused gate/up with its clamp/SwiGLU/route epilogue. Only for weights whose scales pass
-  // fp8_aq_scales_ok / mxfp4_aq_scales_ok (callers check once per matrix: FP8 linears at load,
-  // experts on first use).
+  // and the weights are decoded once per block of tokens of at most 2 MB of activations (about 200
+  // tokens at 5,120 values; ops/avx512/avx512_bf16_gemm.h aq_token_block). aq_pack_act lays x
+  // [ntok, in] out as the tier's packed rows for one weight format (aq_act_stride(in, fmt) 16-bit
+  // words each); the GEMMs take them: y[t * ldy + o] = W[o, :] . x_t; aq_mxfp4_gate_up is
+  // mxfp4_gate_up_batch's fused gate/up with its clamp/SwiGLU/route epilogue. Only for weights
+  // whose scales pass fp8_aq_scales_ok / mxfp4_aq_scales_ok (callers check once per matrix: FP8
+  // linears at load, experts on first use).
   int64_t (*aq_act_stride)(int64_t in, AqFormat fmt);
   void (*aq_pack_act)(const float* x, int64_t ntok, int64_t in, AqFormat fmt, uint16_t* xp);
-  // Any fp32 activations (act-quant off, or wo_a's input) as three bf16 terms whose sum is x
+  // Any fp32 activations (the engine: act-quant off) as three bf16 terms whose sum is x
   // exactly (hi = bf16(x), mid = bf16(x - hi), lo = x - hi - mid; only terms below 2^-126, which
   // vdpbf16ps flushes, are lost): packed rows 3t, 3t + 1, 3t + 2 hold token t's terms, so a GEMM
   // over 3 * ntok packed rows gives each term's exact-product dot, and y_t = (hi + mid) + lo of

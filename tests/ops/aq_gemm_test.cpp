@@ -49,7 +49,7 @@ std::vector<double> mxfp4_term_sums(const std::vector<uint8_t>& w, const std::ve
 // The act-quant GEMM (aq_fp8_gemm, tiers with a bf16 dot): on E4M3-rounded activations every
 // product is exact, so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV)
 // up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 4, 5, 6, 7,
-// 16, 64, 500} (direct, wide and panel paths: 4-row panels, whole-K groups and K blocks; token
+// 16, 17, 64, 500} (direct, wide and panel paths: 4-row panels, whole-K groups and K blocks; token
 // blocks, tiles with remainders), rows past the tiles' multiples, widths with a tail inside a
 // 32-block and past the last 64-value chunk.
 TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
@@ -332,9 +332,9 @@ TEST_P(KernelTier, AqSplit3IsExactAndBitIdenticalAcrossM) {
 // The FP8 GEMM for fp32 activations (f32_fp8_gemm, the avx512_bf16 tier): every product exact
 // (FMA), so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV) up to
 // fp32 sums; a one-hot matrix gives any activation back bit for bit (what three bf16 terms did);
-// and every token's bits are the same for M in {1, ..., 7, 16, 64, 500} (direct tiles, the panel,
-// token blocks, tiles with remainders), rows past the tiles' multiples, widths with a tail inside
-// a 32-block and past the last 64-value chunk.
+// and every token's bits are the same for M in {1, ..., 7, 16, 17, 64, 130, 200, 500} (direct
+// tiles, the panel, token blocks of unequal sizes, tiles with remainders), rows past the tiles'
+// multiples, widths with a tail inside a 32-block and past the last 64-value chunk.
 TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
   if (!k_->f32_fp8_gemm) GTEST_SKIP() << "this tier has no f32_fp8_gemm";
   ASSERT_TRUE(k_->f32_pack_act && k_->f32_act_stride);
@@ -360,7 +360,7 @@ TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
                                      {100, 40, {1, 3, 5, 7, 64}},
                                      {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
                                      {40, 5120, {1, 2, 5, 7, 16, 200}},
-                                     {37, 4096 + 40, {1, 3, 17, 64}},
+                                     {37, 4096 + 40, {1, 3, 17, 64, 130}},
                                      {3, 7, {1, 2, 4, 5, 6, 7}}};
   for (const auto& sh : shapes) {
     const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;

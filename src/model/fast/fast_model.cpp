@@ -616,7 +616,7 @@ void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n
                      l.out);
     };
     par_rows(l.out, 32, std::ref(fn));
-  } else if (l.quantized() && opt.act_quant && l.aq_ok && kk.f32_fp8_gemm) {
+  } else if (l.quantized() && !l.act && opt.act_quant && l.aq_ok && kk.f32_fp8_gemm) {
     // wo_a's fp32 input with act-quant on: exact products on FMAs, one fixed order of sums per
     // output whatever n is (one pass where the three bf16 terms below take three). Act-quant off
     // keeps the three terms for every FP8 linear: docs/decisions.md.
@@ -629,8 +629,9 @@ void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n
     };
     par_rows(l.out, 32, std::ref(fn));
   } else if (l.quantized() && l.aq_ok && kk.aq_pack_act_split3) {
-    // fp32 inputs (act-quant off, or wo_a's) on the same GEMM as three exact bf16 terms: each
-    // term's products exact, each output (hi + mid) + lo of the terms' dots in that order.
+    // fp32 inputs (act-quant off; wo_a's where the tier has no f32_fp8_gemm) on the same GEMM as
+    // three exact bf16 terms: each term's products exact, each output (hi + mid) + lo of the
+    // terms' dots in that order.
     const int64_t sin = (l.in + 31) / 32, st = kk.aq_act_stride(l.in, ops::AqFormat::kFp8);
     uint16_t* xp = xpk_words(3 * n * st);
     kk.aq_pack_act_split3(xin, n, l.in, ops::AqFormat::kFp8, xp);

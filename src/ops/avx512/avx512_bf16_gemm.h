@@ -352,7 +352,7 @@ constexpr int kAqPanelRows = 4;            // rows per panel tile (4 x 6: 24 acc
 constexpr int kAqPanelTokens = 6;          // tokens per panel tile
 constexpr int64_t kAqDirectMaxTokens = 3;  // up to here the weights are decoded per token pass
 // A token block's activations: up to 2 MB, so a call of a few hundred tokens decodes its weights
-// once (the block streams from L3 once per 32-row group; the decoded group stays in L2). One
+// once (the block streams from L3 once per row group; the decoded group stays in L2). One
 // Zen 5 core per format, both cores busy, 64-256 tokens on [2304, 5120] MXFP4 and [1024, 5120]
 // FP8: 6-12% faster than blocks of 512 KB (in L2 beside the group); 8 MB: no faster.
 constexpr int64_t kAqXBlockWords = 1024 * 1024;
@@ -424,7 +424,7 @@ inline void aq_panel_rows(const uint16_t* panel, int64_t st, int64_t nrows, cons
 }
 
 // The panel's R rows x NT tokens over the whole K: the same dot sequence as aq_direct_tile. Kept
-// apart from the K-blocked aq_panel_tile below: called with the whole K, that one ran 25% slower
+// apart from the K-blocked aq_panel_tile above: called with the whole K, that one ran 25% slower
 // at 16 tokens ([1024, 5120], one Zen 5 core; GCC's code for the spill branches, not studied).
 template <int R, int NT>
 inline void aq_panel_tile_whole(const uint16_t* panel, int64_t st, const uint16_t* xp, int64_t xst,
@@ -471,8 +471,8 @@ inline void aq_panel_tokens(const uint16_t* panel, int64_t st, const uint16_t* x
 inline void aq_panel_group(const uint16_t* panel, int64_t st, int64_t nrows, const uint16_t* xp,
                            int64_t nt, float* y, int64_t ldy) {
   alignas(64) static thread_local float spill[kAqGroupRows * kAqPanelRows * kAqPanelTokens * 16];
-  // Rows of up to 2 K blocks: one block (a tile's 6 token rows, at most 24 KB, stay in L1).
-  const int64_t kb = st <= 2 * kAqKBlockWords ? st : kAqKBlockWords;
+  // Reached for rows longer than kAqWholeKMaxWords only (aq_panel_gemm): always K blocks.
+  const int64_t kb = kAqKBlockWords;
   for (int64_t t = 0; t < nt; t += kAqPanelTokens) {
     const int64_t n = std::min<int64_t>(kAqPanelTokens, nt - t);
     const uint16_t* xt = xp + t * st;
@@ -552,8 +552,10 @@ inline void aq_decode_rows(const Decode& decode, int64_t o0, int64_t nrows, int6
 // The panel path of both formats: each group of kAqGroupRows rows (FP8: one scale group) is
 // decoded into bf16 words with the scales folded in (decode.template operator()<R>(o, panel)
 // writes rows o .. o + R - 1 at panel, R x st words) once per token block, then run over the
-// block's tokens. Few tokens or short rows: 4-row panels used while they are in L1; otherwise the
-// whole group, then aq_panel_group's token tiles, K blocks and row tiles.
+// block's tokens. Few tokens or short rows: 4-row panels used while they are in L1; rows of up to
+// kAqWholeKMaxWords: kAqWholeGroupRows at a time, then aq_panel_group_whole's token tiles and
+// whole-K row tiles; longer rows: the whole group, then aq_panel_group's token tiles, K blocks and
+// row tiles.
 template <class Decode>
 inline void aq_panel_gemm(int64_t out, int64_t st, const uint16_t* xp, int64_t ntok, float* y,
                           int64_t ldy, const Decode& decode) {

@@ -11,7 +11,8 @@
 // panel for more), so a token gets the same bits alone or among 499 others. This replaces the
 // three exact bf16 terms of aq_pack_act_split3 (three vdpbf16ps passes, each 32 products) with
 // one pass of two FMAs per 32 products: 1.5x fewer multiply instructions where the activations
-// are not E4M3 (wo_a's input with act-quant on; every FP8 linear with act-quant off).
+// are not E4M3. The engine uses it for wo_a's input with act-quant on; act-quant off keeps the
+// three terms for now (docs/decisions.md).
 //
 // Lanes: the FP8 decoder gives per 128-bit lane L the words of k = 16L + 0..7 (w0) and
 // 16L + 8..15 (w1); widening the low and high four words of each lane gives A: 16L + 0..3,
@@ -178,13 +179,14 @@ inline float* f32_panel_scratch(int64_t floats) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.get()) + 63) & ~uintptr_t(63));
 }
 
-// Up to this many tokens the weights are decoded per pass over them (two-row tiles); more go
-// through the panel: groups of kF32GroupRows rows decoded once per token block (the block's
-// activations at most kF32XBlockFloats, streamed from L2/L3), then 6-token x 4-row tiles over
-// the whole K (rows of any length: the tile keeps its 24 accumulators in registers).
+// Up to this many tokens the weights are decoded per pass over them (8-, 4- and 2-row tiles at
+// 1, 2 and 3-6 tokens); more go through the panel: groups of kF32GroupRows rows decoded once per
+// token block (the block's activations at most 2 MB, aq_token_block's bytes: streamed from
+// L2/L3), then 6-token x 4-row tiles over the whole K (rows of any length: the tile keeps its 24
+// accumulators in registers). A 4-row decode reads one FP8 scale row: groups never straddle one.
 constexpr int64_t kF32DirectMaxTokens = 6;
 constexpr int64_t kF32GroupRows = 16;
-constexpr int64_t kF32XBlockFloats = 512 * 1024;
+static_assert(32 % kF32GroupRows == 0 && kF32GroupRows % kAqPanelRows == 0);
 
 // Kernels::f32_fp8_gemm: y[t * ldy + o] = sum_k W[o, k] x[t, k], x packed by f32_pack_act.
 inline void f32_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
@@ -215,12 +217,14 @@ inline void f32_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t ou
         return groups.template operator()<4>();
       case 5:
         return groups.template operator()<5>();
-      default:
+      case 6:
         return groups.template operator()<6>();
+      default:  // no tokens
+        return;
     }
   }
   float* panel = f32_panel_scratch(kF32GroupRows * st);
-  const int64_t most = std::max<int64_t>(kAqPanelTokens, kF32XBlockFloats / st);
+  const int64_t most = aq_token_block(2 * st, ntok);  // a float is two bf16 words' bytes
   for (int64_t t0 = 0; t0 < ntok; t0 += most) {
     const int64_t nt = std::min(most, ntok - t0);
     for (int64_t o0 = 0; o0 < out; o0 += kF32GroupRows) {

@@ -1,7 +1,7 @@
 // AVX-512 + VNNI + BF16 + VBMI tier (Zen 4, Sapphire Rapids): the avx512_vnni tier's table plus the
 // act-quant GEMM family on vdpbf16ps (avx512_bf16_gemm.h), which the fast engine uses for the FP8
 // linears when act-quant is on, and the FP8 GEMM for fp32 activations on FMAs
-// (avx512_fp8_f32_gemm.h: wo_a with act-quant on, every FP8 linear with it off). Everything else is
+// (avx512_fp8_f32_gemm.h: wo_a's input with act-quant on). Everything else is
 // the avx512_vnni tier's code, compiled with these flags: the same bits.
 #define DSV41_VNNI 1
 #include "ops/avx512/avx512_bf16_gemm.h"
