@@ -1,6 +1,8 @@
 // `dsv41 logits`: teacher-forced logits for a token sequence (design.md §4), from the reference
 // forward in fp32 or fp64, in prefill, decode or chunked mode, optionally dumping every layer's
-// residual stream so a divergence can be located.
+// residual stream so a divergence can be located. The prompt is given as ids (IMG standing for an
+// --image) or as a chat request body (--messages: the server's chat encoding, its image parts'
+// data: URLs in place of --image).
 #include <sys/resource.h>
 
 #include <chrono>
@@ -14,6 +16,7 @@
 #include "cli/fast_logits.h"
 #include "cli/fast_model_dir.h"
 #include "cli/float_file.h"
+#include "cli/messages_file.h"
 #include "cli/prompt_images.h"
 #include "cli/token_args.h"
 #include "core/log.h"
@@ -21,6 +24,8 @@
 #include "model/fast/converted_weights.h"
 #include "model/fast/fast_vision.h"
 #include "model/reference/reference_model.h"
+#include "server/image_inputs.h"
+#include "text/special_tokens.h"
 
 namespace dsv41::cli {
 namespace {
@@ -32,6 +37,7 @@ struct LogitsArgs {
                                                index_keys = "owner";
   std::string precision = "fp32", dump_dir;
   std::vector<std::string> images;  // one per IMG placeholder of the tokens
+  std::string messages;             // a chat request body instead of --tokens and --image
   bool stream = false;
   bool dspark = false;
   int64_t dspark_prefill = 16;
@@ -44,8 +50,45 @@ double peak_rss_mb() {
   return double(ru.ru_maxrss) / 1024.0;  // kilobytes on Linux
 }
 
+// --messages: the ids of the chat's V4.1 encoding (the server's: the same parser and encoder),
+// each image part's placeholder as IMG, and the parts' files from their data: URLs (the server's
+// reader; an http(s) or file:// URL would need the server's flags, which this command has not:
+// refused naming the part). The placeholder is the tokenizer's, as the engine takes it.
+Status messages_prompt(const LogitsArgs& a, std::vector<int32_t>& ids,
+                       std::vector<ImageInput>& images) {
+  auto file = read_messages_file(a.messages);
+  if (!file) return file.status();
+  auto tok = model_tokenizer(a.model);
+  if (!tok) return tok.status();
+  ids = (*tok)->encode(file->prompt);
+  const int32_t placeholder = (*tok)->token_id(tokens::kImage);
+  if (placeholder < 0 && !file->image_urls.empty())
+    return Status::error(a.messages + ": " + file->image_params[0] +
+                         ": the model's tokenizer has " + "no image placeholder " + tokens::kImage +
+                         " (a text-only model)");
+  std::size_t holes = 0;
+  for (int32_t& id : ids)
+    if (placeholder >= 0 && id == placeholder) id = kImagePlaceholder, ++holes;
+  if (holes != file->image_urls.size())
+    return Status::error(a.messages + ": messages: the text holds the image placeholder " +
+                         tokens::kImage + " " + std::to_string(holes) + " time(s) for " +
+                         std::to_string(file->image_urls.size()) +
+                         " image part(s): a placeholder typed as text has no image to fill it");
+  for (std::size_t i = 0; i < file->image_urls.size(); ++i) {
+    const std::string where = a.messages + ": " + file->image_params[i];
+    auto bytes = read_data_url(file->image_urls[i], kMaxImageBytes);
+    if (!bytes)
+      return Status::error(where + ": " + bytes.status().message() +
+                           " (logits --messages reads no URLs or files: give the image as a data: "
+                           "URL, or its file with --tokens ... IMG ... --image FILE)");
+    images.push_back({where, {}, std::move(*bytes)});
+  }
+  return Status::ok();
+}
+
 template <typename T>
-int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t chunk) {
+int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids,
+                  const std::vector<ImageInput>& images, int64_t chunk) {
   ReferenceOptions opt;
   opt.index_keys =
       a.index_keys == "vendor" ? IndexKeySemantics::kVendor : IndexKeySemantics::kOwner;
@@ -61,7 +104,7 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Images: each IMG placeholder becomes its span, the tower's rows computed in T; the spans
   // all go into the first call (DeepSeek merges images in the forward at position 0 only).
-  auto prompt = expand_prompt_images<T>(a.model, ids, a.images);
+  auto prompt = expand_prompt_images<T>(a.model, ids, images);
   if (!prompt) {
     log::error("logits: {}", prompt.status().message());
     return kExitInvalid;
@@ -137,10 +180,19 @@ int run_reference(const LogitsArgs& a, const std::vector<int32_t>& ids, int64_t 
 }
 
 int run_logits(const LogitsArgs& a) {
-  auto ids = load_tokens(a.tokens, a.tokens_file, !a.images.empty());
-  if (!ids) {
-    log::error("logits: {}", ids.status().message());
-    return kExitUsage;
+  Result<std::vector<int32_t>> ids = std::vector<int32_t>();
+  std::vector<ImageInput> images = image_files(a.images);
+  if (!a.messages.empty()) {
+    if (Status st = messages_prompt(a, *ids, images); !st) {
+      log::error("logits: --messages: {}", st.message());
+      return kExitInvalid;
+    }
+  } else {
+    ids = load_tokens(a.tokens, a.tokens_file, !a.images.empty());
+    if (!ids) {
+      log::error("logits: {}", ids.status().message());
+      return kExitUsage;
+    }
   }
   if (a.path != "fast" || a.dspark) {
     if (Status st = one_process_only(a.dspark ? "logits --dspark" : "logits --path reference");
@@ -149,8 +201,10 @@ int run_logits(const LogitsArgs& a) {
       return kExitUsage;
     }
   }
-  if (!a.images.empty() && a.dspark) {
-    log::error("logits: --image and --dspark do not go together (the drafter never sees images)");
+  if (!images.empty() && a.dspark) {
+    log::error(
+        "logits: images (--image, or --messages' image parts) and --dspark do not go together "
+        "(the drafter never sees images)");
     return kExitUsage;
   }
   if (a.dspark) {
@@ -190,7 +244,7 @@ int run_logits(const LogitsArgs& a) {
     f.out = a.out;
     f.mode = a.mode;
     f.index_keys = a.index_keys;
-    if (a.images.empty()) return run_fast_logits(f, ids.value(), chunk.value());
+    if (images.empty()) return run_fast_logits(f, ids.value(), chunk.value());
     // The images' rows from the fast tower (the converted layout; converted first if need be).
     auto dir = ensure_converted(a.model, a.fast.converted_dir);
     if (!dir) {
@@ -210,26 +264,26 @@ int run_logits(const LogitsArgs& a) {
       return kExitInvalid;
     }
     auto prompt = expand_prompt_images<float>(
-        (*wts)->config(), ids.value(), a.images, [&](const PlannedImage& p) {
+        (*wts)->config(), ids.value(), images, [&](const PlannedImage& p) {
           return (*tower)->encode(p.patches, p.plan.vit_w, p.plan.vit_h).aligned;
         });
     if (!prompt) {
       log::error("logits: {}", prompt.status().message());
       return kExitInvalid;
     }
-    std::vector<SliceImage> images;
+    std::vector<SliceImage> slices;
     for (auto& im : prompt->images)
-      images.push_back({int32_t(im.start), int32_t(im.llm_w), int32_t(im.llm_h),
+      slices.push_back({int32_t(im.start), int32_t(im.llm_w), int32_t(im.llm_h),
                         std::make_shared<const std::vector<float>>(std::move(im.rows))});
     const int64_t n = int64_t(prompt->ids.size());
-    return run_fast_logits(f, prompt->ids, a.mode == "prefill" ? n : chunk.value(), images);
+    return run_fast_logits(f, prompt->ids, a.mode == "prefill" ? n : chunk.value(), slices);
   }
   if (a.fast.companions > 0) {
     log::error("logits: --companions needs --path fast");
     return kExitUsage;
   }
-  return a.precision == "fp64" ? run_reference<double>(a, ids.value(), chunk.value())
-                               : run_reference<float>(a, ids.value(), chunk.value());
+  return a.precision == "fp64" ? run_reference<double>(a, ids.value(), images, chunk.value())
+                               : run_reference<float>(a, ids.value(), images, chunk.value());
 }
 
 }  // namespace
@@ -248,13 +302,20 @@ void add_logits(CLI::App& app, Runner* run) {
   auto* file = sub->add_option("--tokens-file", a->tokens_file,
                                "File of token ids (whitespace or comma separated)");
   tok->excludes(file);
+  auto* msgs = sub->add_option(
+      "--messages", a->messages,
+      "A chat completions request body (JSON: messages, tools, chat_template_kwargs, thinking, "
+      "reasoning_effort) instead of --tokens: the prompt is its V4.1 chat encoding (the server's, "
+      "as tokenize --messages prints it), each image_url part (a data: URL) expanded into its "
+      "image's span as --image does");
   sub->add_option("--out", a->out, "Output file (LOGITS.f32 or LOGITS.f64)")->required();
-  sub->add_option("--image", a->images,
-                  "An image (PNG, JPEG, WebP, GIF) for each IMG among the tokens, in order "
-                  "(repeat the option): IMG becomes the image's span (spec 9.1: image_token_id "
-                  "at each of its llm_h * (llm_w + 1) + 2 positions) filled by the reference "
-                  "tower at --precision; the first call holds every span. The JSON line lists "
-                  "each span's start and size");
+  auto* img = sub->add_option(
+      "--image", a->images,
+      "An image (PNG, JPEG, WebP, GIF) for each IMG among the tokens, in order "
+      "(repeat the option): IMG becomes the image's span (spec 9.1: image_token_id "
+      "at each of its llm_h * (llm_w + 1) + 2 positions) filled by the reference "
+      "tower at --precision (--path fast: the fast tower); the first call holds every "
+      "span. The JSON line lists each span's start and size");
   sub->add_option("--path", a->path, "reference | fast")
       ->check(CLI::IsMember({"reference", "fast"}))
       ->capture_default_str();
@@ -314,10 +375,11 @@ void add_logits(CLI::App& app, Runner* run) {
   sub->add_option("--converted", a->fast.converted_dir,
                   "fast path, official-layout --model: where its one-time conversion goes "
                   "(default: DIR.dsv41-converted beside it)");
-  sub->callback([a, run, tok, file] {
-    *run = [a, tok, file] {
-      if (tok->count() == 0 && file->count() == 0) {
-        log::error("logits: one of --tokens or --tokens-file is required");
+  msgs->excludes(tok)->excludes(file)->excludes(img);
+  sub->callback([a, run, tok, file, msgs] {
+    *run = [a, tok, file, msgs] {
+      if (tok->count() == 0 && file->count() == 0 && msgs->count() == 0) {
+        log::error("logits: one of --tokens, --tokens-file or --messages is required");
         return kExitUsage;
       }
       return run_logits(*a);

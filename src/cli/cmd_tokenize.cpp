@@ -4,39 +4,17 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/messages_file.h"
 #include "cli/token_args.h"
 #include "core/log.h"
 #include "io/text_file.h"
-#include "text/chat.h"
-#include "text/json_ordered.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_file.h"
 #include "text/v41_tokenizer.h"
 
 namespace dsv41::cli {
 namespace {
-
 namespace fs = std::filesystem;
-
-Result<std::unique_ptr<Tokenizer>> model_tokenizer(const std::string& dir) {
-  const fs::path p = fs::path(dir) / "tokenizer.json";
-  if (!fs::exists(p)) return Status::error("--model: " + p.string() + " not found");
-  return Tokenizer::load(p.string());
-}
-
-// The V4.1 prompt text of an OpenAI-style chat request file (design.md §4).
-Result<std::string> render_messages_file(const std::string& path) {
-  auto body = read_text_file(path);
-  if (!body) return body.status();
-  auto doc = parse_json_ordered(*body);
-  if (!doc) return Status::error(path + ": " + doc.status().message());
-  auto req = parse_chat_request(*doc);
-  if (!req) return Status::error(path + ": " + req.status().message());
-  auto prompt = encode_chat(req->messages, req->options);
-  if (!prompt) return Status::error(path + ": " + prompt.status().message());
-  return prompt;
-}
-
 }  // namespace
 
 void add_tokenize(CLI::App& app, Runner* run) {
@@ -68,12 +46,12 @@ void add_tokenize(CLI::App& app, Runner* run) {
       }
       std::string input = a->text;
       if (msgs->count()) {
-        auto prompt = render_messages_file(a->messages);
-        if (!prompt) {
-          log::error("tokenize: --messages: {}", prompt.status().message());
+        auto file = read_messages_file(a->messages);
+        if (!file) {
+          log::error("tokenize: --messages: {}", file.status().message());
           return kExitInvalid;
         }
-        input = std::move(*prompt);
+        input = std::move(file->prompt);
       }
       const auto ids = (*tok)->encode(input);
       if (a->json) {

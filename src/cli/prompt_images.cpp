@@ -36,6 +36,23 @@ Result<PlannedImage> load_planned_image(const std::string& path, const VisionCon
   return plan_image(std::move(*img), v);
 }
 
+std::vector<ImageInput> image_files(const std::vector<std::string>& paths) {
+  std::vector<ImageInput> out;
+  for (const std::string& p : paths) out.push_back({"--image", p, {}});
+  return out;
+}
+
+Result<PlannedImage> load_planned_image(const ImageInput& in, const VisionConfig& v) {
+  if (!in.path.empty()) {
+    auto p = load_planned_image(in.path, v);
+    if (!p) return p.status().with_context(in.where + ": ");
+    return p;
+  }
+  auto img = decode_image(in.bytes);
+  if (!img) return img.status().with_context(in.where + ": ");
+  return plan_image(std::move(*img), v);
+}
+
 namespace {
 std::size_t count_holes(const std::vector<int32_t>& ids) {
   std::size_t holes = 0;
@@ -46,14 +63,13 @@ std::size_t count_holes(const std::vector<int32_t>& ids) {
 
 template <typename T>
 Result<ExpandedPrompt<T>> expand_prompt_images(
-    const ModelConfig& cfg, const std::vector<int32_t>& ids,
-    const std::vector<std::string>& image_files,
+    const ModelConfig& cfg, const std::vector<int32_t>& ids, const std::vector<ImageInput>& images,
     const std::function<std::vector<T>(const PlannedImage&)>& tower) {
   const std::size_t holes = count_holes(ids);
-  if (holes != image_files.size())
+  if (holes != images.size())
     return Status::error("the tokens hold " + std::to_string(holes) +
                          " IMG placeholder(s) but --image was given " +
-                         std::to_string(image_files.size()) + " time(s): one image per IMG");
+                         std::to_string(images.size()) + " time(s): one image per IMG");
   ExpandedPrompt<T> out;
   if (holes > 0 && !cfg.vision)
     return Status::error("the model's config.json has no vision_config (a text-only model)");
@@ -63,9 +79,8 @@ Result<ExpandedPrompt<T>> expand_prompt_images(
       out.ids.push_back(id);
       continue;
     }
-    const std::string& file = image_files[next++];
-    auto p = load_planned_image(file, *cfg.vision);
-    if (!p) return p.status().with_context("--image: ");
+    auto p = load_planned_image(images[next++], *cfg.vision);
+    if (!p) return p.status();
     PromptImage<T> img;
     img.start = int64_t(out.ids.size());
     img.llm_w = p->plan.llm_w;
@@ -81,32 +96,32 @@ Result<ExpandedPrompt<T>> expand_prompt_images(
 template <typename T>
 Result<ExpandedPrompt<T>> expand_prompt_images(const std::string& model_dir,
                                                const std::vector<int32_t>& ids,
-                                               const std::vector<std::string>& image_files) {
+                                               const std::vector<ImageInput>& images) {
   auto cfg = load_config(model_dir + "/config.json");
   if (!cfg) return cfg.status();
   if (count_holes(ids) == 0 || !cfg->vision)
-    return expand_prompt_images<T>(*cfg, ids, image_files, nullptr);
+    return expand_prompt_images<T>(*cfg, ids, images, nullptr);
   auto ck = Checkpoint::open(model_dir);
   if (!ck) return ck.status();
   const InventoryReport rep = check_inventory(expected_vision_tensors(*cfg), *ck);
   if (!rep.missing.empty() || !rep.wrong_shape.empty() || !rep.wrong_dtype.empty())
     return Status::error(model_dir + ": the vision tower's tensors: " + rep.summary());
-  return expand_prompt_images<T>(*cfg, ids, image_files, [&](const PlannedImage& p) {
+  return expand_prompt_images<T>(*cfg, ids, images, [&](const PlannedImage& p) {
     return ref::vision_tower<T>(*ck, *cfg, p.patches, p.plan.vit_w, p.plan.vit_h).aligned.v;
   });
 }
 
 template Result<ExpandedPrompt<float>> expand_prompt_images(
-    const ModelConfig&, const std::vector<int32_t>&, const std::vector<std::string>&,
+    const ModelConfig&, const std::vector<int32_t>&, const std::vector<ImageInput>&,
     const std::function<std::vector<float>(const PlannedImage&)>&);
 template Result<ExpandedPrompt<double>> expand_prompt_images(
-    const ModelConfig&, const std::vector<int32_t>&, const std::vector<std::string>&,
+    const ModelConfig&, const std::vector<int32_t>&, const std::vector<ImageInput>&,
     const std::function<std::vector<double>(const PlannedImage&)>&);
 template Result<ExpandedPrompt<float>> expand_prompt_images(const std::string&,
                                                             const std::vector<int32_t>&,
-                                                            const std::vector<std::string>&);
+                                                            const std::vector<ImageInput>&);
 template Result<ExpandedPrompt<double>> expand_prompt_images(const std::string&,
                                                              const std::vector<int32_t>&,
-                                                             const std::vector<std::string>&);
+                                                             const std::vector<ImageInput>&);
 
 }  // namespace dsv41::cli

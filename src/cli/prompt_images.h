@@ -1,7 +1,8 @@
-// Images of a command line (`logits --image`, `image-embed`): an image file read under the
-// decoder's size limit, decoded, planned by the model's vision_config (spec §9.1) and cut into
-// the ViT's patch rows; and a token list whose IMG placeholders become the images' spans, with
-// the reference tower's rows ready for ReferenceModel::forward.
+// Images of a command line (`logits --image`, `logits --messages`, `image-embed`): an image file
+// read under the decoder's size limit (or its bytes from a chat body's data: URL), decoded, planned
+// by the model's vision_config (spec §9.1) and cut into the ViT's patch rows; and a token list
+// whose IMG placeholders become the images' spans, with the tower's rows ready for
+// ReferenceModel::forward (or the fast model's SliceImage).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,18 @@ PlannedImage plan_image(RgbImage decoded, const VisionConfig& v);
 // `path` read, decoded and planned; errors name the file.
 Result<PlannedImage> load_planned_image(const std::string& path, const VisionConfig& v);
 
+// One image of a prompt: a file to read (--image FILE) or a file's bytes already read (an image
+// part of --messages), and what names it in errors.
+struct ImageInput {
+  std::string where;  // "--image" or "F.json: messages[0].content[1].image_url"
+  std::string path;   // the file, when not empty
+  std::string bytes;  // else the file's bytes
+};
+// --image's files, in order.
+std::vector<ImageInput> image_files(const std::vector<std::string>& paths);
+// `in` read (or taken), decoded and planned; errors start with in.where.
+Result<PlannedImage> load_planned_image(const ImageInput& in, const VisionConfig& v);
+
 template <typename T>
 struct ExpandedPrompt {
   std::vector<int32_t> ids;            // each placeholder replaced by its span of image tokens
@@ -40,24 +53,24 @@ struct ExpandedPrompt {
   std::vector<ImagePlan> plans;
 };
 
-// `ids` (with kImagePlaceholder entries) and one image file per placeholder, planned by `cfg`;
-// `tower` makes an image's aligner rows ([llm_h * llm_w, hidden]).
+// `ids` (with kImagePlaceholder entries) and one image per placeholder, planned by `cfg`; `tower`
+// makes an image's aligner rows ([llm_h * llm_w, hidden]).
 template <typename T>
 Result<ExpandedPrompt<T>> expand_prompt_images(
-    const ModelConfig& cfg, const std::vector<int32_t>& ids,
-    const std::vector<std::string>& image_files,
+    const ModelConfig& cfg, const std::vector<int32_t>& ids, const std::vector<ImageInput>& images,
     const std::function<std::vector<T>(const PlannedImage&)>& tower);
 
 // The same for the official checkpoint in `model_dir`, the tower run in the reference at T.
 template <typename T>
 Result<ExpandedPrompt<T>> expand_prompt_images(const std::string& model_dir,
                                                const std::vector<int32_t>& ids,
-                                               const std::vector<std::string>& image_files);
+                                               const std::vector<ImageInput>& images);
 
 extern template Result<ExpandedPrompt<float>> expand_prompt_images(const std::string&,
                                                                    const std::vector<int32_t>&,
-                                                                   const std::vector<std::string>&);
-extern template Result<ExpandedPrompt<double>> expand_prompt_images(
-    const std::string&, const std::vector<int32_t>&, const std::vector<std::string>&);
+                                                                   const std::vector<ImageInput>&);
+extern template Result<ExpandedPrompt<double>> expand_prompt_images(const std::string&,
+                                                                    const std::vector<int32_t>&,
+                                                                    const std::vector<ImageInput>&);
 
 }  // namespace dsv41::cli

@@ -659,6 +659,129 @@ TEST(Cli, LogitsExpandsImgIntoTheImagesSpan) {
   EXPECT_LT(std::sqrt(num / den), 5e-3);
 }
 
+// A file's bytes as a data: URL (RFC 4648 base64), as a client sends an image part.
+std::string data_url(const std::string& path) {
+  const std::string bytes = testing::read_file(path);
+  static const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out = "data:image/png;base64,";
+  for (std::size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t v = uint32_t(uint8_t(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) v |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) v |= uint8_t(bytes[i + 2]);
+    out += a[(v >> 18) & 63];
+    out += a[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? a[(v >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? a[v & 63] : '=';
+  }
+  return out;
+}
+
+// `logits --messages`: a chat body's prompt is its chat encoding (tokenize --messages) and an
+// image part becomes the image's span exactly as IMG with --image does: the same bytes, on the
+// reference (fp32) and the fast path; a text-only body is --tokens of its encoding. Errors name
+// the file and the field.
+TEST(Cli, LogitsMessagesAreTheirEncodingWithImageSpans) {
+  TempDir dir;
+  ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);
+  const std::string ck = dir.path() + "/ck";
+  const std::string img = std::string(DSV41_TEST_DATA) + "/../fuzz/corpus/image/rgb.png";
+  nlohmann::json body = {{"messages",
+                          {{{"role", "system"}, {"content", "Be brief."}},
+                           {{"role", "user"},
+                            {"content",
+                             {{{"type", "text"}, {"text", "What is in it?"}},
+                              {{"type", "image_url"}, {"image_url", {{"url", data_url(img)}}}}}}}}},
+                         {"chat_template_kwargs", {{"thinking", false}}}};
+  testing::write_file(dir.file("img.json"), body.dump());
+  // The encoding's ids, the placeholder (the tokenizer's image token, config.json's
+  // image_token_id) written as IMG.
+  CliRun t = run("tokenize --model " + ck + " --messages " + dir.file("img.json") + " --json");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const auto ids = nlohmann::json::parse(t.out)["ids"].get<std::vector<int>>();
+  const int image_id =
+      nlohmann::json::parse(testing::read_file(ck + "/config.json"))["image_token_id"];
+  ASSERT_EQ(std::count(ids.begin(), ids.end(), image_id), 1);
+  std::string with_img;
+  int img_at = -1;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == image_id) img_at = int(i);
+    with_img += (i ? "," : "") + (ids[i] == image_id ? std::string("IMG") : std::to_string(ids[i]));
+  }
+  for (const char* path : {"reference", "fast"}) {
+    SCOPED_TRACE(path);
+    const std::string common = "logits --model " + ck + " --path " + path + " --out ";
+    CliRun m = run(common + dir.file("m.f32") + " --messages " + dir.file("img.json"));
+    ASSERT_EQ(m.code, 0) << m.err;
+    CliRun k = run(common + dir.file("k.f32") + " --tokens " + with_img + " --image " + img);
+    ASSERT_EQ(k.code, 0) << k.err;
+    const std::string mf = testing::read_file(dir.file("m.f32"));
+    ASSERT_FALSE(mf.empty());
+    EXPECT_EQ(mf, testing::read_file(dir.file("k.f32")));
+    if (std::string(path) == "reference") {  // the summary line lists the span (rgb.png: 8)
+      auto j = nlohmann::json::parse(m.out);
+      EXPECT_EQ(j["tokens"], ids.size() - 1 + 8);
+      ASSERT_EQ(j["images"].size(), 1u) << m.out;
+      EXPECT_EQ(j["images"][0]["span_start"], img_at);
+      EXPECT_EQ(j["images"][0]["span"], 8);
+      EXPECT_EQ(j["images"], nlohmann::json::parse(k.out)["images"]);
+    }
+  }
+  // Text only: the same logits as --tokens of the encoding.
+  nlohmann::json text = body;
+  text["messages"][1]["content"] = "What is in a picture?";
+  testing::write_file(dir.file("text.json"), text.dump());
+  CliRun tt = run("tokenize --model " + ck + " --messages " + dir.file("text.json"));
+  ASSERT_EQ(tt.code, 0) << tt.err;
+  std::string text_ids = tt.out;
+  while (!text_ids.empty() && text_ids.back() == '\n') text_ids.pop_back();
+  CliRun tm = run("logits --model " + ck + " --messages " + dir.file("text.json") + " --out " +
+                  dir.file("tm.f32"));
+  ASSERT_EQ(tm.code, 0) << tm.err;
+  CliRun tk =
+      run("logits --model " + ck + " --tokens " + text_ids + " --out " + dir.file("tk.f32"));
+  ASSERT_EQ(tk.code, 0) << tk.err;
+  EXPECT_FALSE(testing::read_file(dir.file("tm.f32")).empty());
+  EXPECT_EQ(testing::read_file(dir.file("tm.f32")), testing::read_file(dir.file("tk.f32")));
+  EXPECT_EQ(nlohmann::json::parse(tm.out)["images"], nullptr);
+  // Errors: invalid input exits 2 naming the file and the field; misuse exits 1.
+  auto logits_of = [&](const std::string& name, const std::string& content) {
+    testing::write_file(dir.file(name), content);
+    return run("logits --model " + ck + " --messages " + dir.file(name) + " --out " +
+               dir.file("x.f32"));
+  };
+  CliRun nj = logits_of("nojson.json", "{\"messages\": [");
+  EXPECT_EQ(nj.code, 2);
+  EXPECT_NE(nj.err.find("nojson.json"), std::string::npos) << nj.err;
+  CliRun nm = logits_of("nomsg.json", R"({"model": "x"})");
+  EXPECT_EQ(nm.code, 2);
+  EXPECT_NE(nm.err.find("nomsg.json: messages"), std::string::npos) << nm.err;
+  nlohmann::json http = body;
+  http["messages"][1]["content"][1]["image_url"]["url"] = "http://127.0.0.1:9/a.png";
+  CliRun hu = logits_of("http.json", http.dump());
+  EXPECT_EQ(hu.code, 2);
+  EXPECT_NE(hu.err.find("http.json: messages[1].content[1].image_url"), std::string::npos)
+      << hu.err;
+  EXPECT_NE(hu.err.find("'http:'"), std::string::npos) << hu.err;
+  nlohmann::json cut = body;
+  cut["messages"][1]["content"][1]["image_url"]["url"] = data_url(img).substr(0, 60);
+  CliRun bad = logits_of("cut.json", cut.dump());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("cut.json: messages[1].content[1].image_url"), std::string::npos)
+      << bad.err;
+  nlohmann::json typed = text;
+  typed["messages"][1]["content"] = "see <｜deepseek_image｜>";
+  CliRun ty = logits_of("typed.json", typed.dump());
+  EXPECT_EQ(ty.code, 2);
+  EXPECT_NE(ty.err.find("placeholder"), std::string::npos) << ty.err;
+  CliRun both = run("logits --model " + ck + " --messages " + dir.file("text.json") +
+                    " --tokens 1,2 --out " + dir.file("x.f32"));
+  EXPECT_EQ(both.code, 1) << both.err;
+  CliRun with_image = run("logits --model " + ck + " --messages " + dir.file("img.json") +
+                          " --image " + img + " --out " + dir.file("x.f32"));
+  EXPECT_EQ(with_image.code, 1) << with_image.err;
+  EXPECT_FALSE(fs::exists(dir.file("x.f32")));
+}
+
 TEST(Cli, BenchPrefillImagesTimesTheTower) {
   TempDir dir;
   ASSERT_EQ(run("make-tiny --preset tiny --out " + dir.path() + "/ck").code, 0);

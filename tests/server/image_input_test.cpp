@@ -264,6 +264,58 @@ TEST_F(ImageServe, TokenizeShowsTheSpan) {
   EXPECT_EQ(answered["usage"]["prompt_tokens"], j["count"]);
 }
 
+// prompt_logprobs on a request with an image: one entry per prompt token (null for the first),
+// the span's positions included (each the image token with the logprob its row gives it), and a
+// repeated identical request takes no cached prefix (its rows would have no logits) and gives the
+// same entries. A plain repeat of the prompt does find it cached: the refusal is the engine's.
+TEST_F(ImageServe, PromptLogprobsCoverTheImageSpanAndTakeNoCachedPrefix) {
+  Json req = image_request(data_url(kImageFile), 1);
+  std::string more;
+  for (int i = 0; i < 40; ++i) more += "with a few more words about it ";
+  req["messages"][0]["content"].push_back({{"type", "text"}, {"text", more}});
+  req["prompt_logprobs"] = 0;
+  // The prompt's ids and span, as /tokenize shows them.
+  httplib::Client c("127.0.0.1", p_->port);
+  auto tr = c.Post("/tokenize", req.dump(), "application/json");
+  ASSERT_TRUE(tr);
+  ASSERT_EQ(tr->status, 200) << tr->body;
+  const Json tj = Json::parse(tr->body);
+  ASSERT_EQ(tj["images"].size(), 1u) << tj;
+  const int start = tj["images"][0]["start"], span = tj["images"][0]["span"];
+  EXPECT_EQ(span, 8);
+  const std::vector<int> ids = tj["tokens"].get<std::vector<int>>();
+  int status = 0;
+  const Json first = post(req, &status);
+  ASSERT_EQ(status, 200) << first;
+  ASSERT_EQ(first["usage"]["prompt_tokens"].get<std::size_t>(), ids.size()) << first["usage"];
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << first["usage"];
+  const Json& lp = first["prompt_logprobs"];
+  ASSERT_TRUE(lp.is_array()) << first;
+  ASSERT_EQ(lp.size(), ids.size());
+  EXPECT_TRUE(lp[0].is_null());
+  for (std::size_t i = 1; i < ids.size(); ++i) {
+    // prompt_logprobs 0: the prompt token alone, with a finite logprob and its rank.
+    ASSERT_EQ(lp[i].size(), 1u) << i << ": " << lp[i];
+    const Json& e = lp[i].at(std::to_string(ids[i]));
+    EXPECT_TRUE(e["logprob"].is_number()) << i << ": " << lp[i];
+    EXPECT_LE(e["logprob"].get<double>(), 0.0) << i;
+    EXPECT_GE(e["rank"].get<int>(), 1) << i;
+  }
+  for (int i = start; i < start + span; ++i)
+    EXPECT_EQ(ids[std::size_t(i)], ids[std::size_t(start)]);
+  const Json again = post(req, &status);
+  ASSERT_EQ(status, 200) << again;
+  EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << again["usage"];
+  EXPECT_EQ(again["prompt_logprobs"].size(), lp.size());
+  EXPECT_TRUE(again["prompt_logprobs"] == lp) << "the repeat's prompt_logprobs differ";
+  Json plain = req;
+  plain.erase("prompt_logprobs");
+  const Json cached = post(plain, &status);
+  ASSERT_EQ(status, 200) << cached;
+  EXPECT_GT(cached["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), start + span)
+      << cached["usage"];
+}
+
 TEST_F(ImageServe, BadImagePartsAreRefusedNamingThePart) {
   int status = 0;
   // A PNG cut short.
