@@ -46,6 +46,57 @@ std::vector<double> mxfp4_term_sums(const std::vector<uint8_t>& w, const std::ve
   return mag;
 }
 
+// An FP8 GEMM shape with the tokens (M values) it is run at.
+struct Fp8Shape {
+  int64_t out, in;
+  std::vector<int64_t> ms;
+};
+
+// Random E4M3 weights of one shape with block scales fp8_aq_scales_ok accepts, the least (41) and
+// a large one (240; 246 would overflow the sums of these random values) among them.
+void random_fp8_matrix(Gen& g, int64_t out, int64_t in, std::vector<uint8_t>* w,
+                       std::vector<uint8_t>* s) {
+  w->resize(static_cast<std::size_t>(out * in));
+  s->resize(static_cast<std::size_t>((out + 31) / 32 * ((in + 31) / 32)));
+  for (auto& b : *w) b = g.e4m3();
+  for (auto& b : *s) b = static_cast<uint8_t>(112 + g.byte() % 24);
+  (*s)[0] = 41;
+  if (s->size() > 1) (*s)[1] = 240;
+  ASSERT_TRUE(fp8_aq_scales_ok(s->data(), int64_t(s->size())));
+}
+
+// An FP8 GEMM (`gemm(t0, m, y, ldy)`: tokens t0 .. t0 + m - 1 of x, packed) against the scalar
+// tier's exact sums at M = 1 (every token, or `sample`: the first 9 and every 7th), then at every
+// M of the shape the one-token bits, with an output stride wider than the rows.
+template <class Gemm>
+void check_fp8_gemm(const Kernels& ref, const char* name, const Fp8Shape& sh,
+                    const std::vector<uint8_t>& w, const std::vector<uint8_t>& s,
+                    const std::vector<float>& x, bool sample, const Gemm& gemm) {
+  const int64_t out = sh.out, in = sh.in;
+  const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+  std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+      want(static_cast<std::size_t>(out));
+  for (int64_t t = 0; t < mmax; ++t) {
+    gemm(t, 1, one.data() + t * out, out);
+    if (sample && t % 7 != 0 && t > 8) continue;
+    ref.fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+    expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                 fp8_term_sums(w, s, out, in, x.data() + t * in), sum_tol(in),
+                 std::string(name) + " " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                     std::to_string(t));
+  }
+  for (int64_t m : sh.ms) {
+    const int64_t ldy = out + 5;
+    std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN);
+    gemm(0, m, y.data(), ldy);
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t o = 0; o < out; ++o)
+        ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                  bits_of_float(one[std::size_t(t * out + o)]))
+            << name << " " << out << "x" << in << " M " << m << " t" << t << " row " << o;
+  }
+}
+
 // The act-quant GEMM (aq_fp8_gemm, tiers with a bf16 dot): on E4M3-rounded activations every
 // product is exact, so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV)
 // up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 4, 5, 6, 7,
@@ -55,29 +106,20 @@ std::vector<double> mxfp4_term_sums(const std::vector<uint8_t>& w, const std::ve
 TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
   if (!k_->aq_fp8_gemm) GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
   ASSERT_TRUE(k_->aq_pack_act && k_->aq_act_stride && k_->aq_mxfp4_gemm && k_->aq_mxfp4_gate_up);
-  struct Shape {
-    int64_t out, in;
-    std::vector<int64_t> ms;
-  };
-  const std::vector<Shape> shapes = {{33, 64, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
-                                     {35, 96, {1, 2, 3, 4, 7, 16}},
-                                     {100, 40, {1, 3, 5, 7, 64}},
-                                     {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
-                                     {40, 5120, {1, 2, 5, 7, 16, 500}},
-                                     {35, 4096 + 40, {1, 3, 16}},
-                                     {3, 7, {1, 2, 4, 5, 6, 7}},
-                                     {8, 1280 + 32, {1, 7, 64}},
-                                     {37, 4096 + 40, {1, 17, 64}},
-                                     {9, 8192 + 64, {1, 17}}};
+  const std::vector<Fp8Shape> shapes = {{33, 64, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                        {35, 96, {1, 2, 3, 4, 7, 16}},
+                                        {100, 40, {1, 3, 5, 7, 64}},
+                                        {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
+                                        {40, 5120, {1, 2, 5, 7, 16, 500}},
+                                        {35, 4096 + 40, {1, 3, 16}},
+                                        {3, 7, {1, 2, 4, 5, 6, 7}},
+                                        {8, 1280 + 32, {1, 7, 64}},
+                                        {37, 4096 + 40, {1, 17, 64}},
+                                        {9, 8192 + 64, {1, 17}}};
   for (const auto& sh : shapes) {
-    const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;
-    std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
-        s(static_cast<std::size_t>((out + 31) / 32 * sin));
-    for (auto& b : w) b = g_.e4m3();
-    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
-    s[0] = 41;  // the least scale fp8_aq_scales_ok allows, and a large one (246 would overflow
-    if (s.size() > 1) s[1] = 240;  // the sums of these random values)
-    ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t out = sh.out, in = sh.in;
+    std::vector<uint8_t> w, s;
+    random_fp8_matrix(g_, out, in, &w, &s);
     const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
     std::vector<float> x(static_cast<std::size_t>(mmax * in));
     for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);
@@ -86,31 +128,10 @@ TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
     ASSERT_GE(st, in);
     std::vector<uint16_t> xp(static_cast<std::size_t>(mmax * st));
     k_->aq_pack_act(x.data(), mmax, in, AqFormat::kFp8, xp.data());
-    // M = 1 per token: against the exact sum.
-    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
-        want(static_cast<std::size_t>(out));
-    std::vector<double> mag(static_cast<std::size_t>(out));
-    for (int64_t t = 0; t < mmax; ++t) {
-      k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
-                      out);
-      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
-      mag = fp8_term_sums(w, s, out, in, x.data() + t * in);
-      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
-                   mag, sum_tol(in),
-                   "aq_fp8_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
-                       std::to_string(t));
-    }
-    // Every M: the one-token bits, with an output stride wider than the rows.
-    for (int64_t m : sh.ms) {
-      const int64_t ldy = out + 5;
-      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN);
-      k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
-      for (int64_t t = 0; t < m; ++t)
-        for (int64_t o = 0; o < out; ++o)
-          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
-                    bits_of_float(one[std::size_t(t * out + o)]))
-              << "aq_fp8_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
-    }
+    check_fp8_gemm(*ref_, "aq_fp8_gemm", sh, w, s, x, false,
+                   [&](int64_t t0, int64_t m, float* y, int64_t ldy) {
+                     k_->aq_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t0 * st, m, y, ldy);
+                   });
   }
 }
 
@@ -351,26 +372,17 @@ TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
       ASSERT_EQ(bits_of_float(y[std::size_t(i)]), bits_of_float(x[std::size_t(i)]))
           << i << ": " << x[std::size_t(i)] << " came back as " << y[std::size_t(i)];
   }
-  struct Shape {
-    int64_t out, in;
-    std::vector<int64_t> ms;
-  };
-  const std::vector<Shape> shapes = {{33, 64, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
-                                     {35, 96, {1, 2, 3, 4, 7, 16}},
-                                     {100, 40, {1, 3, 5, 7, 64}},
-                                     {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
-                                     {40, 5120, {1, 2, 5, 7, 16, 200}},
-                                     {37, 4096 + 40, {1, 3, 17, 64, 130}},
-                                     {3, 7, {1, 2, 4, 5, 6, 7}}};
+  const std::vector<Fp8Shape> shapes = {{33, 64, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                        {35, 96, {1, 2, 3, 4, 7, 16}},
+                                        {100, 40, {1, 3, 5, 7, 64}},
+                                        {64, 2304, {1, 2, 3, 6, 7, 16, 64}},
+                                        {40, 5120, {1, 2, 5, 7, 16, 200}},
+                                        {37, 4096 + 40, {1, 3, 17, 64, 130}},
+                                        {3, 7, {1, 2, 4, 5, 6, 7}}};
   for (const auto& sh : shapes) {
-    const int64_t out = sh.out, in = sh.in, sin = (in + 31) / 32;
-    std::vector<uint8_t> w(static_cast<std::size_t>(out * in)),
-        s(static_cast<std::size_t>((out + 31) / 32 * sin));
-    for (auto& b : w) b = g_.e4m3();
-    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
-    s[0] = 41;
-    if (s.size() > 1) s[1] = 240;
-    ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t out = sh.out, in = sh.in;
+    std::vector<uint8_t> w, s;
+    random_fp8_matrix(g_, out, in, &w, &s);
     const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
     std::vector<float> x(static_cast<std::size_t>(mmax * in));
     for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);  // any fp32 values
@@ -378,30 +390,10 @@ TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
     ASSERT_GE(st, in);
     std::vector<float> xp(static_cast<std::size_t>(mmax * st));
     k_->f32_pack_act(x.data(), mmax, in, xp.data());
-    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
-        want(static_cast<std::size_t>(out));
-    std::vector<double> mag(static_cast<std::size_t>(out));
-    for (int64_t t = 0; t < mmax; ++t) {
-      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
-                       out);
-      if (t % 7 != 0 && t > 8) continue;  // the exact sums of a sample of the tokens
-      ref_->fp8_gemv(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
-      mag = fp8_term_sums(w, s, out, in, x.data() + t * in);
-      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
-                   mag, sum_tol(in),
-                   "f32_fp8_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
-                       std::to_string(t));
-    }
-    for (int64_t m : sh.ms) {
-      const int64_t ldy = out + 5;
-      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN);
-      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
-      for (int64_t t = 0; t < m; ++t)
-        for (int64_t o = 0; o < out; ++o)
-          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
-                    bits_of_float(one[std::size_t(t * out + o)]))
-              << "f32_fp8_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
-    }
+    check_fp8_gemm(*ref_, "f32_fp8_gemm", sh, w, s, x, true,
+                   [&](int64_t t0, int64_t m, float* y, int64_t ldy) {
+                     k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t0 * st, m, y, ldy);
+                   });
   }
 }
 
