@@ -815,7 +815,7 @@ const std::vector<VaCase>& va_cases() {
       {100, 4, 64, true},  {193, 16, 64, true}};
   return cases;
 }
-// fp32 against the double reference: measured 7e-8 to 3.5e-7 per case on every tier (Zen 5, several
+// fp32 against the double reference: measured 7e-8 to 3.5e-7 per case on every tier (Zen 4, several
 // seeds); a dropped key or a missing max subtraction is far above it
 // (VisionAttention.TheToleranceCatchesWrongKernels).
 constexpr double kVaTol = 1e-6;

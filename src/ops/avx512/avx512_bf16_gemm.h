@@ -370,7 +370,7 @@ constexpr int64_t kAqKBlockWords = 1024;
 // skip the K blocks: kAqWholeGroupRows rows are decoded into the panel, then each 6-token tile
 // runs each 4-row tile over the whole K with its accumulators in registers (aq_panel_tile_whole;
 // the activations stream from L2, or L3 for the group's first row tile, and no accumulator is
-// spilled). Measured on Zen 5 (avx512_bf16) with the vCPU at ~230 GFLOP/s of vdpbf16ps per core
+// spilled). Measured on Zen 4 (avx512_bf16) with the vCPU at ~230 GFLOP/s of vdpbf16ps per core
 // (oneDNN's bf16 matmul 430-450 on two): one core over a mix of engine shapes 164 -> 200 GFLOP/s
 // against the K blocks; two threads on a prefill-512 mix of every linear of a layer and 24
 // experts (weights cycled from memory, variants alternated in one process) 328 -> 384-390 for
