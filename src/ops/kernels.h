@@ -168,15 +168,23 @@ struct Kernels {
   void (*aq_mxfp4_gate_up)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
                            const uint16_t* xp, const float* route, int64_t ntok, float limit,
                            float* h, int64_t ldh);
-  // FP8 weights (the same scales condition, fp8_aq_scales_ok) times any fp32 activations: each
+  // The fp32-activation GEMM family (null in tiers without it; avx512_bf16 has it:
+  // ops/avx512/avx512_fp8_f32_gemm.h, avx512_mxfp4_f32_gemm.h): FP8 or MXFP4 weights (the same
+  // scales conditions, fp8_aq_scales_ok / mxfp4_aq_scales_ok) times any fp32 activations, each
   // product exact (FMA), the fp32 sums in one fixed order per output whatever ntok is (the
-  // act-quant GEMMs' batch invariance), one pass where aq_pack_act_split3 needs three (null in
-  // tiers without it; avx512_bf16 has it: ops/avx512/avx512_fp8_f32_gemm.h). f32_pack_act lays
-  // x [ntok, in] out as packed rows of f32_act_stride(in) floats.
-  int64_t (*f32_act_stride)(int64_t in);
-  void (*f32_pack_act)(const float* x, int64_t ntok, int64_t in, float* xp);
+  // act-quant GEMMs' batch invariance): the engine's path for fp32 inputs (act-quant off, and
+  // wo_a's input with act-quant on), one pass where aq_pack_act_split3 needs three.
+  // f32_pack_act lays x [ntok, in] out as packed rows of f32_act_stride(in, fmt) floats for one
+  // weight format; f32_mxfp4_gate_up is mxfp4_gate_up_batch's fused gate/up with its epilogue.
+  int64_t (*f32_act_stride)(int64_t in, AqFormat fmt);
+  void (*f32_pack_act)(const float* x, int64_t ntok, int64_t in, AqFormat fmt, float* xp);
   void (*f32_fp8_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                        const float* xp, int64_t ntok, float* y, int64_t ldy);
+  void (*f32_mxfp4_gemm)(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
+                         const float* xp, int64_t ntok, float* y, int64_t ldy);
+  void (*f32_mxfp4_gate_up)(const uint8_t* w13, const uint8_t* scale13, int64_t inter, int64_t dim,
+                            const float* xp, const float* route, int64_t ntok, float limit,
+                            float* h, int64_t ldh);
   // Full (non-causal) multi-head attention, the vision tower's (spec §9.1): nq queries over nk
   // keys, each row `heads` heads of `dim` values (head h at h * dim); query row i at q + i * ld,
   // key/value row j at k + j * ld / v + j * ld, output row i at out + i * ldo. Per head:

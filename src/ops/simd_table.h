@@ -27,8 +27,8 @@ constexpr Kernels simd_table(Isa isa) {
                  &mxfp4_gemv_batch_impl<S>, &mxfp4_gate_up_batch_impl<S>, &act_quant_fp8_simd,
                  // the act-quant GEMMs: only tiers with a bf16 dot (kernels_avx512_bf16.cpp)
                  nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                 // the FP8 GEMM for fp32 activations: the same tiers (avx512_fp8_f32_gemm.h)
-                 nullptr, nullptr, nullptr,
+                 // the GEMMs for fp32 activations: the same tiers (avx512_*_f32_gemm.h)
+                 nullptr, nullptr, nullptr, nullptr, nullptr,
                  // the vision tower's attention: the tier's vector width
                  &S::vision_attention};
 }

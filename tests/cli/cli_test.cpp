@@ -1064,9 +1064,10 @@ TEST(Cli, BenchKernelsReportsBandwidthFractions) {
   auto j = nlohmann::json::parse(b.out);
   EXPECT_EQ(j["bench"], "kernels");
   EXPECT_GT(j["read_probe_gb_per_s"].get<double>(), 0.0);
-  // the act-quant GEMMs too where the tier has them (FP8 and MXFP4 gate/up, one quick shape each)
+  // the act-quant GEMMs and those for fp32 activations too where the tier has them (FP8 and
+  // MXFP4 gate/up, one quick shape each)
   const bool aq = j["isa"] == "avx512_bf16";
-  ASSERT_EQ(j["kernels"].size(), aq ? 5u : 3u);
+  ASSERT_EQ(j["kernels"].size(), aq ? 7u : 3u);
   for (const auto& k : j["kernels"]) {
     ASSERT_EQ(k["runs"].size(), 4u);  // 1, 2, 6 and 16 tokens
     for (const auto& r : k["runs"]) {

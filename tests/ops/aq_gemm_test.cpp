@@ -360,13 +360,13 @@ TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
   if (!k_->f32_fp8_gemm) GTEST_SKIP() << "this tier has no f32_fp8_gemm";
   ASSERT_TRUE(k_->f32_pack_act && k_->f32_act_stride);
   {  // one-hot: y = x exactly, whatever the magnitudes
-    const int64_t n = 96, st = k_->f32_act_stride(n);
+    const int64_t n = 96, st = k_->f32_act_stride(n, AqFormat::kFp8);
     std::vector<uint8_t> w(static_cast<std::size_t>(n * n), 0), s(9, 127);
     for (int64_t o = 0; o < n; ++o) w[std::size_t(o * n + o)] = 0x38;  // E4M3 1.0
     std::vector<float> x(static_cast<std::size_t>(2 * n));
     for (auto& v : x) v = g_.normal() * std::pow(10.0f, float(int(g_.byte() % 13) - 6));
     std::vector<float> xp(static_cast<std::size_t>(2 * st)), y(static_cast<std::size_t>(2 * n));
-    k_->f32_pack_act(x.data(), 2, n, xp.data());
+    k_->f32_pack_act(x.data(), 2, n, AqFormat::kFp8, xp.data());
     k_->f32_fp8_gemm(w.data(), s.data(), n, n, xp.data(), 2, y.data(), n);
     for (int64_t i = 0; i < 2 * n; ++i)
       ASSERT_EQ(bits_of_float(y[std::size_t(i)]), bits_of_float(x[std::size_t(i)]))
@@ -386,14 +386,126 @@ TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
     const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
     std::vector<float> x(static_cast<std::size_t>(mmax * in));
     for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);  // any fp32 values
-    const int64_t st = k_->f32_act_stride(in);
+    const int64_t st = k_->f32_act_stride(in, AqFormat::kFp8);
     ASSERT_GE(st, in);
     std::vector<float> xp(static_cast<std::size_t>(mmax * st));
-    k_->f32_pack_act(x.data(), mmax, in, xp.data());
+    k_->f32_pack_act(x.data(), mmax, in, AqFormat::kFp8, xp.data());
     check_fp8_gemm(*ref_, "f32_fp8_gemm", sh, w, s, x, true,
                    [&](int64_t t0, int64_t m, float* y, int64_t ldy) {
                      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t0 * st, m, y, ldy);
                    });
+  }
+}
+
+// The MXFP4 GEMMs for fp32 activations (f32_mxfp4_gemm, f32_mxfp4_gate_up; the avx512_bf16 tier):
+// every product exact, so each output is the exact sum (the scalar tier's double-accumulated
+// MXFP4 GEMV) up to fp32 sums; a one-hot matrix gives any activation back bit for bit; the least
+// and greatest scales mxfp4_aq_scales_ok allows; every token's bits the same for M in {1, ..., 7,
+// 16, 17, 64, 130, 500} (direct tiles of 8, 4 and 2 rows with remainders, the panel, token
+// blocks); the fused gate/up bit for bit the epilogue on the GEMM's rows, at every M.
+TEST_P(KernelTier, F32Mxfp4GemmExactProductsAndBitIdenticalAcrossM) {
+  if (!k_->f32_mxfp4_gemm) GTEST_SKIP() << "this tier has no f32_mxfp4_gemm";
+  ASSERT_TRUE(k_->f32_pack_act && k_->f32_act_stride && k_->f32_mxfp4_gate_up);
+  {  // one-hot: y = x exactly, whatever the magnitudes
+    const int64_t n = 96, st = k_->f32_act_stride(n, AqFormat::kMxfp4);
+    std::vector<uint8_t> w(static_cast<std::size_t>(n * n / 2), 0), s(std::size_t(n * n / 32), 127);
+    for (int64_t o = 0; o < n; ++o)  // E2M1 code 2 is 1.0
+      w[std::size_t((o * n + o) / 2)] = o % 2 ? uint8_t(2 << 4) : uint8_t(2);
+    std::vector<float> x(static_cast<std::size_t>(2 * n));
+    for (auto& v : x) v = g_.normal() * std::pow(10.0f, float(int(g_.byte() % 13) - 6));
+    std::vector<float> xp(static_cast<std::size_t>(2 * st)), y(static_cast<std::size_t>(2 * n));
+    k_->f32_pack_act(x.data(), 2, n, AqFormat::kMxfp4, xp.data());
+    k_->f32_mxfp4_gemm(w.data(), s.data(), n, n, xp.data(), 2, y.data(), n);
+    for (int64_t i = 0; i < 2 * n; ++i)
+      ASSERT_EQ(bits_of_float(y[std::size_t(i)]), bits_of_float(x[std::size_t(i)]))
+          << i << ": " << x[std::size_t(i)] << " came back as " << y[std::size_t(i)];
+  }
+  struct Shape {
+    int64_t out, in;
+    std::vector<int64_t> ms;
+  };
+  // (160 rows: 80 gate/up pairs, past the gate/up's 64 pairs a pass)
+  const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                     {160, 128, {1, 2, 5, 7, 64}},
+                                     {64, 2304, {1, 2, 3, 4, 6, 7, 16, 130}},
+                                     {22, 5120, {1, 3, 5, 7, 17}},
+                                     {19, 96, {1, 2, 4, 6, 7, 16}},
+                                     {10, 32, {1, 3, 7}}};
+  for (const auto& sh : shapes) {
+    const int64_t out = sh.out, in = sh.in;
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+        s(static_cast<std::size_t>(out * in / 32));
+    for (auto& b : w) b = g_.byte();
+    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
+    s[0] = 33;  // the least scale mxfp4_aq_scales_ok allows, and a large one
+    s[1] = 228;
+    ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
+    const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);  // any fp32 values
+    const int64_t st = k_->f32_act_stride(in, AqFormat::kMxfp4);
+    ASSERT_GE(st, in);
+    std::vector<float> xp(static_cast<std::size_t>(mmax * st));
+    k_->f32_pack_act(x.data(), mmax, in, AqFormat::kMxfp4, xp.data());
+    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+        want(static_cast<std::size_t>(out));
+    for (int64_t t = 0; t < mmax; ++t) {
+      k_->f32_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
+                         out);
+      if (t % 7 != 0 && t > 8) continue;
+      ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                   mxfp4_term_sums(w, s, out, in, x.data() + t * in), sum_tol(in),
+                   "f32_mxfp4_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
+                       std::to_string(t));
+    }
+    const int64_t inter = out / 2;
+    std::vector<float> route(static_cast<std::size_t>(mmax));
+    for (auto& r : route) r = 0.5f + std::fabs(g_.normal());
+    const float limit = 7.0f;
+    for (int64_t m : sh.ms) {
+      const int64_t ldy = out + 5, ldh = inter + 3;
+      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN),
+          h(static_cast<std::size_t>(m * ldh), NAN);
+      k_->f32_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
+      k_->f32_mxfp4_gate_up(w.data(), s.data(), inter, in, xp.data(), route.data(), m, limit,
+                            h.data(), ldh);
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                    bits_of_float(one[std::size_t(t * out + o)]))
+              << "f32_mxfp4_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
+        for (int64_t j = 0; j < inter; ++j) {
+          const float gc = std::min(one[std::size_t(t * out + 2 * j)], limit);
+          const float uc = std::clamp(one[std::size_t(t * out + 2 * j + 1)], -limit, limit);
+          const float want_h = gc / (1.0f + std::exp(-gc)) * uc * route[std::size_t(t)];
+          ASSERT_EQ(bits_of_float(h[std::size_t(t * ldh + j)]), bits_of_float(want_h))
+              << "f32_mxfp4_gate_up " << inter << "x" << in << " M " << m << " t" << t << " " << j;
+        }
+      }
+    }
+  }
+  {  // the greatest scale (252) beside the least (33), small activations: finite, exact sums
+    const int64_t out = 8, in = 96, m = 9;
+    std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
+        s(static_cast<std::size_t>(out * in / 32));
+    for (auto& b : w) b = g_.byte();
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = i % 3 == 0 ? 252 : i % 3 == 1 ? 33 : 127;
+    ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
+    std::vector<float> x(static_cast<std::size_t>(m * in));
+    for (auto& v : x) v = std::ldexp(g_.normal(), -20);
+    const int64_t st = k_->f32_act_stride(in, AqFormat::kMxfp4);
+    std::vector<float> xp(static_cast<std::size_t>(m * st)), y(static_cast<std::size_t>(m * out)),
+        want(static_cast<std::size_t>(out));
+    k_->f32_pack_act(x.data(), m, in, AqFormat::kMxfp4, xp.data());
+    k_->f32_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), out);
+    for (int64_t t = 0; t < m; ++t) {
+      ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+      const std::vector<float> got(y.begin() + t * out, y.begin() + (t + 1) * out);
+      for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "t" << t;
+      expect_close(got, want, mxfp4_term_sums(w, s, out, in, x.data() + t * in), sum_tol(in),
+                   "f32_mxfp4_gemm extreme scales t" + std::to_string(t));
+    }
   }
 }
 

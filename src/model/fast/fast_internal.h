@@ -286,14 +286,13 @@ struct FastModel::Impl {
   std::vector<std::vector<uint8_t>> cand;  // per token: the candidate pool mask
   // per-call scratch of one token (the step runs tokens one after another)
   std::vector<uint16_t> xpk;  // act-quant activations packed for ops aq_* kernels (xpk_words)
-  std::vector<float> y3;      // the three bf16 terms' outputs of a split-activation linear
   // xpk holding `words` from a 64-byte line on (the kernels' vector loads then never split a line)
   uint16_t* xpk_words(int64_t words) {
     if (int64_t(xpk.size()) < words + 32) xpk.resize(std::size_t(words + 32));
     return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xpk.data()) + 63) &
                                        ~uintptr_t(63));
   }
-  // fp32 activations packed for ops f32_fp8_gemm: xpk's memory, as floats (one packed input per
+  // fp32 activations packed for ops f32_* GEMMs: xpk's memory, as floats (one packed input per
   // call, like xpk_words)
   float* xpk_floats(int64_t floats) { return reinterpret_cast<float*>(xpk_words(2 * floats)); }
   std::vector<float> qr, iq, kvrow, att_o, ubuf, tmp, tmp2, xq, scores, cosb, sinb, emb, ekv, lat,
@@ -420,6 +419,8 @@ struct FastModel::Impl {
                     float* out);
   void expert_batch_aq(const fast::ExpertW& e, const float* xa, const float* route, int64_t m,
                        float* out);
+  void expert_batch_f32(const fast::ExpertW& e, const float* x, const float* route, int64_t m,
+                        float* out);
 
   // ---- pool row access with tag checks ----
   uint8_t* window_row(fast::SeqState& s, int layer, int64_t pos, RowTag** tag);

@@ -616,34 +616,15 @@ void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n
                      l.out);
     };
     par_rows(l.out, 32, std::ref(fn));
-  } else if (l.quantized() && !l.act && opt.act_quant && l.aq_ok && kk.f32_fp8_gemm) {
-    // wo_a's fp32 input with act-quant on: exact products on FMAs, one fixed order of sums per
-    // output whatever n is (one pass where the three bf16 terms below take three). Act-quant off
-    // keeps the three terms for every FP8 linear: docs/decisions.md.
-    const int64_t sin = (l.in + 31) / 32, st = kk.f32_act_stride(l.in);
+  } else if (l.quantized() && l.aq_ok && kk.f32_fp8_gemm) {
+    // fp32 inputs (act-quant off; wo_a's with act-quant on): exact products on FMAs, one fixed
+    // order of sums per output whatever n is.
+    const int64_t sin = (l.in + 31) / 32, st = kk.f32_act_stride(l.in, ops::AqFormat::kFp8);
     float* xp = xpk_floats(n * st);
-    kk.f32_pack_act(xin, n, l.in, xp);
+    kk.f32_pack_act(xin, n, l.in, ops::AqFormat::kFp8, xp);
     auto fn = [&](int64_t r0, int64_t r1) {
       kk.f32_fp8_gemm(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xp, n, out + r0,
                       l.out);
-    };
-    par_rows(l.out, 32, std::ref(fn));
-  } else if (l.quantized() && l.aq_ok && kk.aq_pack_act_split3) {
-    // fp32 inputs (act-quant off; wo_a's where the tier has no f32_fp8_gemm) on the same GEMM as
-    // three exact bf16 terms: each term's products exact, each output (hi + mid) + lo of the
-    // terms' dots in that order.
-    const int64_t sin = (l.in + 31) / 32, st = kk.aq_act_stride(l.in, ops::AqFormat::kFp8);
-    uint16_t* xp = xpk_words(3 * n * st);
-    kk.aq_pack_act_split3(xin, n, l.in, ops::AqFormat::kFp8, xp);
-    if (int64_t(y3.size()) < 3 * n * l.out) y3.resize(std::size_t(3 * n * l.out));
-    auto fn = [&](int64_t r0, int64_t r1) {
-      kk.aq_fp8_gemm(l.w + r0 * l.in, l.scale + (r0 / 32) * sin, r1 - r0, l.in, xp, 3 * n,
-                     y3.data() + r0, l.out);
-      for (int64_t t = 0; t < n; ++t) {
-        const float* a = y3.data() + 3 * t * l.out;
-        for (int64_t o = r0; o < r1; ++o)
-          out[t * l.out + o] = (a[o] + a[l.out + o]) + a[2 * l.out + o];
-      }
     };
     par_rows(l.out, 32, std::ref(fn));
   } else if (l.quantized()) {

@@ -21,13 +21,16 @@ void FastModel::Impl::expert_batch(const fast::ExpertW& e, const float* x_in, co
   const float lim = float(tc.swiglu_limit);
   float* hb = hbuf.data();
   const ops::Kernels& kk = *kern;
-  if (opt.act_quant && kk.aq_mxfp4_gemm) {
+  const bool i16 = opt.mxfp4_int16;
+  const bool aq = opt.act_quant && kk.aq_mxfp4_gemm,
+             f32 = !opt.act_quant && !i16 && kk.f32_mxfp4_gemm;
+  if (aq || f32) {
     if (e.aq < 0)
       e.aq = ops::mxfp4_aq_scales_ok(e.s13, 2 * I * (D / 32)) &&
              ops::mxfp4_aq_scales_ok(e.s2, D * (I / 32));
-    if (e.aq) return expert_batch_aq(e, xa, route, m, out);
+    if (e.aq)
+      return aq ? expert_batch_aq(e, xa, route, m, out) : expert_batch_f32(e, xa, route, m, out);
   }
-  const bool i16 = opt.mxfp4_int16;
   auto gu = [&](int64_t j0, int64_t j1) {
     if (i16 || m == 1) {
       for (int64_t t = 0; t < m; ++t)
@@ -77,6 +80,31 @@ void FastModel::Impl::expert_batch_aq(const fast::ExpertW& e, const float* xa, c
   kk.aq_pack_act(a, m, I, ops::AqFormat::kMxfp4, xp);
   auto down = [&](int64_t r0, int64_t r1) {
     kk.aq_mxfp4_gemm(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xp, m, out + r0, D);
+  };
+  par_rows(D, 32, std::ref(down));
+}
+
+// Act-quant off on a tier with the fp32-activation GEMMs: the expert through the FMA GEMMs (exact
+// products, fixed-order fp32 sums; one kernel for every m).
+void FastModel::Impl::expert_batch_f32(const fast::ExpertW& e, const float* x, const float* route,
+                                       int64_t m, float* out) {
+  const TextConfig& tc = cfg.text;
+  const int64_t D = tc.hidden_size, I = tc.moe_intermediate_size;
+  const ops::Kernels& kk = *kern;
+  const float lim = float(tc.swiglu_limit);
+  const int64_t std_ = kk.f32_act_stride(D, ops::AqFormat::kMxfp4),
+                sti = kk.f32_act_stride(I, ops::AqFormat::kMxfp4);
+  float* xp = xpk_floats(m * std::max(std_, sti));
+  kk.f32_pack_act(x, m, D, ops::AqFormat::kMxfp4, xp);
+  float* hb = hbuf.data();
+  auto gu = [&](int64_t j0, int64_t j1) {
+    kk.f32_mxfp4_gate_up(e.w13 + 2 * j0 * (D / 2), e.s13 + 2 * j0 * (D / 32), j1 - j0, D, xp, route,
+                         m, lim, hb + j0, I);
+  };
+  par_rows(I, 32, std::ref(gu));
+  kk.f32_pack_act(hb, m, I, ops::AqFormat::kMxfp4, xp);
+  auto down = [&](int64_t r0, int64_t r1) {
+    kk.f32_mxfp4_gemm(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xp, m, out + r0, D);
   };
   par_rows(D, 32, std::ref(down));
 }

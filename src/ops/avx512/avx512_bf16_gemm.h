@@ -818,13 +818,14 @@ inline void aq_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t o
 }
 
 // Fused gate/up over the interleaved w13 (row 2j gate, 2j + 1 up): kAqGateUpPairs pairs at a time
-// through aq_mxfp4_gemm_impl into a per-thread buffer, then the epilogue of fp4_gate_up_rows
+// through a GEMM (`gemm(j0, jn, gu)`: pairs j0 .. j0 + jn - 1 of every token into gu, rows of
+// 2 * jn values) into a per-thread buffer, then the epilogue of fp4_gate_up_rows
 // (ops/simd_common.h), element by element.
 constexpr int64_t kAqGateUpPairs = 64;
 
-inline void aq_mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter,
-                                  int64_t dim, const uint16_t* xp, const float* route, int64_t ntok,
-                                  float limit, float* h, int64_t ldh) {
+template <class Gemm>
+inline void gate_up_by_pairs(int64_t inter, const float* route, int64_t ntok, float limit, float* h,
+                             int64_t ldh, const Gemm& gemm) {
   static thread_local std::unique_ptr<float[]> buf;
   static thread_local std::size_t cap = 0;
   const std::size_t need = std::size_t(ntok * 2 * kAqGateUpPairs);
@@ -832,8 +833,7 @@ inline void aq_mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_
   float* gu = buf.get();
   for (int64_t j0 = 0; j0 < inter; j0 += kAqGateUpPairs) {
     const int64_t jn = std::min(kAqGateUpPairs, inter - j0);
-    aq_mxfp4_gemm_impl(w13 + 2 * j0 * (dim / 2), s13 + 2 * j0 * (dim / 32), 2 * jn, dim, xp, ntok,
-                       gu, 2 * jn);
+    gemm(j0, jn, gu);
     for (int64_t t = 0; t < ntok; ++t)
       for (int64_t j = 0; j < jn; ++j) {
         const float gc = std::min(gu[t * 2 * jn + 2 * j], limit);
@@ -841,6 +841,16 @@ inline void aq_mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_
         h[t * ldh + j0 + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
       }
   }
+}
+
+// Kernels::aq_mxfp4_gate_up.
+inline void aq_mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter,
+                                  int64_t dim, const uint16_t* xp, const float* route, int64_t ntok,
+                                  float limit, float* h, int64_t ldh) {
+  gate_up_by_pairs(inter, route, ntok, limit, h, ldh, [&](int64_t j0, int64_t jn, float* gu) {
+    aq_mxfp4_gemm_impl(w13 + 2 * j0 * (dim / 2), s13 + 2 * j0 * (dim / 32), 2 * jn, dim, xp, ntok,
+                       gu, 2 * jn);
+  });
 }
 
 }  // namespace

@@ -11,8 +11,9 @@
 // panel for more), so a token gets the same bits alone or among 499 others. This replaces the
 // three exact bf16 terms of aq_pack_act_split3 (three vdpbf16ps passes, each 32 products) with
 // one pass of two FMAs per 32 products: 1.5x fewer multiply instructions where the activations
-// are not E4M3. The engine uses it for wo_a's input with act-quant on; act-quant off keeps the
-// three terms for now (docs/decisions.md).
+// are not E4M3. The engine uses it for every FP8 linear with act-quant off and for wo_a's input
+// with act-quant on. The panel driver (f32_panel_gemm) serves the MXFP4 GEMM too
+// (avx512_mxfp4_f32_gemm.h).
 //
 // Lanes: the FP8 decoder gives per 128-bit lane L the words of k = 16L + 0..7 (w0) and
 // 16L + 8..15 (w1); widening the low and high four words of each lane gives A: 16L + 0..3,
@@ -34,7 +35,7 @@ namespace dsv41::ops {
 namespace {
 
 // Activation words (floats) per packed row: whole 64-value chunks.
-inline int64_t f32_act_stride_impl(int64_t in) {
+inline int64_t f32_fp8_act_stride(int64_t in) {
   return (in + 63) / 64 * 64;
 }
 
@@ -44,9 +45,9 @@ inline int64_t f32_element_of(int64_t p) {
   return 16 * (lane / 4) + 4 * reg + lane % 4;
 }
 
-// x [ntok, in] -> packed rows of f32_act_stride_impl(in) floats, zero-padded.
-inline void f32_pack_act_impl(const float* x, int64_t ntok, int64_t in, float* xp) {
-  const int64_t st = f32_act_stride_impl(in);
+// x [ntok, in] -> packed rows of f32_fp8_act_stride(in) floats, zero-padded.
+inline void f32_fp8_pack_act(const float* x, int64_t ntok, int64_t in, float* xp) {
+  const int64_t st = f32_fp8_act_stride(in);
   // One 64-chunk's gather: lane 4L + j of register r reads element 16L + 4r + j.
   const __m512i idx0 =
       _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51);
@@ -90,7 +91,7 @@ template <int R, int NT>
 inline void f32_direct_tile(const AqDecoder& dec, const uint8_t* w, int64_t in, const uint8_t* srow,
                             const float* xp, int64_t xst, float* y, int64_t ldy) {
   constexpr bool kPreload = NT <= 2;
-  const int64_t st = f32_act_stride_impl(in), nblocks = (in + 31) / 32;
+  const int64_t st = f32_fp8_act_stride(in), nblocks = (in + 31) / 32;
   __m512 acc[R][NT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -127,7 +128,7 @@ inline void f32_direct_tile(const AqDecoder& dec, const uint8_t* w, int64_t in, 
 template <int R>
 inline void f32_decode_panel(const AqDecoder& dec, const uint8_t* w, int64_t in,
                              const uint8_t* srow, float* panel) {
-  const int64_t st = f32_act_stride_impl(in), nblocks = (in + 31) / 32;
+  const int64_t st = f32_fp8_act_stride(in), nblocks = (in + 31) / 32;
   for (int64_t c = 0; c < st; c += 64) {
     const __m512i add = aq_scale_add(srow, nblocks, c / 64);
     for (int r = 0; r < R; ++r) {
@@ -188,11 +189,56 @@ constexpr int64_t kF32DirectMaxTokens = 6;
 constexpr int64_t kF32GroupRows = 16;
 static_assert(32 % kF32GroupRows == 0 && kF32GroupRows % kAqPanelRows == 0);
 
+// The panel path of every fp32-activation GEMM: per token block (its activations at most 2 MB),
+// groups of kF32GroupRows rows decoded into the thread's fp32 panel by `decode` (decode<R>(o,
+// panel) writes rows o .. o + R - 1 at panel, panel + st, ...; R is kAqPanelRows or 1), then
+// 6-token x 4-row tiles over the whole K.
+template <class Decode>
+inline void f32_panel_gemm(int64_t out, int64_t st, const float* xp, int64_t ntok, float* y,
+                           int64_t ldy, const Decode& decode) {
+  float* panel = f32_panel_scratch(kF32GroupRows * st);
+  const int64_t most = aq_token_block(2 * st, ntok);  // a float is two bf16 words' bytes
+  for (int64_t t0 = 0; t0 < ntok; t0 += most) {
+    const int64_t nt = std::min(most, ntok - t0);
+    for (int64_t o0 = 0; o0 < out; o0 += kF32GroupRows) {
+      const int64_t nrows = std::min(kF32GroupRows, out - o0);
+      int64_t r = 0;
+      for (; r + kAqPanelRows <= nrows; r += kAqPanelRows)
+        decode.template operator()<kAqPanelRows>(o0 + r, panel + r * st);
+      for (; r < nrows; ++r) decode.template operator()<1>(o0 + r, panel + r * st);
+      for (int64_t t = 0; t < nt; t += kAqPanelTokens) {
+        const float* xt = xp + (t0 + t) * st;
+        float* yt = y + (t0 + t) * ldy + o0;
+        switch (std::min<int64_t>(kAqPanelTokens, nt - t)) {
+          case 6:
+            f32_panel_rows<6>(panel, st, nrows, xt, yt, ldy);
+            break;
+          case 5:
+            f32_panel_rows<5>(panel, st, nrows, xt, yt, ldy);
+            break;
+          case 4:
+            f32_panel_rows<4>(panel, st, nrows, xt, yt, ldy);
+            break;
+          case 3:
+            f32_panel_rows<3>(panel, st, nrows, xt, yt, ldy);
+            break;
+          case 2:
+            f32_panel_rows<2>(panel, st, nrows, xt, yt, ldy);
+            break;
+          default:
+            f32_panel_rows<1>(panel, st, nrows, xt, yt, ldy);
+            break;
+        }
+      }
+    }
+  }
+}
+
 // Kernels::f32_fp8_gemm: y[t * ldy + o] = sum_k W[o, k] x[t, k], x packed by f32_pack_act.
 inline void f32_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                               const float* xp, int64_t ntok, float* y, int64_t ldy) {
   const AqDecoder dec;
-  const int64_t st = f32_act_stride_impl(in), sin = (in + 31) / 32;
+  const int64_t st = f32_fp8_act_stride(in), sin = (in + 31) / 32;
   if (ntok <= kF32DirectMaxTokens) {
     auto groups = [&]<int NT>() {
       constexpr int R = NT == 1 ? 8 : NT == 2 ? 4 : 2;  // 8 x 1: as fast as split3 at one token
@@ -223,45 +269,9 @@ inline void f32_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t ou
         return;
     }
   }
-  float* panel = f32_panel_scratch(kF32GroupRows * st);
-  const int64_t most = aq_token_block(2 * st, ntok);  // a float is two bf16 words' bytes
-  for (int64_t t0 = 0; t0 < ntok; t0 += most) {
-    const int64_t nt = std::min(most, ntok - t0);
-    for (int64_t o0 = 0; o0 < out; o0 += kF32GroupRows) {
-      const int64_t nrows = std::min(kF32GroupRows, out - o0);
-      int64_t r = 0;
-      for (; r + kAqPanelRows <= nrows; r += kAqPanelRows)  // groups of 16 rows: one scale row
-        f32_decode_panel<kAqPanelRows>(dec, w + (o0 + r) * in, in, scale + ((o0 + r) / 32) * sin,
-                                       panel + r * st);
-      for (; r < nrows; ++r)
-        f32_decode_panel<1>(dec, w + (o0 + r) * in, in, scale + ((o0 + r) / 32) * sin,
-                            panel + r * st);
-      for (int64_t t = 0; t < nt; t += kAqPanelTokens) {
-        const float* xt = xp + (t0 + t) * st;
-        float* yt = y + (t0 + t) * ldy + o0;
-        switch (std::min<int64_t>(kAqPanelTokens, nt - t)) {
-          case 6:
-            f32_panel_rows<6>(panel, st, nrows, xt, yt, ldy);
-            break;
-          case 5:
-            f32_panel_rows<5>(panel, st, nrows, xt, yt, ldy);
-            break;
-          case 4:
-            f32_panel_rows<4>(panel, st, nrows, xt, yt, ldy);
-            break;
-          case 3:
-            f32_panel_rows<3>(panel, st, nrows, xt, yt, ldy);
-            break;
-          case 2:
-            f32_panel_rows<2>(panel, st, nrows, xt, yt, ldy);
-            break;
-          default:
-            f32_panel_rows<1>(panel, st, nrows, xt, yt, ldy);
-            break;
-        }
-      }
-    }
-  }
+  f32_panel_gemm(out, st, xp, ntok, y, ldy, [&]<int R>(int64_t o, float* panel) {
+    f32_decode_panel<R>(dec, w + o * in, in, scale + (o / 32) * sin, panel);
+  });
 }
 
 }  // namespace

@@ -208,39 +208,62 @@ class Bench {
         m.w.size());
   }
 
-  // The act-quant GEMM (aq_fp8_gemm) on the FP8 shapes: every token count through the one kernel
-  // (the activations, E4M3 values, packed once per call outside the timing as the engine does
-  // before splitting the rows).
-  json fp8_aq(const std::string& name, int64_t out, int64_t in) {
+  // The act-quant GEMM (aq_fp8_gemm) on the FP8 shapes, or with `f32` the GEMM for fp32
+  // activations (f32_fp8_gemm, act-quant off's): every token count through the one kernel (the
+  // activations packed once per call outside the timing, as the engine does before splitting the
+  // rows).
+  json fp8_aq(const std::string& name, int64_t out, int64_t in, bool f32 = false) {
     const WeightCopies m = weight_copies(true, out, in, opt_.min_set_mb);
     const int64_t sin = (in + 31) / 32;
     std::vector<float> x(std::size_t(16 * in), 0.5f);
-    const int64_t st = k_->aq_act_stride(in, AqFormat::kFp8);
-    std::vector<uint16_t> xp(std::size_t(16 * st));
-    k_->aq_pack_act(x.data(), 16, in, AqFormat::kFp8, xp.data());
+    std::vector<uint16_t> xp;
+    std::vector<float> xf;
+    if (f32) {
+      xf.resize(std::size_t(16 * k_->f32_act_stride(in, AqFormat::kFp8)));
+      k_->f32_pack_act(x.data(), 16, in, AqFormat::kFp8, xf.data());
+    } else {
+      xp.resize(std::size_t(16 * k_->aq_act_stride(in, AqFormat::kFp8)));
+      k_->aq_pack_act(x.data(), 16, in, AqFormat::kFp8, xp.data());
+    }
     return gemv_case(
         name, out, in, out, m.bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
-          k_->aq_fp8_gemm(m.w[c].data() + r0 * in, m.s[c].data() + (r0 / 32) * sin, r1 - r0, in,
-                          xp.data(), ntok, y, r1 - r0);
+          const uint8_t *wc = m.w[c].data() + r0 * in, *sc = m.s[c].data() + (r0 / 32) * sin;
+          if (f32)
+            k_->f32_fp8_gemm(wc, sc, r1 - r0, in, xf.data(), ntok, y, r1 - r0);
+          else
+            k_->aq_fp8_gemm(wc, sc, r1 - r0, in, xp.data(), ntok, y, r1 - r0);
         },
         m.w.size());
   }
 
-  // The act-quant MXFP4 entries (aq_mxfp4_gate_up / aq_mxfp4_gemm) on an expert's shapes.
-  json mxfp4_aq(const std::string& name, int64_t out, int64_t in, bool gate_up) {
+  // The act-quant MXFP4 entries (aq_mxfp4_gate_up / aq_mxfp4_gemm), or with `f32` those for fp32
+  // activations (f32_mxfp4_*), on an expert's shapes.
+  json mxfp4_aq(const std::string& name, int64_t out, int64_t in, bool gate_up, bool f32 = false) {
     const int64_t rows = gate_up ? 2 * out : out;
     const WeightCopies m = weight_copies(false, rows, in, opt_.min_set_mb);
     std::vector<float> x(std::size_t(16 * in), 0.5f), route(16, 0.3f);
-    std::vector<uint16_t> xp(std::size_t(16 * k_->aq_act_stride(in, AqFormat::kMxfp4)));
-    k_->aq_pack_act(x.data(), 16, in, AqFormat::kMxfp4, xp.data());
+    std::vector<uint16_t> xp;
+    std::vector<float> xf;
+    if (f32) {
+      xf.resize(std::size_t(16 * k_->f32_act_stride(in, AqFormat::kMxfp4)));
+      k_->f32_pack_act(x.data(), 16, in, AqFormat::kMxfp4, xf.data());
+    } else {
+      xp.resize(std::size_t(16 * k_->aq_act_stride(in, AqFormat::kMxfp4)));
+      k_->aq_pack_act(x.data(), 16, in, AqFormat::kMxfp4, xp.data());
+    }
     return gemv_case(
         name, out, in, rows, m.bytes, 32,
         [&](std::size_t c, int64_t ntok, int64_t r0, int64_t r1, float* y) {
           const int64_t f = gate_up ? 2 : 1;  // gate/up: out pairs of rows
           const uint8_t *wc = m.w[c].data() + f * r0 * (in / 2),
                         *sc = m.s[c].data() + f * r0 * (in / 32);
-          if (gate_up)
+          if (f32 && gate_up)
+            k_->f32_mxfp4_gate_up(wc, sc, r1 - r0, in, xf.data(), route.data(), ntok, 10.0f, y,
+                                  r1 - r0);
+          else if (f32)
+            k_->f32_mxfp4_gemm(wc, sc, r1 - r0, in, xf.data(), ntok, y, r1 - r0);
+          else if (gate_up)
             k_->aq_mxfp4_gate_up(wc, sc, r1 - r0, in, xp.data(), route.data(), ntok, 10.0f, y,
                                  r1 - r0);
           else
@@ -665,6 +688,10 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
       k.push_back(b.fp8_aq("aq_fp8_gemm attn.wkv", 512, 1024));
       k.push_back(b.mxfp4_aq("aq_mxfp4_gate_up expert w13", 256, 1024, true));
     }
+    if (kernels().f32_fp8_gemm) {
+      k.push_back(b.fp8_aq("f32_fp8_gemm attn.wkv", 512, 1024, true));
+      k.push_back(b.mxfp4_aq("f32_mxfp4_gate_up expert w13", 256, 1024, true, true));
+    }
   } else {
     // Real shapes (spec §3.6): q_lora 1280, hidden 5120, 64 heads x 512, expert inter 2304.
     struct Fp8Shape {
@@ -684,6 +711,12 @@ std::string run_kernel_bench(const KernelBenchOptions& opt) {
         k.push_back(b.fp8_aq(std::string("aq_fp8_gemm ") + f.name, f.out, f.in));
       k.push_back(b.mxfp4_aq("aq_mxfp4_gate_up expert w13", 2304, 5120, true));
       k.push_back(b.mxfp4_aq("aq_mxfp4_gemm expert w2", 5120, 2304, false));
+    }
+    if (kernels().f32_fp8_gemm) {  // act-quant off: the same shapes through the FMA GEMMs
+      for (const auto& f : fp8_shapes)
+        k.push_back(b.fp8_aq(std::string("f32_fp8_gemm ") + f.name, f.out, f.in, true));
+      k.push_back(b.mxfp4_aq("f32_mxfp4_gate_up expert w13", 2304, 5120, true, true));
+      k.push_back(b.mxfp4_aq("f32_mxfp4_gemm expert w2", 5120, 2304, false, true));
     }
   }
   bench_mhc(opt, j);

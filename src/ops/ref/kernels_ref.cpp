@@ -280,7 +280,7 @@ extern const Kernels kScalarKernels = {
     // no act-quant GEMMs: the scalar FP8/MXFP4 GEMVs above
     // are their reference (exact sums in double)
     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-    // nor the FP8 GEMM for fp32 activations (fp8_gemv above is its reference too)
-    nullptr, nullptr, nullptr, vision_attention};
+    // nor the GEMMs for fp32 activations (fp8_gemv and mxfp4_gemv above are their references too)
+    nullptr, nullptr, nullptr, nullptr, nullptr, vision_attention};
 
 }  // namespace dsv41::ops
