@@ -1064,10 +1064,10 @@ TEST(Cli, BenchKernelsReportsBandwidthFractions) {
   auto j = nlohmann::json::parse(b.out);
   EXPECT_EQ(j["bench"], "kernels");
   EXPECT_GT(j["read_probe_gb_per_s"].get<double>(), 0.0);
-  // the act-quant GEMMs and those for fp32 activations too where the tier has them (FP8 and
-  // MXFP4 gate/up, one quick shape each)
-  const bool aq = j["isa"] == "avx512_bf16";
-  ASSERT_EQ(j["kernels"].size(), aq ? 7u : 3u);
+  // the act-quant GEMMs (avx512_bf16) and those for fp32 activations (avx512_bf16, avx2) too
+  // where the tier has them (FP8 and MXFP4 gate/up, one quick shape each)
+  const bool aq = j["isa"] == "avx512_bf16", f32 = aq || j["isa"] == "avx2";
+  ASSERT_EQ(j["kernels"].size(), 3u + (aq ? 2u : 0u) + (f32 ? 2u : 0u));
   for (const auto& k : j["kernels"]) {
     ASSERT_EQ(k["runs"].size(), 4u);  // 1, 2, 6 and 16 tokens
     for (const auto& r : k["runs"]) {

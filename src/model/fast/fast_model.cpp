@@ -617,8 +617,9 @@ void FastModel::Impl::linear_batch(const Linear& l, const float* x_in, int64_t n
     };
     par_rows(l.out, 32, std::ref(fn));
   } else if (l.quantized() && l.aq_ok && kk.f32_fp8_gemm) {
-    // fp32 inputs (act-quant off; wo_a's with act-quant on): exact products on FMAs, one fixed
-    // order of sums per output whatever n is.
+    // fp32 inputs (act-quant off; wo_a's with act-quant on; every input with act-quant on where
+    // the tier has no act-quant GEMMs, e.g. avx2): exact products on FMAs, one fixed order of
+    // sums per output whatever n is.
     const int64_t sin = (l.in + 31) / 32, st = kk.f32_act_stride(l.in, ops::AqFormat::kFp8);
     float* xp = xpk_floats(n * st);
     kk.f32_pack_act(xin, n, l.in, ops::AqFormat::kFp8, xp);

@@ -1,6 +1,7 @@
 // AVX2 + FMA tier (built with -mavx2 -mfma -mf16c): the ISA policy struct (fp32 dots, tiles, RoPE,
 // reductions) that the shared kernel bodies (ops/simd_common.h, simd_gemm.h, simd_attention.h,
-// simd_pack.h) are instantiated with, and this tier's kernel table (ops/simd_table.h). Must not
+// simd_pack.h) are instantiated with, and this tier's kernel table (ops/simd_table.h, plus the
+// GEMMs for fp32 activations of avx2_f32_gemm.h). Must not
 // hold static initialisers: this file's code may only run after dispatch has checked the CPU.
 #include <immintrin.h>
 
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops/avx2/avx2_f32_gemm.h"
 #include "ops/simd_table.h"
 
 namespace dsv41::ops {
@@ -138,8 +140,19 @@ struct Avx2 {
   }
 };
 
+// The shared table plus this tier's GEMMs for fp32 activations (avx2_f32_gemm.h).
+constexpr Kernels avx2_table() {
+  Kernels k = simd_table<Avx2>(Isa::kAvx2);
+  k.f32_act_stride = &a2_act_stride;
+  k.f32_pack_act = &a2_pack_act;
+  k.f32_fp8_gemm = &a2_fp8_gemm;
+  k.f32_mxfp4_gemm = &a2_mxfp4_gemm;
+  k.f32_mxfp4_gate_up = &a2_mxfp4_gate_up;
+  return k;
+}
+
 }  // namespace
 
-extern constinit const Kernels kAvx2Kernels = simd_table<Avx2>(Isa::kAvx2);
+extern constinit const Kernels kAvx2Kernels = avx2_table();
 
 }  // namespace dsv41::ops

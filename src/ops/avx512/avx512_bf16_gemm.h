@@ -33,6 +33,7 @@
 #include <cstring>
 #include <memory>
 
+#include "ops/gate_up_pairs.h"
 #include "ops/kernels.h"
 
 namespace dsv41::ops {
@@ -817,32 +818,8 @@ inline void aq_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t o
   });
 }
 
-// Fused gate/up over the interleaved w13 (row 2j gate, 2j + 1 up): kAqGateUpPairs pairs at a time
-// through a GEMM (`gemm(j0, jn, gu)`: pairs j0 .. j0 + jn - 1 of every token into gu, rows of
-// 2 * jn values) into a per-thread buffer, then the epilogue of fp4_gate_up_rows
-// (ops/simd_common.h), element by element.
-constexpr int64_t kAqGateUpPairs = 64;
-
-template <class Gemm>
-inline void gate_up_by_pairs(int64_t inter, const float* route, int64_t ntok, float limit, float* h,
-                             int64_t ldh, const Gemm& gemm) {
-  static thread_local std::unique_ptr<float[]> buf;
-  static thread_local std::size_t cap = 0;
-  const std::size_t need = std::size_t(ntok * 2 * kAqGateUpPairs);
-  if (cap < need) buf.reset(new float[need]), cap = need;
-  float* gu = buf.get();
-  for (int64_t j0 = 0; j0 < inter; j0 += kAqGateUpPairs) {
-    const int64_t jn = std::min(kAqGateUpPairs, inter - j0);
-    gemm(j0, jn, gu);
-    for (int64_t t = 0; t < ntok; ++t)
-      for (int64_t j = 0; j < jn; ++j) {
-        const float gc = std::min(gu[t * 2 * jn + 2 * j], limit);
-        const float uc = std::clamp(gu[t * 2 * jn + 2 * j + 1], -limit, limit);
-        h[t * ldh + j0 + j] = gc / (1.0f + std::exp(-gc)) * uc * route[t];
-      }
-  }
-}
-
+// Fused gate/up over the interleaved w13: the act-quant GEMM's rows through gate_up_by_pairs
+// (ops/gate_up_pairs.h).
 // Kernels::aq_mxfp4_gate_up.
 inline void aq_mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter,
                                   int64_t dim, const uint16_t* xp, const float* route, int64_t ntok,

@@ -202,7 +202,7 @@ inline void f32_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t 
   });
 }
 
-// Kernels::f32_mxfp4_gate_up: the gate and up rows through f32_mxfp4_gemm_impl, kAqGateUpPairs
+// Kernels::f32_mxfp4_gate_up: the gate and up rows through f32_mxfp4_gemm_impl, kGemmGateUpPairs
 // pairs at a time, then aq_mxfp4_gate_up's epilogue.
 inline void f32_mxfp4_gate_up_impl(const uint8_t* w13, const uint8_t* s13, int64_t inter,
                                    int64_t dim, const float* xp, const float* route, int64_t ntok,
