@@ -169,11 +169,13 @@ struct Kernels {
                            const uint16_t* xp, const float* route, int64_t ntok, float limit,
                            float* h, int64_t ldh);
   // The fp32-activation GEMM family (null in tiers without it; avx512_bf16 has it:
-  // ops/avx512/avx512_fp8_f32_gemm.h, avx512_mxfp4_f32_gemm.h): FP8 or MXFP4 weights (the same
-  // scales conditions, fp8_aq_scales_ok / mxfp4_aq_scales_ok) times any fp32 activations, each
-  // product exact (FMA), the fp32 sums in one fixed order per output whatever ntok is (the
-  // act-quant GEMMs' batch invariance): the engine's path for fp32 inputs (act-quant off, and
-  // wo_a's input with act-quant on), one pass where aq_pack_act_split3 needs three.
+  // ops/avx512/avx512_fp8_f32_gemm.h, avx512_mxfp4_f32_gemm.h; avx2 too: ops/avx2/avx2_f32_gemm.h):
+  // FP8 or MXFP4 weights (the same scales conditions, fp8_aq_scales_ok / mxfp4_aq_scales_ok; MXFP4
+  // rows of a multiple of 32 values) times any fp32 activations, each product exact (FMA), the
+  // fp32 sums in one fixed order per output whatever ntok is (the act-quant GEMMs' batch
+  // invariance): the engine's path for fp32 inputs (act-quant off, wo_a's input with act-quant on,
+  // and every input on a tier without the act-quant GEMMs), one pass where aq_pack_act_split3
+  // needs three.
   // f32_pack_act lays x [ntok, in] out as packed rows of f32_act_stride(in, fmt) floats for one
   // weight format; f32_mxfp4_gate_up is mxfp4_gate_up_batch's fused gate/up with its epilogue.
   int64_t (*f32_act_stride)(int64_t in, AqFormat fmt);

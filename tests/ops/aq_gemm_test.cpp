@@ -350,12 +350,13 @@ TEST_P(KernelTier, AqSplit3IsExactAndBitIdenticalAcrossM) {
   }
 }
 
-// The FP8 GEMM for fp32 activations (f32_fp8_gemm, the avx512_bf16 tier): every product exact
-// (FMA), so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV) up to
-// fp32 sums; a one-hot matrix gives any activation back bit for bit (what three bf16 terms did);
+// The FP8 GEMM for fp32 activations (f32_fp8_gemm; the avx512_bf16 and avx2 tiers): every product
+// exact (FMA), so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV) up
+// to fp32 sums; a one-hot matrix gives any activation back bit for bit (what three bf16 terms did);
 // and every token's bits are the same for M in {1, ..., 7, 16, 17, 64, 130, 200, 500} (direct
 // tiles, the panel, token blocks of unequal sizes, tiles with remainders), rows past the tiles'
-// multiples, widths with a tail inside a 32-block and past the last 64-value chunk.
+// multiples, widths with a tail inside a 32-block and past the last 64-value chunk; rows from 32
+// on called alone (as the engine splits them) give the whole call's bits.
 TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
   if (!k_->f32_fp8_gemm) GTEST_SKIP() << "this tier has no f32_fp8_gemm";
   ASSERT_TRUE(k_->f32_pack_act && k_->f32_act_stride);
@@ -394,15 +395,28 @@ TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
                    [&](int64_t t0, int64_t m, float* y, int64_t ldy) {
                      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t0 * st, m, y, ldy);
                    });
+    if (out > 32) {  // rows [32, out) alone, as par_rows calls them: the whole call's bits
+      const int64_t sin = (in + 31) / 32;
+      std::vector<float> all(static_cast<std::size_t>(mmax * out)), part(all.size(), NAN);
+      k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data(), mmax, all.data(), out);
+      k_->f32_fp8_gemm(w.data() + 32 * in, s.data() + sin, out - 32, in, xp.data(), mmax,
+                       part.data() + 32, out);
+      for (int64_t t = 0; t < mmax; ++t)
+        for (int64_t o = 32; o < out; ++o)
+          ASSERT_EQ(bits_of_float(part[std::size_t(t * out + o)]),
+                    bits_of_float(all[std::size_t(t * out + o)]))
+              << "f32_fp8_gemm rows from 32, " << out << "x" << in << " t" << t << " row " << o;
+    }
   }
 }
 
-// The MXFP4 GEMMs for fp32 activations (f32_mxfp4_gemm, f32_mxfp4_gate_up; the avx512_bf16 tier):
-// every product exact, so each output is the exact sum (the scalar tier's double-accumulated
-// MXFP4 GEMV) up to fp32 sums; a one-hot matrix gives any activation back bit for bit; the least
-// and greatest scales mxfp4_aq_scales_ok allows; every token's bits the same for M in {1, ..., 7,
-// 16, 17, 64, 130, 500} (direct tiles of 8, 4 and 2 rows with remainders, the panel, token
-// blocks); the fused gate/up bit for bit the epilogue on the GEMM's rows, at every M.
+// The MXFP4 GEMMs for fp32 activations (f32_mxfp4_gemm, f32_mxfp4_gate_up; the avx512_bf16 and
+// avx2 tiers): every product exact, so each output is the exact sum (the scalar tier's
+// double-accumulated MXFP4 GEMV) up to fp32 sums; a one-hot matrix gives any activation back bit
+// for bit; the least and greatest scales mxfp4_aq_scales_ok allows; every token's bits the same
+// for M in {1, ..., 7, 16, 17, 64, 130, 500} (direct tiles with remainders, the panel, two token
+// blocks at 5,120 x 130); the fused gate/up bit for bit the epilogue on the GEMM's rows, at every
+// M; rows from 32 on called alone (as the engine splits them) give the whole call's bits.
 TEST_P(KernelTier, F32Mxfp4GemmExactProductsAndBitIdenticalAcrossM) {
   if (!k_->f32_mxfp4_gemm) GTEST_SKIP() << "this tier has no f32_mxfp4_gemm";
   ASSERT_TRUE(k_->f32_pack_act && k_->f32_act_stride && k_->f32_mxfp4_gate_up);
@@ -428,7 +442,7 @@ TEST_P(KernelTier, F32Mxfp4GemmExactProductsAndBitIdenticalAcrossM) {
   const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
                                      {160, 128, {1, 2, 5, 7, 64}},
                                      {64, 2304, {1, 2, 3, 4, 6, 7, 16, 130}},
-                                     {22, 5120, {1, 3, 5, 7, 17}},
+                                     {22, 5120, {1, 3, 5, 7, 17, 130}},
                                      {19, 96, {1, 2, 4, 6, 7, 16}},
                                      {10, 32, {1, 3, 7}}};
   for (const auto& sh : shapes) {
@@ -470,6 +484,16 @@ TEST_P(KernelTier, F32Mxfp4GemmExactProductsAndBitIdenticalAcrossM) {
       k_->f32_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
       k_->f32_mxfp4_gate_up(w.data(), s.data(), inter, in, xp.data(), route.data(), m, limit,
                             h.data(), ldh);
+      if (out > 32) {  // rows [32, out) alone, as par_rows calls them: the same bits
+        std::vector<float> part(static_cast<std::size_t>(m * ldy), NAN);
+        k_->f32_mxfp4_gemm(w.data() + 32 * (in / 2), s.data() + 32 * (in / 32), out - 32, in,
+                           xp.data(), m, part.data() + 32, ldy);
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t o = 32; o < out; ++o)
+            ASSERT_EQ(bits_of_float(part[std::size_t(t * ldy + o)]),
+                      bits_of_float(y[std::size_t(t * ldy + o)]))
+                << "f32_mxfp4_gemm rows from 32, M " << m << " t" << t << " row " << o;
+      }
       for (int64_t t = 0; t < m; ++t) {
         for (int64_t o = 0; o < out; ++o)
           ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),

@@ -22,8 +22,9 @@ void FastModel::Impl::expert_batch(const fast::ExpertW& e, const float* x_in, co
   float* hb = hbuf.data();
   const ops::Kernels& kk = *kern;
   const bool i16 = opt.mxfp4_int16;
-  const bool aq = opt.act_quant && kk.aq_mxfp4_gemm,
-             f32 = !opt.act_quant && !i16 && kk.f32_mxfp4_gemm;
+  // the act-quant GEMMs (act-quant on, avx512_bf16), else the FMA GEMMs for fp32 activations
+  // (either mode: act-quant values are fp32 values), else the GEMV-shaped kernels below
+  const bool aq = opt.act_quant && kk.aq_mxfp4_gemm, f32 = !aq && !i16 && kk.f32_mxfp4_gemm;
   if (aq || f32) {
     if (e.aq < 0)
       e.aq = ops::mxfp4_aq_scales_ok(e.s13, 2 * I * (D / 32)) &&
@@ -84,8 +85,9 @@ void FastModel::Impl::expert_batch_aq(const fast::ExpertW& e, const float* xa, c
   par_rows(D, 32, std::ref(down));
 }
 
-// Act-quant off on a tier with the fp32-activation GEMMs: the expert through the FMA GEMMs (exact
-// products, fixed-order fp32 sums; one kernel for every m).
+// The expert through the FMA GEMMs for fp32 activations (act-quant off, or on where the tier has
+// no act-quant GEMMs: x is already rounded to E4M3 (expert_batch) and h is rounded here, as for
+// the act-quant GEMMs): exact products, fixed-order fp32 sums, one kernel for every m.
 void FastModel::Impl::expert_batch_f32(const fast::ExpertW& e, const float* x, const float* route,
                                        int64_t m, float* out) {
   const TextConfig& tc = cfg.text;
@@ -102,7 +104,8 @@ void FastModel::Impl::expert_batch_f32(const fast::ExpertW& e, const float* x, c
                          m, lim, hb + j0, I);
   };
   par_rows(I, 32, std::ref(gu));
-  kk.f32_pack_act(hb, m, I, ops::AqFormat::kMxfp4, xp);
+  // (x is packed by now: rounding h into the act-quant scratch that held x is safe)
+  kk.f32_pack_act(maybe_act_quant_rows(hb, m, I), m, I, ops::AqFormat::kMxfp4, xp);
   auto down = [&](int64_t r0, int64_t r1) {
     kk.f32_mxfp4_gemm(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xp, m, out + r0, D);
   };

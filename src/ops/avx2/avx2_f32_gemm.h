@@ -29,6 +29,8 @@
 #include <cstring>
 #include <memory>
 
+#include "core/check.h"
+
 #include "ops/gate_up_pairs.h"
 #include "ops/kernels.h"
 #include "ops/simd_common.h"
@@ -320,6 +322,7 @@ inline void a2_fp8_gemm(const uint8_t* w, const uint8_t* scale, int64_t out, int
 }
 inline void a2_mxfp4_gemm(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                           const float* xp, int64_t ntok, float* y, int64_t ldy) {
+  DSV41_CHECK_MSG(in % 32 == 0, "MXFP4 rows hold whole 32-blocks");
   a2_gemm(A2Fp4{w, scale, in, in / 32}, out, xp, ntok, y, ldy);
 }
 

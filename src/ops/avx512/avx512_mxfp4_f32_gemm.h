@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/check.h"
+
 #include "ops/avx512/avx512_fp8_f32_gemm.h"
 
 namespace dsv41::ops {
@@ -169,6 +171,7 @@ constexpr int f32_mx_direct_rows(int nt) {
 // by f32_pack_act(.., kMxfp4, ..), scales within mxfp4_aq_scales_ok.
 inline void f32_mxfp4_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                                 const float* xp, int64_t ntok, float* y, int64_t ldy) {
+  DSV41_CHECK_MSG(in % 32 == 0, "MXFP4 rows hold whole 32-blocks");
   const F32Fp4Decoder dec;
   const int64_t st = f32_mx_act_stride(in), nblocks = in / 32, rb = in / 2;
   if (ntok <= kF32DirectMaxTokens) {
