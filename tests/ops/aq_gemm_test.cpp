@@ -97,6 +97,77 @@ void check_fp8_gemm(const Kernels& ref, const char* name, const Fp8Shape& sh,
   }
 }
 
+// An MXFP4 GEMM shape with the tokens (M values) it is run at.
+struct Mxfp4Shape {
+  int64_t out, in;
+  std::vector<int64_t> ms;
+};
+
+// Random MXFP4 weights of one shape with row scales mxfp4_aq_scales_ok accepts, the least (33) and
+// a large one (228) among them.
+void random_mxfp4_matrix(Gen& g, int64_t out, int64_t in, std::vector<uint8_t>* w,
+                         std::vector<uint8_t>* s) {
+  w->resize(static_cast<std::size_t>(out * in / 2));
+  s->resize(static_cast<std::size_t>(out * in / 32));
+  for (auto& b : *w) b = g.byte();
+  for (auto& b : *s) b = static_cast<uint8_t>(112 + g.byte() % 24);
+  (*s)[0] = 33;
+  (*s)[1] = 228;
+  ASSERT_TRUE(mxfp4_aq_scales_ok(s->data(), int64_t(s->size())));
+}
+
+// An MXFP4 GEMM (`gemm(t0, m, y, ldy)`: tokens t0 .. t0 + m - 1 of x, packed; `w_off`/`s_off`
+// shift the matrix by whole rows, as par_rows calls it) and its fused gate/up (`gate_up(m, h,
+// ldh)` over all the rows as pairs, with `route` and the clamp `limit`) against the scalar tier's
+// exact sums at M = 1 (every token, or `sample`: the first 9 and every 7th), then at every M of
+// the shape the one-token bits, the gate/up epilogue on them bit for bit, and rows from 32 on
+// called alone the whole call's bits.
+template <class Gemm, class GateUp>
+void check_mxfp4_gemm(const Kernels& ref, const char* name, const Mxfp4Shape& sh,
+                      const std::vector<uint8_t>& w, const std::vector<uint8_t>& s,
+                      const std::vector<float>& x, const std::vector<float>& route, float limit,
+                      bool sample, const Gemm& gemm, const GateUp& gate_up) {
+  const int64_t out = sh.out, in = sh.in, inter = out / 2;
+  const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
+  const std::string shape = std::to_string(out) + "x" + std::to_string(in);
+  std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
+      want(static_cast<std::size_t>(out));
+  for (int64_t t = 0; t < mmax; ++t) {
+    gemm(t, 1, 0, one.data() + t * out, out);
+    if (sample && t % 7 != 0 && t > 8) continue;
+    ref.mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
+    expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
+                 mxfp4_term_sums(w, s, out, in, x.data() + t * in), sum_tol(in),
+                 std::string(name) + " " + shape + " t" + std::to_string(t));
+  }
+  for (int64_t m : sh.ms) {
+    const int64_t ldy = out + 5, ldh = inter + 3;
+    std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN),
+        h(static_cast<std::size_t>(m * ldh), NAN), part(y.size(), NAN);
+    gemm(0, m, 0, y.data(), ldy);
+    gate_up(m, h.data(), ldh);
+    if (out > 32) gemm(0, m, 32, part.data() + 32, ldy);  // rows [32, out) alone
+    for (int64_t t = 0; t < m; ++t) {
+      for (int64_t o = 0; o < out; ++o) {
+        ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                  bits_of_float(one[std::size_t(t * out + o)]))
+            << name << " " << shape << " M " << m << " t" << t << " row " << o;
+        if (o >= 32 && out > 32)
+          ASSERT_EQ(bits_of_float(part[std::size_t(t * ldy + o)]),
+                    bits_of_float(y[std::size_t(t * ldy + o)]))
+              << name << " rows from 32, " << shape << " M " << m << " t" << t << " row " << o;
+      }
+      for (int64_t j = 0; j < inter; ++j) {
+        const float gc = std::min(one[std::size_t(t * out + 2 * j)], limit);
+        const float uc = std::clamp(one[std::size_t(t * out + 2 * j + 1)], -limit, limit);
+        const float want_h = gc / (1.0f + std::exp(-gc)) * uc * route[std::size_t(t)];
+        ASSERT_EQ(bits_of_float(h[std::size_t(t * ldh + j)]), bits_of_float(want_h))
+            << name << " gate/up " << shape << " M " << m << " t" << t << " " << j;
+      }
+    }
+  }
+}
+
 // The act-quant GEMM (aq_fp8_gemm, tiers with a bf16 dot): on E4M3-rounded activations every
 // product is exact, so each output is the exact sum (the scalar tier's double-accumulated FP8 GEMV)
 // up to fp32 sums of its terms; and every token's bits are the same for M in {1, 2, 3, 4, 5, 6, 7,
@@ -142,74 +213,39 @@ TEST_P(KernelTier, AqFp8GemmExactProductsAndBitIdenticalAcrossM) {
 TEST_P(KernelTier, AqMxfp4ExactProductsAndBitIdenticalAcrossM) {
   if (!k_->aq_mxfp4_gemm)
     GTEST_SKIP() << "no bf16 dot product in this tier (aq_* entries are null)";
-  struct Shape {
-    int64_t out, in;
-    std::vector<int64_t> ms;
-  };
-  // (160 rows: 80 gate/up pairs, past aq_mxfp4_gate_up's 64 pairs a pass)
-  const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
-                                     {160, 128, {1, 2, 5, 7, 64}},
-                                     {64, 2304, {1, 2, 3, 4, 6, 7, 16, 64}},
-                                     {22, 5120, {1, 3, 5, 7, 16, 500}},
-                                     {18, 96, {1, 2, 4, 6, 7, 16}},
-                                     {35, 96, {3, 4, 5, 6}},
-                                     {10, 32, {1, 3, 7}},
-                                     {6, 8192 + 128, {1, 17}}};
+  // (160 rows: 80 gate/up pairs, past the gate/up's 64 pairs a pass)
+  const std::vector<Mxfp4Shape> shapes = {{34, 128, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                          {160, 128, {1, 2, 5, 7, 64}},
+                                          {64, 2304, {1, 2, 3, 4, 6, 7, 16, 64}},
+                                          {22, 5120, {1, 3, 5, 7, 16, 500}},
+                                          {18, 96, {1, 2, 4, 6, 7, 16}},
+                                          {35, 96, {3, 4, 5, 6}},
+                                          {10, 32, {1, 3, 7}},
+                                          {6, 8192 + 128, {1, 17}}};
   for (const auto& sh : shapes) {
     const int64_t out = sh.out, in = sh.in;
-    std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
-        s(static_cast<std::size_t>(out * in / 32));
-    for (auto& b : w) b = g_.byte();
-    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
-    s[0] = 33;  // the least scale mxfp4_aq_scales_ok allows, and a large one
-    s[1] = 228;
-    ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
+    std::vector<uint8_t> w, s;
+    random_mxfp4_matrix(g_, out, in, &w, &s);
     const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
-    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    std::vector<float> x(static_cast<std::size_t>(mmax * in)),
+        route(static_cast<std::size_t>(mmax));
     for (auto& v : x) v = g_.normal();
     for (int64_t t = 0; t < mmax; ++t) ref::fake_fp8_pow2(x.data() + t * in, in, 32);
+    for (auto& r : route) r = 0.5f + std::fabs(g_.normal());
     const int64_t st = k_->aq_act_stride(in, AqFormat::kMxfp4);
     ASSERT_GE(st, in);
     std::vector<uint16_t> xp(static_cast<std::size_t>(mmax * st));
     k_->aq_pack_act(x.data(), mmax, in, AqFormat::kMxfp4, xp.data());
-    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
-        want(static_cast<std::size_t>(out));
-    std::vector<double> mag(static_cast<std::size_t>(out));
-    for (int64_t t = 0; t < mmax; ++t) {
-      k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
-                        out);
-      ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
-      mag = mxfp4_term_sums(w, s, out, in, x.data() + t * in);
-      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
-                   mag, sum_tol(in),
-                   "aq_mxfp4_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
-                       std::to_string(t));
-    }
-    const int64_t inter = out / 2;
-    std::vector<float> route(static_cast<std::size_t>(mmax));
-    for (auto& r : route) r = 0.5f + std::fabs(g_.normal());
-    const float limit = 7.0f;
-    for (int64_t m : sh.ms) {
-      const int64_t ldy = out + 5, ldh = inter + 3;
-      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN),
-          h(static_cast<std::size_t>(m * ldh), NAN);
-      k_->aq_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
-      k_->aq_mxfp4_gate_up(w.data(), s.data(), inter, in, xp.data(), route.data(), m, limit,
-                           h.data(), ldh);
-      for (int64_t t = 0; t < m; ++t) {
-        for (int64_t o = 0; o < out; ++o)
-          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
-                    bits_of_float(one[std::size_t(t * out + o)]))
-              << "aq_mxfp4_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
-        for (int64_t j = 0; j < inter; ++j) {
-          const float gc = std::min(one[std::size_t(t * out + 2 * j)], limit);
-          const float uc = std::clamp(one[std::size_t(t * out + 2 * j + 1)], -limit, limit);
-          const float want_h = gc / (1.0f + std::exp(-gc)) * uc * route[std::size_t(t)];
-          ASSERT_EQ(bits_of_float(h[std::size_t(t * ldh + j)]), bits_of_float(want_h))
-              << "aq_mxfp4_gate_up " << inter << "x" << in << " M " << m << " t" << t << " " << j;
-        }
-      }
-    }
+    check_mxfp4_gemm(
+        *ref_, "aq_mxfp4_gemm", sh, w, s, x, route, 7.0f, false,
+        [&](int64_t t0, int64_t m, int64_t r0, float* y, int64_t ldy) {
+          k_->aq_mxfp4_gemm(w.data() + r0 * (in / 2), s.data() + r0 * (in / 32), out - r0, in,
+                            xp.data() + t0 * st, m, y, ldy);
+        },
+        [&](int64_t m, float* h, int64_t ldh) {
+          k_->aq_mxfp4_gate_up(w.data(), s.data(), out / 2, in, xp.data(), route.data(), m, 7.0f, h,
+                               ldh);
+        });
   }
 }
 
@@ -434,80 +470,36 @@ TEST_P(KernelTier, F32Mxfp4GemmExactProductsAndBitIdenticalAcrossM) {
       ASSERT_EQ(bits_of_float(y[std::size_t(i)]), bits_of_float(x[std::size_t(i)]))
           << i << ": " << x[std::size_t(i)] << " came back as " << y[std::size_t(i)];
   }
-  struct Shape {
-    int64_t out, in;
-    std::vector<int64_t> ms;
-  };
   // (160 rows: 80 gate/up pairs, past the gate/up's 64 pairs a pass)
-  const std::vector<Shape> shapes = {{34, 128, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
-                                     {160, 128, {1, 2, 5, 7, 64}},
-                                     {64, 2304, {1, 2, 3, 4, 6, 7, 16, 130}},
-                                     {22, 5120, {1, 3, 5, 7, 17, 130}},
-                                     {19, 96, {1, 2, 4, 6, 7, 16}},
-                                     {10, 32, {1, 3, 7}}};
+  const std::vector<Mxfp4Shape> shapes = {{34, 128, {1, 2, 3, 4, 5, 6, 7, 16, 64, 500}},
+                                          {160, 128, {1, 2, 5, 7, 64}},
+                                          {64, 2304, {1, 2, 3, 4, 6, 7, 16, 130}},
+                                          {22, 5120, {1, 3, 5, 7, 17, 130}},
+                                          {19, 96, {1, 2, 4, 6, 7, 16}},
+                                          {10, 32, {1, 3, 7}}};
   for (const auto& sh : shapes) {
     const int64_t out = sh.out, in = sh.in;
-    std::vector<uint8_t> w(static_cast<std::size_t>(out * in / 2)),
-        s(static_cast<std::size_t>(out * in / 32));
-    for (auto& b : w) b = g_.byte();
-    for (auto& b : s) b = static_cast<uint8_t>(112 + g_.byte() % 24);
-    s[0] = 33;  // the least scale mxfp4_aq_scales_ok allows, and a large one
-    s[1] = 228;
-    ASSERT_TRUE(mxfp4_aq_scales_ok(s.data(), int64_t(s.size())));
+    std::vector<uint8_t> w, s;
+    random_mxfp4_matrix(g_, out, in, &w, &s);
     const int64_t mmax = *std::max_element(sh.ms.begin(), sh.ms.end());
-    std::vector<float> x(static_cast<std::size_t>(mmax * in));
+    std::vector<float> x(static_cast<std::size_t>(mmax * in)),
+        route(static_cast<std::size_t>(mmax));
     for (auto& v : x) v = g_.normal() * (g_.byte() % 8 == 0 ? 1e-3f : 1.0f);  // any fp32 values
+    for (auto& r : route) r = 0.5f + std::fabs(g_.normal());
     const int64_t st = k_->f32_act_stride(in, AqFormat::kMxfp4);
     ASSERT_GE(st, in);
     std::vector<float> xp(static_cast<std::size_t>(mmax * st));
     k_->f32_pack_act(x.data(), mmax, in, AqFormat::kMxfp4, xp.data());
-    std::vector<float> one(static_cast<std::size_t>(mmax * out), NAN),
-        want(static_cast<std::size_t>(out));
-    for (int64_t t = 0; t < mmax; ++t) {
-      k_->f32_mxfp4_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data() + t * out,
-                         out);
-      if (t % 7 != 0 && t > 8) continue;
-      ref_->mxfp4_gemv_f32(w.data(), s.data(), out, in, x.data() + t * in, 1, want.data());
-      expect_close(std::vector<float>(one.begin() + t * out, one.begin() + (t + 1) * out), want,
-                   mxfp4_term_sums(w, s, out, in, x.data() + t * in), sum_tol(in),
-                   "f32_mxfp4_gemm " + std::to_string(out) + "x" + std::to_string(in) + " t" +
-                       std::to_string(t));
-    }
-    const int64_t inter = out / 2;
-    std::vector<float> route(static_cast<std::size_t>(mmax));
-    for (auto& r : route) r = 0.5f + std::fabs(g_.normal());
-    const float limit = 7.0f;
-    for (int64_t m : sh.ms) {
-      const int64_t ldy = out + 5, ldh = inter + 3;
-      std::vector<float> y(static_cast<std::size_t>(m * ldy), NAN),
-          h(static_cast<std::size_t>(m * ldh), NAN);
-      k_->f32_mxfp4_gemm(w.data(), s.data(), out, in, xp.data(), m, y.data(), ldy);
-      k_->f32_mxfp4_gate_up(w.data(), s.data(), inter, in, xp.data(), route.data(), m, limit,
-                            h.data(), ldh);
-      if (out > 32) {  // rows [32, out) alone, as par_rows calls them: the same bits
-        std::vector<float> part(static_cast<std::size_t>(m * ldy), NAN);
-        k_->f32_mxfp4_gemm(w.data() + 32 * (in / 2), s.data() + 32 * (in / 32), out - 32, in,
-                           xp.data(), m, part.data() + 32, ldy);
-        for (int64_t t = 0; t < m; ++t)
-          for (int64_t o = 32; o < out; ++o)
-            ASSERT_EQ(bits_of_float(part[std::size_t(t * ldy + o)]),
-                      bits_of_float(y[std::size_t(t * ldy + o)]))
-                << "f32_mxfp4_gemm rows from 32, M " << m << " t" << t << " row " << o;
-      }
-      for (int64_t t = 0; t < m; ++t) {
-        for (int64_t o = 0; o < out; ++o)
-          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
-                    bits_of_float(one[std::size_t(t * out + o)]))
-              << "f32_mxfp4_gemm " << out << "x" << in << " M " << m << " t" << t << " row " << o;
-        for (int64_t j = 0; j < inter; ++j) {
-          const float gc = std::min(one[std::size_t(t * out + 2 * j)], limit);
-          const float uc = std::clamp(one[std::size_t(t * out + 2 * j + 1)], -limit, limit);
-          const float want_h = gc / (1.0f + std::exp(-gc)) * uc * route[std::size_t(t)];
-          ASSERT_EQ(bits_of_float(h[std::size_t(t * ldh + j)]), bits_of_float(want_h))
-              << "f32_mxfp4_gate_up " << inter << "x" << in << " M " << m << " t" << t << " " << j;
-        }
-      }
-    }
+    check_mxfp4_gemm(
+        *ref_, "f32_mxfp4_gemm", sh, w, s, x, route, 7.0f, true,
+        [&](int64_t t0, int64_t m, int64_t r0, float* y, int64_t ldy) {
+          k_->f32_mxfp4_gemm(w.data() + r0 * (in / 2), s.data() + r0 * (in / 32), out - r0, in,
+                             xp.data() + t0 * st, m, y, ldy);
+        },
+        [&](int64_t m, float* h, int64_t ldh) {
+          k_->f32_mxfp4_gate_up(w.data(), s.data(), out / 2, in, xp.data(), route.data(), m, 7.0f,
+                                h, ldh);
+        });
   }
   {  // the greatest scale (252) beside the least (33), small activations: finite, exact sums
     const int64_t out = 8, in = 96, m = 9;

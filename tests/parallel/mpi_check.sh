@@ -121,7 +121,8 @@ fault() {  # $1: kill | stop | kill-whole (a non-streamed request); $2...: extra
   local job=$!
   local port
   port=$(listen_port "$T/serve.log")
-  for _ in $(seq 600); do [ -f "$T/pid.1" ] && break; sleep 0.1; done
+  # -s, not -f: the shell creates the file before it writes the pid into it
+  for _ in $(seq 600); do [ -s "$T/pid.1" ] && break; sleep 0.1; done
   python3 - "$port" "$how" "$(cat "$T/pid.1")" <<'PY' || { cat "$T/serve.log"; fail "fault $how"; }
 import json, os, signal, sys, threading, time, urllib.error, urllib.request
 port, how, pid1 = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -189,7 +190,7 @@ except Exception:
 assert h in (503, "gone"), f"/health answered {h} after the fault"
 print(f"ok: {how}: {what}, error after {took:.1f} s ({error[:60]}...), /health {h}")
 PY
-  for _ in $(seq 200); do [ -f "$T/rc.0" ] && break; sleep 0.1; done
+  for _ in $(seq 200); do [ -s "$T/rc.0" ] && break; sleep 0.1; done
   [ "$(cat "$T/rc.0" 2>/dev/null)" = 3 ] || { cat "$T/serve.log"; fail "rank 0 exit code $(cat "$T/rc.0" 2>/dev/null) (want 3)"; }
   kill -CONT "$(cat "$T/pid.1")" 2>/dev/null || true
   wait $job || true

@@ -417,10 +417,9 @@ struct FastModel::Impl {
   // Routed expert e on m gathered tokens (x [m, hidden], route [m]) -> out [m, hidden].
   void expert_batch(const fast::ExpertW& e, const float* x, const float* route, int64_t m,
                     float* out);
-  void expert_batch_aq(const fast::ExpertW& e, const float* xa, const float* route, int64_t m,
-                       float* out);
-  void expert_batch_f32(const fast::ExpertW& e, const float* x, const float* route, int64_t m,
-                        float* out);
+  // ... through one GEMM family (aq: the act-quant GEMMs, else the FMA GEMMs for fp32 inputs).
+  void expert_gemm(const fast::ExpertW& e, const float* x, const float* route, int64_t m,
+                   float* out, bool aq);
 
   // ---- pool row access with tag checks ----
   uint8_t* window_row(fast::SeqState& s, int layer, int64_t pos, RowTag** tag);

@@ -29,8 +29,7 @@ void FastModel::Impl::expert_batch(const fast::ExpertW& e, const float* x_in, co
     if (e.aq < 0)
       e.aq = ops::mxfp4_aq_scales_ok(e.s13, 2 * I * (D / 32)) &&
              ops::mxfp4_aq_scales_ok(e.s2, D * (I / 32));
-    if (e.aq)
-      return aq ? expert_batch_aq(e, xa, route, m, out) : expert_batch_f32(e, xa, route, m, out);
+    if (e.aq) return expert_gemm(e, xa, route, m, out, aq);
   }
   auto gu = [&](int64_t j0, int64_t j1) {
     if (i16 || m == 1) {
@@ -57,59 +56,59 @@ void FastModel::Impl::expert_batch(const fast::ExpertW& e, const float* x_in, co
   par_rows(D, 32, std::ref(down));
 }
 
-// Act-quant on, on a tier with the act-quant kernels: the same expert through the bf16 GEMMs
-// (exact products; one kernel for every m, so a token's bits do not depend on its companions).
-// x_in is already rounded to E4M3 (expert_batch), the hidden h is rounded here as DeepSeek's
-// code rounds the input of w2.
-void FastModel::Impl::expert_batch_aq(const fast::ExpertW& e, const float* xa, const float* route,
-                                      int64_t m, float* out) {
-  const TextConfig& tc = cfg.text;
-  const int64_t D = tc.hidden_size, I = tc.moe_intermediate_size;
-  const ops::Kernels& kk = *kern;
-  const float lim = float(tc.swiglu_limit);
-  const int64_t std_ = kk.aq_act_stride(D, ops::AqFormat::kMxfp4),
-                sti = kk.aq_act_stride(I, ops::AqFormat::kMxfp4);
-  uint16_t* xp = xpk_words(m * std::max(std_, sti));
-  kk.aq_pack_act(xa, m, D, ops::AqFormat::kMxfp4, xp);
-  float* hb = hbuf.data();
-  auto gu = [&](int64_t j0, int64_t j1) {
-    kk.aq_mxfp4_gate_up(e.w13 + 2 * j0 * (D / 2), e.s13 + 2 * j0 * (D / 32), j1 - j0, D, xp, route,
-                        m, lim, hb + j0, I);
-  };
-  par_rows(I, 32, std::ref(gu));
-  const float* a = maybe_act_quant_rows(hb, m, I);
-  kk.aq_pack_act(a, m, I, ops::AqFormat::kMxfp4, xp);
-  auto down = [&](int64_t r0, int64_t r1) {
-    kk.aq_mxfp4_gemm(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xp, m, out + r0, D);
-  };
-  par_rows(D, 32, std::ref(down));
-}
+namespace {
 
-// The expert through the FMA GEMMs for fp32 activations (act-quant off, or on where the tier has
-// no act-quant GEMMs: x is already rounded to E4M3 (expert_batch) and h is rounded here, as for
-// the act-quant GEMMs): exact products, fixed-order fp32 sums, one kernel for every m.
-void FastModel::Impl::expert_batch_f32(const fast::ExpertW& e, const float* x, const float* route,
-                                       int64_t m, float* out) {
+// One GEMM family's expert entries over activations packed as T: the act-quant GEMMs (bf16
+// words) or the FMA GEMMs for fp32 activations (floats).
+template <class T>
+struct ExpertGemms {
+  int64_t (*stride)(int64_t, ops::AqFormat);
+  void (*pack)(const float*, int64_t, int64_t, ops::AqFormat, T*);
+  void (*gate_up)(const uint8_t*, const uint8_t*, int64_t, int64_t, const T*, const float*, int64_t,
+                  float, float*, int64_t);
+  void (*down)(const uint8_t*, const uint8_t*, int64_t, int64_t, const T*, int64_t, float*,
+               int64_t);
+};
+
+}  // namespace
+
+// The expert through a GEMM family (one kernel for every m, so a token's bits do not depend on
+// its companions): the act-quant GEMMs (`aq`: act-quant on, exact bf16 products) or the FMA GEMMs
+// for fp32 activations (act-quant off, or on where the tier has no act-quant GEMMs). x is already
+// rounded to E4M3 when act-quant is on (expert_batch); the hidden h is rounded here, as
+// DeepSeek's code rounds the input of w2.
+void FastModel::Impl::expert_gemm(const fast::ExpertW& e, const float* x, const float* route,
+                                  int64_t m, float* out, bool aq) {
   const TextConfig& tc = cfg.text;
   const int64_t D = tc.hidden_size, I = tc.moe_intermediate_size;
   const ops::Kernels& kk = *kern;
   const float lim = float(tc.swiglu_limit);
-  const int64_t std_ = kk.f32_act_stride(D, ops::AqFormat::kMxfp4),
-                sti = kk.f32_act_stride(I, ops::AqFormat::kMxfp4);
-  float* xp = xpk_floats(m * std::max(std_, sti));
-  kk.f32_pack_act(x, m, D, ops::AqFormat::kMxfp4, xp);
   float* hb = hbuf.data();
-  auto gu = [&](int64_t j0, int64_t j1) {
-    kk.f32_mxfp4_gate_up(e.w13 + 2 * j0 * (D / 2), e.s13 + 2 * j0 * (D / 32), j1 - j0, D, xp, route,
-                         m, lim, hb + j0, I);
+  auto run = [&](const auto& f, auto* xp) {
+    f.pack(x, m, D, ops::AqFormat::kMxfp4, xp);
+    auto gu = [&](int64_t j0, int64_t j1) {
+      f.gate_up(e.w13 + 2 * j0 * (D / 2), e.s13 + 2 * j0 * (D / 32), j1 - j0, D, xp, route, m, lim,
+                hb + j0, I);
+    };
+    par_rows(I, 32, std::ref(gu));
+    // (x is packed by now: rounding h into the act-quant scratch that held x is safe)
+    f.pack(maybe_act_quant_rows(hb, m, I), m, I, ops::AqFormat::kMxfp4, xp);
+    auto down = [&](int64_t r0, int64_t r1) {
+      f.down(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xp, m, out + r0, D);
+    };
+    par_rows(D, 32, std::ref(down));
   };
-  par_rows(I, 32, std::ref(gu));
-  // (x is packed by now: rounding h into the act-quant scratch that held x is safe)
-  kk.f32_pack_act(maybe_act_quant_rows(hb, m, I), m, I, ops::AqFormat::kMxfp4, xp);
-  auto down = [&](int64_t r0, int64_t r1) {
-    kk.f32_mxfp4_gemm(e.w2 + r0 * (I / 2), e.s2 + r0 * (I / 32), r1 - r0, I, xp, m, out + r0, D);
+  auto most = [&](auto stride) {  // the packed x or h of m tokens, whichever is longer
+    return m * std::max(stride(D, ops::AqFormat::kMxfp4), stride(I, ops::AqFormat::kMxfp4));
   };
-  par_rows(D, 32, std::ref(down));
+  if (aq)
+    run(ExpertGemms<uint16_t>{kk.aq_act_stride, kk.aq_pack_act, kk.aq_mxfp4_gate_up,
+                              kk.aq_mxfp4_gemm},
+        xpk_words(most(kk.aq_act_stride)));
+  else
+    run(ExpertGemms<float>{kk.f32_act_stride, kk.f32_pack_act, kk.f32_mxfp4_gate_up,
+                           kk.f32_mxfp4_gemm},
+        xpk_floats(most(kk.f32_act_stride)));
 }
 
 void FastModel::Impl::moe(const LayerPlan& p, const fast::LayerW& w, int64_t n) {
