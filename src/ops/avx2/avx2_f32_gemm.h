@@ -31,6 +31,7 @@
 
 #include "core/check.h"
 
+#include "ops/fp4_bf16_lut.h"
 #include "ops/gate_up_pairs.h"
 #include "ops/kernels.h"
 #include "ops/simd_common.h"
@@ -38,8 +39,7 @@
 namespace dsv41::ops {
 namespace {
 
-constexpr int64_t kA2Prefetch = 512;       // bytes ahead in each row's stream
-constexpr int64_t kA2DirectMaxTokens = 6;  // above: the panel
+constexpr int64_t kA2Prefetch = 512;  // bytes ahead in each row's stream
 constexpr int64_t kA2GroupRows = 16;  // panel rows decoded at a time (inside one FP8 scale row)
 constexpr int kA2PanelRows = 4, kA2PanelTokens = 3;  // panel tile: 12 accumulators of 16 registers
 // A token block's activations: up to 2 MB, so a call of a few hundred tokens decodes its weights
@@ -90,28 +90,7 @@ inline __m256 a2_fp8_scale(uint8_t s) {
   return _mm256_castsi256_ps(_mm256_set1_epi32(int((uint32_t(s) + 8) << 23)));
 }
 
-// bf16 words of the E2M1 codes (bit 3 the sign; both zeros the word 0) with their exponent raised
-// by kA2Fp4Bias, as high and low byte tables: a saturating 16-bit subtract of
-// (kA2Fp4Bias + 127 - s) << 7 then gives the word of the value times 2^(s - 127) and leaves a zero
-// word zero (the act-quant decoder's scheme, ops/avx512/avx512_bf16_gemm.h; s in [33, 252] keeps
-// the subtrahend non-negative and every result a normal number).
-constexpr int kA2Fp4Bias = 125;
-struct A2Fp4Lut {
-  alignas(16) uint8_t hi[16], lo[16];
-};
-constexpr A2Fp4Lut make_a2_fp4_lut() {
-  A2Fp4Lut t{};
-  constexpr int kExp[8] = {0, 126, 127, 127, 128, 128, 129, 129};  // 0, .5, 1, 1.5, 2, 3, 4, 6
-  constexpr int kMant[8] = {0, 0, 0, 0x40, 0, 0x40, 0, 0x40};
-  for (int n = 0; n < 16; ++n) {
-    const int m = n & 7;
-    const int word = m == 0 ? 0 : ((n >> 3) << 15) | ((kExp[m] + kA2Fp4Bias) << 7) | kMant[m];
-    t.hi[n] = static_cast<uint8_t>(word >> 8);
-    t.lo[n] = static_cast<uint8_t>(word & 0xFF);
-  }
-  return t;
-}
-alignas(16) constexpr A2Fp4Lut kA2Fp4Lut = make_a2_fp4_lut();
+// (The MXFP4 decoder's tables and bias: ops/fp4_bf16_lut.h, the act-quant decoder's.)
 
 // One MXFP4 32-block (16 bytes at p) times 2^(s - 127) -> w[0..4) in the packed order: the low
 // nibbles (even elements) in the first 128-bit lane of the codes, the high nibbles (odd ones) in
@@ -123,11 +102,11 @@ inline void a2_fp4_decode(const uint8_t* p, uint8_t s, __m256 (&w)[4]) {
   const __m256i codes =
       _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), nib), _mm_and_si128(b, nib));
   const __m256i th =
-      _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kA2Fp4Lut.hi)));
+      _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kAq4Lut.hi)));
   const __m256i tl =
-      _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kA2Fp4Lut.lo)));
+      _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kAq4Lut.lo)));
   const __m256i hb = _mm256_shuffle_epi8(th, codes), lb = _mm256_shuffle_epi8(tl, codes);
-  const __m256i sub = _mm256_set1_epi16(static_cast<short>((kA2Fp4Bias + 127 - int(s)) << 7));
+  const __m256i sub = _mm256_set1_epi16(static_cast<short>((kAq4Bias + 127 - int(s)) << 7));
   const __m256i w0 = _mm256_subs_epu16(_mm256_unpacklo_epi8(lb, hb), sub);
   const __m256i w1 = _mm256_subs_epu16(_mm256_unpackhi_epi8(lb, hb), sub);
   const __m256i z = _mm256_setzero_si256();

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <memory>
 
+#include "ops/fp4_bf16_lut.h"
 #include "ops/gate_up_pairs.h"
 #include "ops/kernels.h"
 
@@ -662,27 +663,7 @@ inline void aq_fp8_gemm_impl(const uint8_t* w, const uint8_t* scale, int64_t out
 // dots from zero and an fma per (row, token), so the panel tile had 12 chunk sums beside 12
 // accumulators; the masked exponent add of FP8's decoder costs two operations a register where
 // this subtract costs one.)
-constexpr int kAq4Bias = 125;
-
-struct Aq4Lut {
-  alignas(16) uint8_t hi[16], lo[16];
-};
-
-constexpr Aq4Lut make_aq4_lut() {
-  Aq4Lut t{};
-  // E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: bf16 exponent fields and mantissa bits.
-  constexpr int kExp[8] = {0, 126, 127, 127, 128, 128, 129, 129};
-  constexpr int kMant[8] = {0, 0, 0, 0x40, 0, 0x40, 0, 0x40};
-  for (int n = 0; n < 16; ++n) {
-    const int m = n & 7;
-    const int word = m == 0 ? 0 : ((n >> 3) << 15) | ((kExp[m] + kAq4Bias) << 7) | kMant[m];
-    t.hi[n] = static_cast<uint8_t>(word >> 8);
-    t.lo[n] = static_cast<uint8_t>(word & 0xFF);
-  }
-  return t;
-}
-
-alignas(64) constexpr Aq4Lut kAq4Lut = make_aq4_lut();
+// (kAq4Bias, kAq4Lut: ops/fp4_bf16_lut.h, shared with the avx2 tier's decoder.)
 
 struct AqFp4Decoder {
   __m512i thi, tlo, nib, lane_of_word, top;
