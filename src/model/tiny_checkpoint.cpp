@@ -50,10 +50,6 @@ double e2m1_code_rms() {
   return std::sqrt(s / 16);
 }
 
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
-}
-
 Fill uniform_std(DType dt, double stddev) {
   const double a = stddev * std::sqrt(3.0);
   return Fill{dt == DType::kF32 ? FillKind::kF32Uniform : FillKind::kBF16Uniform, -a, a, 0};
@@ -71,7 +67,7 @@ Fill choose_fill(const ExpectedTensor& t,
     DSV41_CHECK_MSG(it != by_name.end(), n.c_str());
     const ExpectedTensor& w = *it->second;
     double target, code_rms;
-    if (ends_with(n, "engram.embed.scale")) {
+    if (n.ends_with("engram.embed.scale")) {
       target = 1.0, code_rms = e4m3_code_rms();  // table rows: unit-scale values
     } else if (w.dtype == DType::kI8) {
       target = 1.0 / std::sqrt(double(w.shape[1] * 2)), code_rms = e2m1_code_rms();
@@ -80,16 +76,16 @@ Fill choose_fill(const ExpectedTensor& t,
     }
     return Fill{FillKind::kE8M0, 0, 0, int(std::lround(std::log2(target / code_rms)))};
   }
-  if (ends_with(n, "norm.weight")) return Fill{FillKind::kBF16Uniform, 0.9, 1.1};
-  if (ends_with(n, "_fn")) return uniform_std(t.dtype, 1.0 / std::sqrt(double(t.shape[1])));
-  if (ends_with(n, "_base")) return Fill{FillKind::kF32Uniform, -0.5, 0.5};
-  if (ends_with(n, "_scale")) return Fill{FillKind::kF32Uniform, 0.5, 1.5};
-  if (ends_with(n, "attn_sink")) return Fill{FillKind::kF32Uniform, -1.0, 1.0};
-  if (ends_with(n, "gate.bias") || ends_with(n, "gate.bias_vl"))
+  if (n.ends_with("norm.weight")) return Fill{FillKind::kBF16Uniform, 0.9, 1.1};
+  if (n.ends_with("_fn")) return uniform_std(t.dtype, 1.0 / std::sqrt(double(t.shape[1])));
+  if (n.ends_with("_base")) return Fill{FillKind::kF32Uniform, -0.5, 0.5};
+  if (n.ends_with("_scale")) return Fill{FillKind::kF32Uniform, 0.5, 1.5};
+  if (n.ends_with("attn_sink")) return Fill{FillKind::kF32Uniform, -1.0, 1.0};
+  if (n.ends_with("gate.bias") || n.ends_with("gate.bias_vl"))
     return Fill{FillKind::kF32Uniform, -0.1, 0.1};
-  if (ends_with(n, "q_weight") || ends_with(n, "k_weight"))
+  if (n.ends_with("q_weight") || n.ends_with("k_weight"))
     return Fill{FillKind::kBF16Uniform, 0.5, 1.5};
-  if (n == "embed.weight" || n.rfind("image_", 0) == 0 || ends_with(n, "markov_head.embed.weight"))
+  if (n == "embed.weight" || n.rfind("image_", 0) == 0 || n.ends_with("markov_head.embed.weight"))
     return uniform_std(t.dtype, 1.0);
   if (t.shape.size() == 2) return uniform_std(t.dtype, 1.0 / std::sqrt(double(t.shape[1])));
   return uniform_std(t.dtype, 1.0);
@@ -101,9 +97,9 @@ uint64_t name_seed(uint64_t seed, const std::string& name) {
   return h;
 }
 
-// Fills bytes [0, out.size()) in chunks of kChunk bytes, chunk k drawn from Rng(seed + k): the
+// Fills bytes [0, out.size()) in chunks of kFillChunk bytes, chunk k drawn from Rng(seed + k): the
 // result does not depend on how chunks are spread over threads.
-constexpr std::size_t kChunk = 1 << 20;
+constexpr std::size_t kFillChunk = 1 << 20;
 
 void fill_chunk(const Fill& f, uint64_t seed, std::span<uint8_t> out) {
   Rng rng(seed);
@@ -139,11 +135,11 @@ void fill_chunk(const Fill& f, uint64_t seed, std::span<uint8_t> out) {
 }
 
 void fill_tensor(ThreadPool& pool, const Fill& f, uint64_t seed, std::span<uint8_t> out) {
-  const std::size_t chunks = (out.size() + kChunk - 1) / kChunk;
+  const std::size_t chunks = (out.size() + kFillChunk - 1) / kFillChunk;
   pool.parallel_for(chunks, [&](std::size_t b, std::size_t e, std::size_t) {
     for (std::size_t k = b; k < e; ++k) {
-      const std::size_t off = k * kChunk;
-      fill_chunk(f, seed + k, out.subspan(off, std::min(kChunk, out.size() - off)));
+      const std::size_t off = k * kFillChunk;
+      fill_chunk(f, seed + k, out.subspan(off, std::min(kFillChunk, out.size() - off)));
     }
   });
 }
@@ -209,8 +205,8 @@ Status prepare_out_dir(const MakeTinyOptions& opt) {
       return Status::error("--out: " + opt.out_dir + " is not empty (use --force to overwrite)");
     for (const auto& e : fs::directory_iterator(opt.out_dir, ec)) {
       const std::string name = e.path().filename().string();
-      if (name == "config.json" || name == kIndexFileName || ends_with(name, ".safetensors") ||
-          ends_with(name, ".safetensors.tmp") || name == "tokenizer.json" ||
+      if (name == "config.json" || name == kIndexFileName || name.ends_with(".safetensors") ||
+          name.ends_with(".safetensors.tmp") || name == "tokenizer.json" ||
           name == "tokenizer_config.json")
         fs::remove(e.path(), ec);
     }
@@ -314,11 +310,11 @@ Result<MakeTinyResult> make_tiny_checkpoint(const MakeTinyOptions& opt) {
       const double scale = std::exp2(std::round(std::log2(16 * std::sqrt(d))));
       permute_rows(regenerate(std::string(kHeadName) + ".weight"), succ, t.shape[1], scale, false,
                    out);
-    } else if (ends_with(t.name, "markov_head.head.weight")) {
+    } else if (t.name.ends_with("markov_head.head.weight")) {
       std::vector<int64_t> identity(succ.size());
       for (std::size_t v = 0; v < identity.size(); ++v) identity[v] = int64_t(v);
       permute_rows(regenerate(t.name), identity, t.shape[1], 1.0, true, out);
-    } else if (ends_with(t.name, "markov_head.embed.weight")) {
+    } else if (t.name.ends_with("markov_head.embed.weight")) {
       // Equal-norm head rows make w_g . w_g the largest of all w_j . w_g; s scales that margin
       // above the drafter's own logits (at most about 1.1 sqrt(hidden) for unit head rows).
       const double scale = std::exp2(std::ceil(std::log2(64 * std::sqrt(d))));

@@ -14,11 +14,6 @@
 namespace dsv41 {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // "layers.N" / "mtp.N" prefix of a name, or "" for globals and vision.
 std::string block_prefix(const std::string& name) {
   for (const char* head : {"layers.", "mtp."}) {
@@ -86,8 +81,8 @@ Result<std::vector<OutFile>> plan_conversion(const std::vector<SourceTensor>& so
     const std::string file = file_for(s.name, prefix);
     const bool expert = s.name.find(".ffn.experts.") != std::string::npos;
     // Routed experts.
-    if (expert && (ends_with(s.name, ".w1.weight") || ends_with(s.name, ".w1.scale"))) {
-      const bool weight = ends_with(s.name, ".weight");
+    if (expert && (s.name.ends_with(".w1.weight") || s.name.ends_with(".w1.scale"))) {
+      const bool weight = s.name.ends_with(".weight");
       const std::string base =
           s.name.substr(0, s.name.size() - (weight ? 10 : 9));  // "...experts.E"
       const std::string w3 = base + (weight ? ".w3.weight" : ".w3.scale");
@@ -105,16 +100,16 @@ Result<std::vector<OutFile>> plan_conversion(const std::vector<SourceTensor>& so
       files[file].push_back(std::move(o));
       continue;
     }
-    if (expert && (ends_with(s.name, ".w3.weight") || ends_with(s.name, ".w3.scale")))
+    if (expert && (s.name.ends_with(".w3.weight") || s.name.ends_with(".w3.scale")))
       continue;  // with w1
-    if (expert && ends_with(s.name, ".w2.weight") && s.dtype == DType::kI8) {
+    if (expert && s.name.ends_with(".w2.weight") && s.dtype == DType::kI8) {
       files[file].push_back(
           OutTensor{s.name, s.dtype, s.shape, OutKind::kMxfp4Canonical, s.name, "", 0});
       continue;
     }
     // Engram tables: split into hash-column buckets.
-    if (ends_with(s.name, ".engram.embed.weight") || ends_with(s.name, ".engram.embed.scale")) {
-      const bool weight = ends_with(s.name, ".weight");
+    if (s.name.ends_with(".engram.embed.weight") || s.name.ends_with(".engram.embed.scale")) {
+      const bool weight = s.name.ends_with(".weight");
       const int64_t layer = std::stoll(prefix.substr(prefix.find('.') + 1));
       auto lay = std::find_if(engram.begin(), engram.end(),
                               [&](const EngramLayerLayout& l) { return l.layer == layer; });
@@ -135,7 +130,7 @@ Result<std::vector<OutFile>> plan_conversion(const std::vector<SourceTensor>& so
       continue;
     }
     // FP8 linears: kept, or dequantized to bf16 (the scale is folded in and not written).
-    if (fp8_to_bf16 && s.dtype == DType::kF8_E4M3 && ends_with(s.name, ".weight")) {
+    if (fp8_to_bf16 && s.dtype == DType::kF8_E4M3 && s.name.ends_with(".weight")) {
       const std::string sc = s.name.substr(0, s.name.size() - 7) + ".scale";
       auto it = by_name.find(sc);
       if (it != by_name.end()) {
@@ -150,7 +145,7 @@ Result<std::vector<OutFile>> plan_conversion(const std::vector<SourceTensor>& so
         continue;
       }
     }
-    if (fp8_to_bf16 && s.dtype == DType::kF8_E8M0 && ends_with(s.name, ".scale") &&
+    if (fp8_to_bf16 && s.dtype == DType::kF8_E8M0 && s.name.ends_with(".scale") &&
         s.name.find(".engram.embed.") == std::string::npos &&
         s.name.find(".ffn.experts.") == std::string::npos) {
       auto it = by_name.find(s.name.substr(0, s.name.size() - 6) + ".weight");
