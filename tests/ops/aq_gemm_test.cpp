@@ -446,6 +446,37 @@ TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
   }
 }
 
+// One token whose values a row group's scales take below the normal range (an avx2 one-token path
+// scales the token once per 32-row group and must fall back to scaling the weights there): rows
+// 0-31 with every scale 41 (x 2^-86) against values near 2^-56 (scaled by 2^-78 they would be
+// subnormal, their low bits lost; most of these rows' outputs are subnormal too), rows 32-63 with
+// the usual scales (scaled values normal). Every token's bits alone equal its bits among 7 (the
+// panel, which scales the weights).
+TEST_P(KernelTier, F32Fp8OneTokenBitsWhereScaledValuesLeaveTheNormalRange) {
+  if (!k_->f32_fp8_gemm) GTEST_SKIP() << "this tier has no f32_fp8_gemm";
+  const int64_t out = 64, in = 256, m = 7, st = k_->f32_act_stride(in, AqFormat::kFp8);
+  std::vector<uint8_t> w, s;
+  random_fp8_matrix(g_, out, in, &w, &s);
+  for (int64_t b = 0; b < in / 32; ++b) s[std::size_t(b)] = 41;
+  ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
+  std::vector<float> x(static_cast<std::size_t>(m * in));
+  for (auto& v : x) v = std::ldexp(g_.normal(), -56);
+  std::vector<float> xp(static_cast<std::size_t>(m * st)), all(static_cast<std::size_t>(m * out)),
+      one(static_cast<std::size_t>(out));
+  k_->f32_pack_act(x.data(), m, in, AqFormat::kFp8, xp.data());
+  k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data(), m, all.data(), out);
+  int64_t subnormal = 0;
+  for (int64_t t = 0; t < m; ++t) {
+    k_->f32_fp8_gemm(w.data(), s.data(), out, in, xp.data() + t * st, 1, one.data(), out);
+    for (int64_t o = 0; o < out; ++o) {
+      ASSERT_EQ(bits_of_float(one[std::size_t(o)]), bits_of_float(all[std::size_t(t * out + o)]))
+          << "token " << t << " row " << o;
+      subnormal += std::fpclassify(one[std::size_t(o)]) == FP_SUBNORMAL;
+    }
+  }
+  EXPECT_GT(subnormal, m * 16) << "the first row group's outputs should be subnormal";
+}
+
 // The MXFP4 GEMMs for fp32 activations (f32_mxfp4_gemm, f32_mxfp4_gate_up; the avx512_bf16 and
 // avx2 tiers): every product exact, so each output is the exact sum (the scalar tier's
 // double-accumulated MXFP4 GEMV) up to fp32 sums; a one-hot matrix gives any activation back bit

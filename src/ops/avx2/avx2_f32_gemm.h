@@ -39,8 +39,8 @@
 namespace dsv41::ops {
 namespace {
 
-constexpr int64_t kA2Prefetch = 512;  // bytes ahead in each row's stream
-constexpr int64_t kA2GroupRows = 16;  // panel rows decoded at a time (inside one FP8 scale row)
+constexpr int64_t kA2Prefetch = 1024;  // bytes ahead in each row's stream
+constexpr int64_t kA2GroupRows = 16;   // panel rows decoded at a time (inside one FP8 scale row)
 constexpr int kA2PanelRows = 4, kA2PanelTokens = 3;  // panel tile: 12 accumulators of 16 registers
 // A token block's activations: up to 2 MB, so a call of a few hundred tokens decodes its weights
 // once per block (the block streams from L3 once per row group; the group's panel stays in L2).
@@ -271,6 +271,80 @@ inline void a2_panel_gemm(const F& f, int64_t out, const float* xp, int64_t ntok
   }
 }
 
+// One token, FP8: the 32 rows of a scale group share each block's scale, so the token's values are
+// scaled once per group, xs = x * 2^(s_b - 119), and each row block is decode + FMA with no
+// multiply (the direct tile's four per block). When every scaled value is a normal float or zero,
+// xs is exact and w_dec * xs is the same real number as (w_dec * factor) * x: the same exact
+// product in the same FMA, so the same bits as the direct tile and the panel. A group where some
+// value would leave the normal range (or is not finite) takes the direct tile. Measured (avx2 tier
+// forced on a Zen 4, two threads, 4,096 x 4,096 matrices from DRAM, alternated with the GEMV-shaped
+// fp8_gemv): 0.85x its rate with the direct tile, 0.87-0.93x with this and prefetches 1,024 bytes
+// ahead (was 512).
+constexpr int64_t kA2ScaledMax = 16384;  // longer rows take the direct tile
+
+inline bool a2_fp8_prescale(const uint8_t* srow, int64_t st, const float* xp, float* xs) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 lo = _mm256_set1_ps(0x1p-126f), hi = _mm256_set1_ps(0x1.fffffep127f);
+  __m256 bad = _mm256_setzero_ps();
+  for (int64_t b = 0; b < st / 32; ++b) {
+    const __m256 sv = a2_fp8_scale(srow[b]);
+    for (int64_t i = 32 * b; i < 32 * b + 32; i += 8) {
+      const __m256 xv = _mm256_loadu_ps(xp + i);
+      const __m256 p = _mm256_mul_ps(xv, sv), ap = _mm256_and_ps(p, abs_mask);
+      // bad: a nonzero value scaled below the normal range, or past it (inf, NaN: unordered)
+      const __m256 under = _mm256_andnot_ps(_mm256_cmp_ps(xv, _mm256_setzero_ps(), _CMP_EQ_OQ),
+                                            _mm256_cmp_ps(ap, lo, _CMP_LT_OQ));
+      bad = _mm256_or_ps(bad, _mm256_or_ps(under, _mm256_cmp_ps(ap, hi, _CMP_NLE_UQ)));
+      _mm256_storeu_ps(xs + i, p);
+    }
+  }
+  return _mm256_movemask_ps(bad) == 0;
+}
+
+// Rows o .. o + 3 against the prescaled xs: the direct tile's sequence without the multiplies.
+inline void a2_fp8_prescaled_tile(const A2Fp8& f, int64_t o, const float* xs, float* y) {
+  const int64_t full = f.in / 32, rb = f.in;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  const uint8_t* base = f.w + o * rb;
+  for (int64_t b = 0; b < full; ++b) {
+    if (b % 2 == 0)
+      for (int r = 0; r < 4; ++r) {
+        const char* line = reinterpret_cast<const char*>(base + r * rb + 32 * b);
+        _mm_prefetch(line + kA2Prefetch, _MM_HINT_T0);
+        _mm_prefetch(line + 4 * rb, _MM_HINT_T1);  // the same line of the next tile
+      }
+    for (int r = 0; r < 4; ++r) {
+      __m256 wv[4];
+      e4m3x32_f16(base + r * rb + 32 * b, wv);
+      acc[r] = a2_dots(acc[r], wv, xs + 32 * b);
+    }
+  }
+  if (full * 32 < f.in)  // a last partial block: its missing weights read as zero
+    for (int r = 0; r < 4; ++r) {
+      alignas(32) uint8_t tail[32] = {};
+      std::memcpy(tail, base + r * rb + 32 * full, std::size_t(f.in - 32 * full));
+      __m256 wv[4];
+      e4m3x32_f16(tail, wv);
+      acc[r] = a2_dots(acc[r], wv, xs + 32 * full);
+    }
+  for (int r = 0; r < 4; ++r) y[r] = hsum256(acc[r]);
+}
+
+inline void a2_fp8_one_token(const A2Fp8& f, int64_t out, const float* xp, float* y) {
+  const int64_t st = a2_stride(f.in);
+  if (st > kA2ScaledMax) return a2_direct_rows<1>(f, out, xp, st, y, 1);
+  alignas(32) float xs[kA2ScaledMax];
+  for (int64_t o0 = 0; o0 < out; o0 += 32) {
+    const int64_t o1 = std::min<int64_t>(out, o0 + 32);
+    int64_t o = o0;
+    if (a2_fp8_prescale(f.scale + (o0 / 32) * f.sin, st, xp, xs))
+      for (; o + 4 <= o1; o += 4) a2_fp8_prescaled_tile(f, o, xs, y + o);
+    for (; o + 4 <= o1; o += 4) a2_direct_tile<4, 1>(f, o, xp, st, y + o, 1);
+    for (; o < o1; ++o) a2_direct_tile<1, 1>(f, o, xp, st, y + o, 1);
+  }
+}
+
 template <class F>
 inline void a2_gemm(const F& f, int64_t out, const float* xp, int64_t ntok, float* y, int64_t ldy) {
   const int64_t st = a2_stride(f.in);
@@ -297,7 +371,9 @@ inline void a2_gemm(const F& f, int64_t out, const float* xp, int64_t ntok, floa
 // Kernels::f32_fp8_gemm / f32_mxfp4_gemm / f32_mxfp4_gate_up of this tier.
 inline void a2_fp8_gemm(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                         const float* xp, int64_t ntok, float* y, int64_t ldy) {
-  a2_gemm(A2Fp8{w, scale, in, (in + 31) / 32}, out, xp, ntok, y, ldy);
+  const A2Fp8 f{w, scale, in, (in + 31) / 32};
+  if (ntok == 1) return a2_fp8_one_token(f, out, xp, y);
+  a2_gemm(f, out, xp, ntok, y, ldy);
 }
 inline void a2_mxfp4_gemm(const uint8_t* w, const uint8_t* scale, int64_t out, int64_t in,
                           const float* xp, int64_t ntok, float* y, int64_t ldy) {
