@@ -450,17 +450,27 @@ TEST_P(KernelTier, F32Fp8GemmExactProductsAndBitIdenticalAcrossM) {
 // scales the token once per 32-row group and must fall back to scaling the weights there): rows
 // 0-31 with every scale 41 (x 2^-86) against values near 2^-56 (scaled by 2^-78 they would be
 // subnormal, their low bits lost; most of these rows' outputs are subnormal too), rows 32-63 with
-// the usual scales (scaled values normal). Every token's bits alone equal its bits among 7 (the
-// panel, which scales the weights).
+// the usual scales (scaled values normal), rows 64-95 with one weight each, x 2^-77 on their first
+// block, where token 6's values 0x1.fffffep-50 scale to 2^-126 - 2^-150, which rounds up to the
+// least normal float (a check of the rounded value alone would pass it; its low bit is lost all
+// the same, and the one product in each row shows it).
+// Every token's bits alone equal its bits among 7 (the panel, which scales the weights).
 TEST_P(KernelTier, F32Fp8OneTokenBitsWhereScaledValuesLeaveTheNormalRange) {
   if (!k_->f32_fp8_gemm) GTEST_SKIP() << "this tier has no f32_fp8_gemm";
-  const int64_t out = 64, in = 256, m = 7, st = k_->f32_act_stride(in, AqFormat::kFp8);
+  const int64_t out = 96, in = 256, m = 7, st = k_->f32_act_stride(in, AqFormat::kFp8);
   std::vector<uint8_t> w, s;
   random_fp8_matrix(g_, out, in, &w, &s);
-  for (int64_t b = 0; b < in / 32; ++b) s[std::size_t(b)] = 41;
+  for (int64_t b = 0; b < in / 32; ++b) {
+    s[std::size_t(b)] = 41;
+    s[std::size_t(2 * (in / 32) + b)] = b == 0 ? 42 : 127;
+  }
+  for (int64_t o = 64; o < 96; ++o)  // one weight each, 448 (E4M3 0x7E) on column o - 64
+    for (int64_t i = 0; i < in; ++i) w[std::size_t(o * in + i)] = i == o - 64 ? 0x7E : 0;
   ASSERT_TRUE(fp8_aq_scales_ok(s.data(), int64_t(s.size())));
   std::vector<float> x(static_cast<std::size_t>(m * in));
   for (auto& v : x) v = std::ldexp(g_.normal(), -56);
+  for (int64_t i = 0; i < 32; ++i)  // token 6's first block: see rows 64-95 above
+    x[std::size_t(6 * in + i)] = (g_.byte() % 2 ? -1.0f : 1.0f) * 0x1.fffffep-50f;
   std::vector<float> xp(static_cast<std::size_t>(m * st)), all(static_cast<std::size_t>(m * out)),
       one(static_cast<std::size_t>(out));
   k_->f32_pack_act(x.data(), m, in, AqFormat::kFp8, xp.data());

@@ -291,9 +291,11 @@ inline bool a2_fp8_prescale(const uint8_t* srow, int64_t st, const float* xp, fl
     for (int64_t i = 32 * b; i < 32 * b + 32; i += 8) {
       const __m256 xv = _mm256_loadu_ps(xp + i);
       const __m256 p = _mm256_mul_ps(xv, sv), ap = _mm256_and_ps(p, abs_mask);
-      // bad: a nonzero value scaled below the normal range, or past it (inf, NaN: unordered)
+      // bad: a nonzero value scaled below the normal range, or past it (inf, NaN: unordered).
+      // At 2^-126 itself too: a value just below it can round up to it (2^-126 - 2^-150 is a tie
+      // on the subnormal grid), and an exact 2^-126 taking the direct tile costs nothing.
       const __m256 under = _mm256_andnot_ps(_mm256_cmp_ps(xv, _mm256_setzero_ps(), _CMP_EQ_OQ),
-                                            _mm256_cmp_ps(ap, lo, _CMP_LT_OQ));
+                                            _mm256_cmp_ps(ap, lo, _CMP_LE_OQ));
       bad = _mm256_or_ps(bad, _mm256_or_ps(under, _mm256_cmp_ps(ap, hi, _CMP_NLE_UQ)));
       _mm256_storeu_ps(xs + i, p);
     }
