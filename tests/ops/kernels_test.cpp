@@ -380,6 +380,32 @@ TEST_P(KernelTier, Bf16Gemm) {
     }
 }
 
+// bf16_gemm (the vision tower's linears) gives a token the same bits alone and among others: each
+// output's sum runs over K in one order whatever ntok is (tokens are broadcast lanes of the micro
+// tile, partial tiles padded with zeros), which lets the rows of several images share one call.
+TEST_P(KernelTier, Bf16GemmBitsDoNotDependOnTheTokenCount) {
+  for (auto [out, in] : std::vector<std::pair<int64_t, int64_t>>{{100, 544}, {48, 3072}, {7, 77}}) {
+    std::vector<uint16_t> w(std::size_t(out * in));
+    for (auto& b : w) b = float_to_bf16(g_.normal());
+    const int64_t most = 300;
+    std::vector<float> x(std::size_t(most * in)), one(std::size_t(most * out));
+    for (auto& v : x) v = g_.normal();
+    for (int64_t t = 0; t < most; ++t)
+      k_->bf16_gemm(w.data(), out, in, x.data() + t * in, 1, one.data() + t * out, out);
+    for (int64_t n : {2, 7, 16, 17, 300}) {
+      const int64_t ldy = out + 3;
+      std::vector<float> y(std::size_t(n * ldy), NAN);
+      k_->bf16_gemm(w.data(), out, in, x.data(), n, y.data(), ldy);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t o = 0; o < out; ++o)
+          ASSERT_EQ(bits_of_float(y[std::size_t(t * ldy + o)]),
+                    bits_of_float(one[std::size_t(t * out + o)]))
+              << "bf16_gemm " << out << "x" << in << " ntok " << n << " token " << t << " row "
+              << o;
+    }
+  }
+}
+
 TEST_P(KernelTier, Bf16Gemv) {
   for (auto [out, in] :
        std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {7, 77}, {33, 512}, {9, 5120}}) {
