@@ -73,9 +73,9 @@ inline void a2_pack_act(const float* x, int64_t ntok, int64_t in, AqFormat fmt, 
   }
 }
 
-// 32 weight bytes of an FP8 row at p (the first `valid` real; the rest read as zero) times the
-// block scale factor sv -> w[0..4), elements in order.
-inline void a2_fp8_decode(const uint8_t* p, int64_t valid, __m256 sv, __m256 (&w)[4]) {
+// 32 weight bytes of an FP8 row at p (the first `valid` real; the rest read as zero) -> w[0..4),
+// elements in order, times 2^-8 (the fp16 decode's factor; a2_fp8_scale undoes it).
+inline void a2_fp8_bytes(const uint8_t* p, int64_t valid, __m256 (&w)[4]) {
   alignas(32) uint8_t tail[32];
   if (valid < 32) {
     std::memset(tail, 0, sizeof(tail));
@@ -83,6 +83,10 @@ inline void a2_fp8_decode(const uint8_t* p, int64_t valid, __m256 sv, __m256 (&w
     p = tail;
   }
   e4m3x32_f16(p, w);
+}
+// The same times the block scale factor sv.
+inline void a2_fp8_decode(const uint8_t* p, int64_t valid, __m256 sv, __m256 (&w)[4]) {
+  a2_fp8_bytes(p, valid, w);
   for (auto& v : w) v = _mm256_mul_ps(v, sv);
 }
 // An FP8 block scale's factor: 2^(s - 127) times 2^8 (the fp16 decode's 2^-8); s <= 246.
@@ -150,6 +154,18 @@ struct A2Fp4 {
   __m256 group_scale(int64_t, int64_t) const { return _mm256_setzero_ps(); }
   void decode(int64_t row, int64_t b, __m256, __m256 (&wv)[4]) const {
     a2_fp4_decode(w + row * (in / 2) + 16 * b, scale[row * sin + b], wv);
+  }
+};
+
+// FP8 rows against a token already scaled by each block's factor (a2_fp8_one_token): decode only.
+struct A2Fp8Prescaled {
+  static constexpr int64_t kBlockBytes = 32;
+  const uint8_t* w;
+  int64_t in;
+  int64_t row_bytes() const { return in; }
+  __m256 group_scale(int64_t, int64_t) const { return _mm256_setzero_ps(); }
+  void decode(int64_t row, int64_t b, __m256, __m256 (&wv)[4]) const {
+    a2_fp8_bytes(w + row * in + 32 * b, in - 32 * b, wv);
   }
 };
 
@@ -303,47 +319,17 @@ inline bool a2_fp8_prescale(const uint8_t* srow, int64_t st, const float* xp, fl
   return _mm256_movemask_ps(bad) == 0;
 }
 
-// Rows o .. o + 3 against the prescaled xs: the direct tile's sequence without the multiplies.
-inline void a2_fp8_prescaled_tile(const A2Fp8& f, int64_t o, const float* xs, float* y) {
-  const int64_t full = f.in / 32, rb = f.in;
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  const uint8_t* base = f.w + o * rb;
-  for (int64_t b = 0; b < full; ++b) {
-    if (b % 2 == 0)
-      for (int r = 0; r < 4; ++r) {
-        const char* line = reinterpret_cast<const char*>(base + r * rb + 32 * b);
-        _mm_prefetch(line + kA2Prefetch, _MM_HINT_T0);
-        _mm_prefetch(line + 4 * rb, _MM_HINT_T1);  // the same line of the next tile
-      }
-    for (int r = 0; r < 4; ++r) {
-      __m256 wv[4];
-      e4m3x32_f16(base + r * rb + 32 * b, wv);
-      acc[r] = a2_dots(acc[r], wv, xs + 32 * b);
-    }
-  }
-  if (full * 32 < f.in)  // a last partial block: its missing weights read as zero
-    for (int r = 0; r < 4; ++r) {
-      alignas(32) uint8_t tail[32] = {};
-      std::memcpy(tail, base + r * rb + 32 * full, std::size_t(f.in - 32 * full));
-      __m256 wv[4];
-      e4m3x32_f16(tail, wv);
-      acc[r] = a2_dots(acc[r], wv, xs + 32 * full);
-    }
-  for (int r = 0; r < 4; ++r) y[r] = hsum256(acc[r]);
-}
-
 inline void a2_fp8_one_token(const A2Fp8& f, int64_t out, const float* xp, float* y) {
   const int64_t st = a2_stride(f.in);
   if (st > kA2ScaledMax) return a2_direct_rows<1>(f, out, xp, st, y, 1);
   alignas(32) float xs[kA2ScaledMax];
-  for (int64_t o0 = 0; o0 < out; o0 += 32) {
-    const int64_t o1 = std::min<int64_t>(out, o0 + 32);
-    int64_t o = o0;
-    if (a2_fp8_prescale(f.scale + (o0 / 32) * f.sin, st, xp, xs))
-      for (; o + 4 <= o1; o += 4) a2_fp8_prescaled_tile(f, o, xs, y + o);
-    for (; o + 4 <= o1; o += 4) a2_direct_tile<4, 1>(f, o, xp, st, y + o, 1);
-    for (; o < o1; ++o) a2_direct_tile<1, 1>(f, o, xp, st, y + o, 1);
+  for (int64_t o0 = 0; o0 < out; o0 += 32) {  // one scale group: the direct tiles, either format
+    const int64_t rows = std::min<int64_t>(32, out - o0);
+    const uint8_t *w = f.w + o0 * f.in, *srow = f.scale + (o0 / 32) * f.sin;
+    if (a2_fp8_prescale(srow, st, xp, xs))
+      a2_direct_rows<1>(A2Fp8Prescaled{w, f.in}, rows, xs, st, y + o0, 1);
+    else
+      a2_direct_rows<1>(A2Fp8{w, srow, f.in, f.sin}, rows, xp, st, y + o0, 1);
   }
 }
 
